@@ -1,0 +1,3 @@
+"""Environments: the Environment base class and ready environments (installed as ``agentrl.environments``)."""
+
+__all__: list[str] = []
