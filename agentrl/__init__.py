@@ -4,6 +4,8 @@ The public surface is re-exported here; see ``agentrl.chat`` for templates and t
 and :class:`agentrl.Trajectory` for the verified token buffer of one episode.
 """
 
+from agentrl.trajectory import Segment, SegmentKind, Status, StopReason, Trajectory, TrajectoryError
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["Segment", "SegmentKind", "Status", "StopReason", "Trajectory", "TrajectoryError", "__version__"]

@@ -1,0 +1,366 @@
+"""The authoritative token buffer of one episode, with a provenance record for every span.
+
+A :class:`Trajectory` holds the prompt ids followed by the response: sampled model turns, kept
+exactly as the engine returned them with their logprobs, and environment turns (tool results,
+user turns, template scaffolding) appended as separately rendered segments. Only two methods
+change the token buffer:
+
+- :meth:`Trajectory.append_model` — sampled ids and their logprobs; trainable (loss mask 1);
+- :meth:`Trajectory.append_env` — environment ids; never trained on (loss mask 0, logprob 0.0).
+
+Invariants, checked on every append and on load:
+
+- ``len(tokens) == prompt_length + len(loss_mask) == prompt_length + len(logprobs)``;
+- ``segments`` tile ``tokens`` exactly: a ``prompt`` segment ``[0, prompt_length)`` then the
+  response segments, contiguous and non-empty; a segment's ``trainable`` flag equals the loss
+  mask over its span; only ``model`` segments may be trainable;
+- logprobs are finite and ``<= 0`` (up to float rounding); ids lie within ``vocab_size`` when
+  it is known;
+- nothing is appended after a terminal status (completed / truncated / aborted / failed).
+
+A trajectory is a plain dataclass: picklable, and losslessly round-tripped through JSON
+(:meth:`to_dict` / :meth:`from_dict`, :func:`save_jsonl` / :func:`load_jsonl`).
+
+Example::
+
+    traj = Trajectory.from_prompt(prompt_ids, messages=opening, vocab_size=len(tokenizer))
+    traj.append_model(sampled_ids, sampled_logprobs, weight_version="3", finish_reason="stop")
+    traj.append_env(tool_segment_ids, kind=SegmentKind.TOOL, message_index=2)
+    traj.finish(Status.COMPLETED, StopReason.NO_TOOL_CALLS)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from agentrl.chat.types import Message
+
+__all__ = [
+    "Segment",
+    "SegmentKind",
+    "Status",
+    "StopReason",
+    "Trajectory",
+    "TrajectoryError",
+    "iter_jsonl",
+    "load_jsonl",
+    "save_jsonl",
+]
+
+# Engines return logprobs that can exceed 0 by float rounding (log-softmax in bf16/fp32).
+_LOGPROB_TOLERANCE = 1e-3
+
+
+class TrajectoryError(ValueError):
+    """An append or a loaded record would break a trajectory invariant."""
+
+
+class SegmentKind(str, Enum):
+    """Where a span of tokens came from."""
+
+    PROMPT = "prompt"
+    MODEL = "model"
+    TOOL = "tool"
+    USER = "user"
+    SCAFFOLD = "scaffold"
+
+
+class Status(str, Enum):
+    """Lifecycle of an episode. The last four are terminal."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (Status.PENDING, Status.RUNNING)
+
+
+class StopReason(str, Enum):
+    """Why an episode ended."""
+
+    NO_TOOL_CALLS = "no_tool_calls"  # the model answered without calling a tool
+    ENV_DONE = "env_done"  # the environment ended the episode
+    MAX_TURNS = "max_turns"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    CONTEXT_BUDGET = "context_budget"  # the context-token budget is spent
+    ENGINE_LENGTH = "engine_length"  # the engine stopped on max_new_tokens / context length
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Provenance of one contiguous span ``[start, end)`` of ``Trajectory.tokens``."""
+
+    kind: SegmentKind
+    start: int
+    end: int
+    trainable: bool
+    turn: int
+    message_index: int | None = None
+    weight_version: str | None = None
+    finish_reason: str | None = None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "start": self.start, "end": self.end, "trainable": self.trainable,
+                "turn": self.turn, "message_index": self.message_index, "weight_version": self.weight_version,
+                "finish_reason": self.finish_reason}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Segment:
+        try:
+            return cls(kind=SegmentKind(data["kind"]), start=int(data["start"]), end=int(data["end"]),
+                       trainable=bool(data["trainable"]), turn=int(data["turn"]),
+                       message_index=data.get("message_index"), weight_version=data.get("weight_version"),
+                       finish_reason=data.get("finish_reason"))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise TrajectoryError(f"segment: expected kind/start/end/trainable/turn, got {data!r:.200} ({exc})") from exc
+
+
+@dataclass
+class Trajectory:
+    """One episode's tokens, masks, logprobs, provenance, messages, outcome and ids. See the module doc."""
+
+    tokens: list[int]
+    prompt_length: int
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    status: Status = Status.PENDING
+    stop_reason: StopReason | None = None
+    reward: float | None = None
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    group_id: str | None = None
+    rollout_id: str | None = None
+    sample_id: str | None = None
+    session_id: str | None = None
+    sequence_index: int = 0  # >0 for a sequence forked from the same rollout (fan-out)
+    vocab_size: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_prompt(cls, prompt_ids: Iterable[int], *, messages: Iterable[Message] | None = None,
+                    vocab_size: int | None = None, **ids: Any) -> Trajectory:
+        """A new pending trajectory whose prompt is ``prompt_ids`` (one ``prompt`` segment)."""
+        tokens = [int(t) for t in prompt_ids]
+        if not tokens:
+            raise TrajectoryError("prompt_ids: expected at least one token, got an empty prompt")
+        traj = cls(tokens=tokens, prompt_length=len(tokens), messages=list(messages or []),
+                   vocab_size=vocab_size, **ids)
+        traj._check_ids(tokens, "prompt_ids")
+        traj.segments.append(Segment(SegmentKind.PROMPT, 0, len(tokens), trainable=False, turn=0))
+        return traj
+
+    # -- the two mutators --------------------------------------------------------------------
+    def append_model(self, token_ids: Iterable[int], logprobs: Iterable[float], *,
+                     weight_version: str | None = None, finish_reason: str | None = None,
+                     message_index: int | None = None) -> Segment | None:
+        """Appends sampled ids verbatim with their logprobs (trainable). Returns the new segment.
+
+        An empty turn (the engine returned no tokens, e.g. an immediate abort) appends nothing
+        and returns None.
+        """
+        ids = [int(t) for t in token_ids]
+        lps = [float(x) for x in logprobs]
+        self._check_appendable("append_model")
+        if len(ids) != len(lps):
+            raise TrajectoryError(f"append_model: {len(ids)} token ids but {len(lps)} logprobs; expected equal lengths")
+        for i, lp in enumerate(lps):
+            if not math.isfinite(lp) or lp > _LOGPROB_TOLERANCE:
+                raise TrajectoryError(f"append_model: logprobs[{i}] = {lp!r}; expected a finite value <= 0")
+        self._check_ids(ids, "append_model token_ids")
+        if not ids:
+            return None
+        seg = Segment(SegmentKind.MODEL, len(self.tokens), len(self.tokens) + len(ids), trainable=True,
+                      turn=self.num_model_turns + 1, message_index=message_index,
+                      weight_version=weight_version, finish_reason=finish_reason)
+        self.tokens.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        self.logprobs.extend(lps)
+        self.segments.append(seg)
+        self.status = Status.RUNNING
+        return seg
+
+    def append_env(self, token_ids: Iterable[int], *, kind: SegmentKind | str,
+                   message_index: int | None = None) -> Segment | None:
+        """Appends environment ids (tool / user / scaffold): loss mask 0, logprob placeholder 0.0."""
+        ids = [int(t) for t in token_ids]
+        try:
+            seg_kind = SegmentKind(kind)
+        except ValueError:
+            raise TrajectoryError(f"append_env: kind={kind!r}; expected one of tool, user, scaffold") from None
+        if seg_kind in (SegmentKind.PROMPT, SegmentKind.MODEL):
+            raise TrajectoryError(f"append_env: kind={seg_kind.value!r}; expected one of tool, user, scaffold")
+        self._check_appendable("append_env")
+        self._check_ids(ids, "append_env token_ids")
+        if not ids:
+            return None
+        seg = Segment(seg_kind, len(self.tokens), len(self.tokens) + len(ids), trainable=False,
+                      turn=self.num_model_turns, message_index=message_index)
+        self.tokens.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        self.segments.append(seg)
+        self.status = Status.RUNNING
+        return seg
+
+    # -- outcome -----------------------------------------------------------------------------
+    def finish(self, status: Status, stop_reason: StopReason | None = None) -> bool:
+        """Sets a terminal status. An earlier terminal status is never overwritten: returns False then."""
+        if not status.terminal:
+            raise TrajectoryError(f"finish: status={status.value!r}; expected a terminal status")
+        if self.status.terminal:
+            return False
+        self.status = status
+        self.stop_reason = stop_reason
+        return True
+
+    # -- views -------------------------------------------------------------------------------
+    @property
+    def response_length(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+    @property
+    def response_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_length:]
+
+    @property
+    def num_model_turns(self) -> int:
+        return sum(1 for s in self.segments if s.kind is SegmentKind.MODEL)
+
+    @property
+    def num_trainable_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def segments_of(self, kind: SegmentKind) -> list[Segment]:
+        return [s for s in self.segments if s.kind is kind]
+
+    # -- checks ------------------------------------------------------------------------------
+    def _check_appendable(self, what: str) -> None:
+        if self.status.terminal:
+            raise TrajectoryError(f"{what}: the trajectory is already {self.status.value}; nothing may be appended")
+
+    def _check_ids(self, ids: list[int], what: str) -> None:
+        limit = self.vocab_size
+        for i, t in enumerate(ids):
+            if t < 0 or (limit is not None and t >= limit):
+                raise TrajectoryError(f"{what}[{i}] = {t}; expected an id in [0, {limit if limit is not None else 'inf'})")
+
+    def validate(self) -> None:
+        """Checks every invariant of the module doc; raises :class:`TrajectoryError` naming the first broken one."""
+        n_resp = len(self.tokens) - self.prompt_length
+        if self.prompt_length <= 0 or n_resp < 0:
+            raise TrajectoryError(f"prompt_length={self.prompt_length} with {len(self.tokens)} tokens; expected 0 < "
+                                  "prompt_length <= len(tokens)")
+        if len(self.loss_mask) != n_resp or len(self.logprobs) != n_resp:
+            raise TrajectoryError(f"len(tokens)={len(self.tokens)}, prompt_length={self.prompt_length}, "
+                                  f"len(loss_mask)={len(self.loss_mask)}, len(logprobs)={len(self.logprobs)}; "
+                                  "expected len(tokens) == prompt_length + len(loss_mask) == prompt_length + len(logprobs)")
+        self._check_ids(self.tokens, "tokens")
+        self._check_segments()
+        for i, (m, lp) in enumerate(zip(self.loss_mask, self.logprobs, strict=True)):
+            if m not in (0, 1):
+                raise TrajectoryError(f"loss_mask[{i}] = {m!r}; expected 0 or 1")
+            if not math.isfinite(lp) or lp > _LOGPROB_TOLERANCE:
+                raise TrajectoryError(f"logprobs[{i}] = {lp!r}; expected a finite value <= 0")
+
+    def _check_segments(self) -> None:
+        if not self.segments or self.segments[0].kind is not SegmentKind.PROMPT or \
+                (self.segments[0].start, self.segments[0].end) != (0, self.prompt_length):
+            raise TrajectoryError(f"segments[0]: expected a prompt segment [0, {self.prompt_length}), "
+                                  f"got {self.segments[0] if self.segments else None}")
+        pos = self.prompt_length
+        for i, seg in enumerate(self.segments[1:], start=1):
+            if seg.kind is SegmentKind.PROMPT or seg.start != pos or seg.end <= seg.start:
+                raise TrajectoryError(f"segments[{i}] = {seg}; expected a non-empty response segment starting at {pos}")
+            if seg.trainable and seg.kind is not SegmentKind.MODEL:
+                raise TrajectoryError(f"segments[{i}]: a {seg.kind.value} segment is trainable; only model segments may be")
+            span = self.loss_mask[seg.start - self.prompt_length: seg.end - self.prompt_length]
+            if any(m != int(seg.trainable) for m in span):
+                raise TrajectoryError(f"segments[{i}] trainable={seg.trainable} disagrees with loss_mask over "
+                                      f"[{seg.start}, {seg.end})")
+            pos = seg.end
+        if pos != len(self.tokens):
+            raise TrajectoryError(f"segments end at {pos} but there are {len(self.tokens)} tokens; expected an exact tiling")
+
+    # -- serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": list(self.tokens), "prompt_length": self.prompt_length, "loss_mask": list(self.loss_mask),
+            "logprobs": list(self.logprobs), "segments": [s.to_dict() for s in self.segments],
+            "messages": [m.to_dict() for m in self.messages], "status": self.status.value,
+            "stop_reason": self.stop_reason.value if self.stop_reason is not None else None,
+            "reward": self.reward, "reward_parts": dict(self.reward_parts), "group_id": self.group_id,
+            "rollout_id": self.rollout_id, "sample_id": self.sample_id, "session_id": self.session_id,
+            "sequence_index": self.sequence_index, "vocab_size": self.vocab_size, "metrics": dict(self.metrics),
+            "info": dict(self.info),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """Rebuilds a trajectory and validates it; a broken record raises :class:`TrajectoryError`."""
+        try:
+            traj = cls(
+                tokens=[int(t) for t in data["tokens"]], prompt_length=int(data["prompt_length"]),
+                loss_mask=[int(m) for m in data["loss_mask"]], logprobs=[float(x) for x in data["logprobs"]],
+                segments=[Segment.from_dict(s) for s in data["segments"]],
+                messages=[Message.from_dict(m) for m in data.get("messages", [])],
+                status=Status(data.get("status", "pending")),
+                stop_reason=StopReason(data["stop_reason"]) if data.get("stop_reason") else None,
+                reward=data.get("reward"), reward_parts=dict(data.get("reward_parts") or {}),
+                group_id=data.get("group_id"), rollout_id=data.get("rollout_id"), sample_id=data.get("sample_id"),
+                session_id=data.get("session_id"), sequence_index=int(data.get("sequence_index", 0)),
+                vocab_size=data.get("vocab_size"), metrics=dict(data.get("metrics") or {}),
+                info=dict(data.get("info") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, TrajectoryError):
+                raise
+            raise TrajectoryError(f"trajectory record: {type(exc).__name__}: {exc}") from exc
+        traj.validate()
+        return traj
+
+
+def save_jsonl(path: str | os.PathLike[str], trajectories: Iterable[Trajectory], *, append: bool = False) -> int:
+    """Writes one JSON object per line; returns the number written."""
+    n = 0
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
+        for traj in trajectories:
+            f.write(json.dumps(traj.to_dict(), ensure_ascii=False, allow_nan=False))
+            f.write("\n")
+            n += 1
+    return n
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
+    """Yields trajectories from a JSONL file; a bad line raises naming the file and line number."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Trajectory.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TrajectoryError) as exc:
+                raise TrajectoryError(f"{os.fspath(path)}:{lineno}: {exc}") from exc
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> list[Trajectory]:
+    return list(iter_jsonl(path))
