@@ -22,6 +22,7 @@ class FailureKind(str, Enum):
 
     # Raised by the tool-call parser (agentrl.chat.parse_tool_calls).
     MALFORMED_JSON = "malformed_json"
+    MALFORMED_XML = "malformed_xml"
     UNKNOWN_TOOL = "unknown_tool"
     UNTERMINATED = "unterminated"
     MISSING_REQUIRED_ARGUMENT = "missing_required_argument"
@@ -42,6 +43,8 @@ class ToolCall:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
+    # Where the parser found the call in the completion text (start, end); not part of equality.
+    span: tuple[int, int] | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -151,10 +154,14 @@ class ToolCallFailure:
     raw: str = ""
     span: tuple[int, int] = (0, 0)
     tool_name: str | None = None
+    # The argument the failure is about (missing_required_argument, invalid_argument_type).
+    argument: str | None = None
+    # Set when the call was accepted anyway (lenient parsing of a defect the engines tolerate).
+    call_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "message": self.message, "raw": self.raw, "span": list(self.span),
-                "tool_name": self.tool_name}
+                "tool_name": self.tool_name, "argument": self.argument, "call_id": self.call_id}
 
 
 @dataclass

@@ -1,0 +1,256 @@
+"""Tool argument schemas: SGLang-style XML conversion, row by row, and JSON-schema validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrl.chat.schema import (
+    convert_xml_value,
+    json_value,
+    tool_name,
+    tool_parameters,
+    tool_properties,
+    validate_arguments,
+)
+from agentrl.chat.types import FailureKind
+
+
+def props(type_: Any) -> dict[str, Any]:
+    return {"p": {"type": type_}}
+
+
+# --- the SGLang conversion table (reference chat-formats §6.2), one row at a time -----------------
+
+@pytest.mark.parametrize("type_", ["string", "integer", "number", "boolean", "object", "array", "weird"])
+@pytest.mark.parametrize("raw", ["null", "NULL", "Null"])
+def test_null_is_none_for_every_type(type_: str, raw: str) -> None:
+    assert convert_xml_value(raw, "p", props(type_)) == (None, None)
+
+
+def test_parameter_not_in_schema_stays_a_string() -> None:
+    assert convert_xml_value("42", "other", props("integer")) == ("42", None)
+    assert convert_xml_value("42", "p", {}) == ("42", None)
+
+
+@pytest.mark.parametrize("type_", ["string", "str", "text", "varchar", "char", "enum", "STRING"])
+def test_string_like_types_keep_the_text(type_: str) -> None:
+    assert convert_xml_value("  12\n", "p", props(type_)) == ("  12\n", None)
+
+
+@pytest.mark.parametrize("type_", ["integer", "int", "int64", "uint8", "long", "short", "unsigned"])
+def test_integer_types(type_: str) -> None:
+    assert convert_xml_value("-17", "p", props(type_)) == (-17, None)
+    value, err = convert_xml_value("abc", "p", props(type_))
+    assert value == "abc" and err is not None and "integer" in err and "'abc'" in err
+    value, err = convert_xml_value("3.5", "p", props(type_))
+    assert value == "3.5" and err is not None
+
+
+@pytest.mark.parametrize("type_", ["number", "num", "float", "float32"])
+def test_number_types(type_: str) -> None:
+    assert convert_xml_value("0.5", "p", props(type_)) == (0.5, None)
+    assert convert_xml_value("1e3", "p", props(type_)) == (1000.0, None)
+    three, err = convert_xml_value("3", "p", props(type_))
+    assert three == 3 and isinstance(three, int) and err is None
+    three_f, _ = convert_xml_value("3.0", "p", props(type_))
+    assert three_f == 3.0 and isinstance(three_f, float)
+    big, _ = convert_xml_value("12345678901234567890123", "p", props(type_))
+    assert big == 12345678901234567890123  # no float rounding for integral text
+    value, err = convert_xml_value("twelve", "p", props(type_))
+    assert value == "twelve" and err is not None and "number" in err
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "NaN", "Infinity", "1e999"])
+@pytest.mark.parametrize("type_", ["number", "float"])
+def test_non_finite_numbers_fall_back_to_the_string(raw: str, type_: str) -> None:
+    value, err = convert_xml_value(raw, "p", props(type_))
+    assert value == raw and err is not None and "finite" in err
+
+
+def test_inf_for_an_integer_falls_back_to_the_string() -> None:
+    value, err = convert_xml_value("inf", "p", props("integer"))
+    assert value == "inf" and err is not None
+
+
+def test_huge_integer_text_never_raises() -> None:
+    raw = "9" * 10_000  # above Python's int-string conversion limit
+    for type_ in ("integer", "number", "object", "weird"):
+        value, _ = convert_xml_value(raw, "p", props(type_))
+        assert value == raw
+
+
+@pytest.mark.parametrize("type_", ["boolean", "bool", "binary"])
+def test_boolean_types(type_: str) -> None:
+    for raw, expected in [("true", True), ("True", True), ("TRUE", True), ("false", False), ("False", False)]:
+        assert convert_xml_value(raw, "p", props(type_)) == (expected, None)
+    value, err = convert_xml_value("yes", "p", props(type_))
+    assert value == "yes" and err is not None and "boolean" in err
+
+
+@pytest.mark.parametrize("type_", ["object", "dict", "dictionary"])
+def test_object_types_json_then_python_literal(type_: str) -> None:
+    assert convert_xml_value('{"lang": "en", "n": 1}', "p", props(type_)) == ({"lang": "en", "n": 1}, None)
+    # Qwen3-Coder renders dicts with str(): Python repr, single quotes, True/None.
+    assert convert_xml_value("{'lang': 'en', 'ok': True, 'x': None}", "p", props(type_)) == (
+        {"lang": "en", "ok": True, "x": None}, None)
+    value, err = convert_xml_value("{broken", "p", props(type_))
+    assert value == "{broken" and err is not None and "object" in err
+
+
+@pytest.mark.parametrize("type_", ["array", "arr", "list", "list[int]"])
+def test_array_types(type_: str) -> None:
+    assert convert_xml_value('["x", "y"]', "p", props(type_)) == (["x", "y"], None)
+    assert convert_xml_value("['x', 'y']", "p", props(type_)) == (["x", "y"], None)
+    assert convert_xml_value("(1, 2)", "p", props(type_)) == ([1, 2], None)  # tuples become lists
+    value, err = convert_xml_value("[1,", "p", props(type_))
+    assert value == "[1," and err is not None and "array" in err
+
+
+def test_container_values_json_cannot_carry_fall_back() -> None:
+    for raw in ["{1, 2}", "b'x'", "{1: 'a'}", "[1e999]", "[NaN]", "1j"]:
+        value, err = convert_xml_value(raw, "p", props("object"))
+        assert value == raw and err is not None, raw
+
+
+def test_other_types_use_literal_eval_with_string_fallback() -> None:
+    assert convert_xml_value("[1, 2]", "p", props("tuple")) == ([1, 2], None)
+    assert convert_xml_value("42", "p", props("tuple")) == (42, None)
+    assert convert_xml_value("hello world", "p", props("tuple")) == ("hello world", None)
+    assert convert_xml_value("{1, 2}", "p", props("tuple")) == ("{1, 2}", None)
+
+
+def test_zip_code_stays_a_string() -> None:
+    schema = {"zip_code": {"type": "string"}}
+    assert convert_xml_value("03106", "zip_code", schema) == ("03106", None)
+    assert convert_xml_value("03106", "zip_code", {}) == ("03106", None)
+
+
+def test_nullable_and_union_types() -> None:
+    assert convert_xml_value("5", "p", props(["integer", "null"])) == (5, None)
+    assert convert_xml_value("5", "p", {"p": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}) == (5, None)
+    assert convert_xml_value("03106", "p", props(["integer", "string"])) == ("03106", None)
+    assert convert_xml_value("2", "p", {"p": {"enum": [1, 2, 3]}}) == (2, None)
+    assert convert_xml_value("2", "p", {"p": {"enum": ["1", "2"]}}) == ("2", None)
+    assert convert_xml_value("7", "p", {"p": {}}) == ("7", None)
+    assert convert_xml_value("7", "p", {"p": "not a schema"}) == ("7", None)
+
+
+def test_code_with_indentation_survives() -> None:
+    code = "def f():\n    return 1\n\n"
+    assert convert_xml_value(code, "p", props("string")) == (code, None)
+
+
+# --- validation --------------------------------------------------------------------------------
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string"},
+        "n": {"type": "integer"},
+        "mode": {"type": "string", "enum": ["fast", "slow"]},
+        "opts": {"type": "object", "properties": {"lang": {"type": "string"}}, "required": ["lang"]},
+    },
+    "required": ["code", "n"],
+}
+
+
+def test_valid_arguments_have_no_failures() -> None:
+    assert validate_arguments("calc", {"code": "x", "n": 1, "mode": "fast", "opts": {"lang": "en"}}, SCHEMA) == []
+
+
+def test_missing_required_argument_names_it() -> None:
+    failures = validate_arguments("calc", {"n": 1}, SCHEMA)
+    assert [(f.kind, f.argument) for f in failures] == [(FailureKind.MISSING_REQUIRED_ARGUMENT, "code")]
+    assert "'code'" in failures[0].message and "string" in failures[0].message
+    assert failures[0].tool_name == "calc"
+
+
+def test_wrong_type_names_argument_value_and_expectation() -> None:
+    (f,) = validate_arguments("calc", {"code": "x", "n": "seven"}, SCHEMA)
+    assert f.kind is FailureKind.INVALID_ARGUMENT_TYPE and f.argument == "n"
+    assert "'n'" in f.message and "'seven'" in f.message and "integer" in f.message
+
+
+def test_bool_is_not_an_integer() -> None:
+    (f,) = validate_arguments("calc", {"code": "x", "n": True}, SCHEMA)
+    assert f.kind is FailureKind.INVALID_ARGUMENT_TYPE and f.argument == "n"
+
+
+def test_enum_violation() -> None:
+    (f,) = validate_arguments("calc", {"code": "x", "n": 1, "mode": "medium"}, SCHEMA)
+    assert f.kind is FailureKind.INVALID_ARGUMENT_TYPE and f.argument == "mode"
+    assert "'medium'" in f.message and "fast" in f.message and "slow" in f.message
+
+
+def test_nested_schema_failure_reports_the_top_level_argument_and_path() -> None:
+    (f,) = validate_arguments("calc", {"code": "x", "n": 1, "opts": {"lang": 5}}, SCHEMA)
+    assert f.kind is FailureKind.INVALID_ARGUMENT_TYPE and f.argument == "opts"
+    assert "['lang']" in f.message and "5" in f.message and "string" in f.message
+    (g,) = validate_arguments("calc", {"code": "x", "n": 1, "opts": {}}, SCHEMA)
+    assert g.argument == "opts" and "lang" in g.message
+
+
+def test_missing_and_invalid_together_one_failure_per_argument() -> None:
+    failures = validate_arguments("calc", {"n": "x", "mode": 3}, SCHEMA)
+    kinds = sorted((f.kind.value, f.argument) for f in failures)
+    assert kinds == [("invalid_argument_type", "mode"), ("invalid_argument_type", "n"),
+                     ("missing_required_argument", "code")]
+
+
+def test_additional_properties_false() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    (f,) = validate_arguments("t", {"a": 1, "zz": 2}, schema)
+    assert f.kind is FailureKind.INVALID_ARGUMENT_TYPE and f.argument == "zz" and "'a'" in f.message
+
+
+def test_empty_or_missing_schema_accepts_anything() -> None:
+    assert validate_arguments("t", {"anything": object()}, {}) == []
+    assert validate_arguments("t", {"anything": 1}, None) == []
+
+
+def test_invalid_schema_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"tool 'bad'.*not a valid JSON schema"):
+        validate_arguments("bad", {"a": 1}, {"type": "object", "properties": {"a": {"type": 12}}})
+
+
+def test_deep_nesting_does_not_raise() -> None:
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    failures = validate_arguments("t", {"a": deep}, {"type": "object", "properties": {"a": {"type": "array"}}})
+    assert all(f.kind is FailureKind.INVALID_ARGUMENT_TYPE for f in failures)
+
+
+# --- tool dict helpers -------------------------------------------------------------------------
+
+CALC = {"type": "function", "function": {"name": "calc", "description": "Run python.", "parameters":
+        {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+
+
+def test_tool_helpers_openai_and_flat() -> None:
+    assert tool_name(CALC) == "calc"
+    assert tool_properties(CALC) == ({"code": {"type": "string"}}, ["code"])
+    flat = {"name": "now", "description": "time"}
+    assert tool_name(flat) == "now" and tool_parameters(flat) == {} and tool_properties(flat) == ({}, [])
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"type": "function", "function": {"description": "x"}}, "function.name"),
+    ({"type": "function", "function": "calc"}, "tool.function"),
+    ({"name": "t", "parameters": [1]}, "function.parameters"),
+    ({"name": "t", "parameters": {"properties": {}, "required": "code"}}, "parameters.required"),
+])
+def test_tool_helpers_reject_bad_tools(bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        tool_properties(bad)
+    with pytest.raises(TypeError, match="tool"):
+        tool_name("calc")  # type: ignore[arg-type]
+
+
+def test_json_value() -> None:
+    assert json_value({"a": (1, [2.5, None])}) == {"a": [1, [2.5, None]]}
+    for bad in [float("nan"), {1: 2}, {1, 2}, b"x", 1j]:
+        with pytest.raises(ValueError):
+            json_value(bad)
