@@ -1,0 +1,144 @@
+"""Math answer rewards with ``math-verify``, scored on the model's own text only.
+
+The answer is the content of the **last** ``\\boxed{...}`` in the text handed in, and the text
+handed in is the model's final assistant message (see :func:`final_answer_text`): never the
+prompt, never a tool result. A program that *prints* ``\\boxed{7}`` therefore earns nothing — the
+reward-hacking hole of scanning ``prompt + response`` with interpreter output inside it.
+
+Equivalence is decided by ``math_verify.verify`` on both sides parsed as LaTeX, so ``0.5``,
+``\\frac{1}{2}`` and ``1/2`` match, and a zero-padded label like ``"073"`` matches ``73``.
+
+Shaping (:class:`MathReward`, all off by default):
+
+- ``no_answer``: the value when the text holds no ``\\boxed{}`` at all (a format penalty);
+- ``tool_bonus`` per *successful* tool call, capped at ``max_tool_bonus`` — failed calls never
+  count, so spamming broken code cannot earn reward. Keep shaping small next to ``correct``:
+  GRPO's group normalisation rescales every difference between rollouts.
+
+Example::
+
+    MathReward()(r"so it is \\boxed{\\frac{1}{2}}", "0.5").value          # 1.0
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.chat.types import Message
+from agentrl.rewards.types import Reward
+
+__all__ = ["MathReward", "extract_boxed", "final_answer_text", "math_answer_reward", "math_equal"]
+
+_BOXED_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; None if absent."""
+    best: tuple[int, str] | None = None
+    for cmd in _BOXED_COMMANDS:
+        start = text.rfind(cmd + "{")
+        while start != -1:
+            content = _balanced(text, start + len(cmd))
+            if content is not None:
+                if best is None or start > best[0]:
+                    best = (start, content)
+                break
+            start = text.rfind(cmd + "{", 0, start)
+    return None if best is None else best[1].strip()
+
+
+def _balanced(text: str, open_pos: int) -> str | None:
+    depth = 0
+    for i in range(open_pos, len(text)):
+        ch = text[i]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_pos + 1: i]
+    return None  # unbalanced: the answer was cut off
+
+
+def math_equal(answer: str, label: str) -> bool:
+    """Whether two LaTeX/plain answers are mathematically equal according to ``math_verify``."""
+    from math_verify import parse, verify  # imported lazily: it pulls in sympy
+
+    # math_verify times out with SIGALRM, which only works on the main thread.
+    timeout: int | None = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = parse(_as_latex(label), parsing_timeout=timeout)  # type: ignore[arg-type]
+    pred = parse(_as_latex(answer), parsing_timeout=timeout)  # type: ignore[arg-type]
+    if not gold or not pred:
+        return answer.strip() == label.strip() and bool(label.strip())
+    return bool(verify(gold, pred, timeout_seconds=timeout))
+
+
+def _as_latex(text: str) -> str:
+    text = text.strip()
+    return text if text.startswith("$") else f"${text}$"
+
+
+def math_answer_reward(response: str, label: str) -> float:
+    """1.0 when the last ``\\boxed{}`` of ``response`` equals ``label``, else 0.0 (no box: 0.0)."""
+    answer = extract_boxed(response)
+    return 1.0 if answer is not None and math_equal(answer, label) else 0.0
+
+
+def final_answer_text(messages: Sequence[Message]) -> str:
+    """The text of the last assistant message (content only: no reasoning, no tool output).
+
+    This is the only text a math reward should read: it was sampled by the model, it is the
+    episode's final word, and tool results live in ``tool`` messages that it never includes.
+    """
+    for msg in reversed(messages):
+        if msg.role == "assistant":
+            return _text_of(msg.content)
+    return ""
+
+
+def _text_of(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
+
+
+@dataclass(frozen=True)
+class MathReward:
+    """Outcome reward for math answers, with optional documented shaping (module doc)."""
+
+    correct: float = 1.0
+    incorrect: float = 0.0
+    no_answer: float | None = None
+    tool_bonus: float = 0.0
+    max_tool_bonus: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.tool_bonus < 0 or self.max_tool_bonus < 0:
+            raise ValueError(f"MathReward: tool_bonus={self.tool_bonus}, max_tool_bonus={self.max_tool_bonus}; "
+                             "expected values >= 0")
+
+    @property
+    def range(self) -> tuple[float, float]:
+        """The smallest and largest value this reward can return."""
+        base = [self.correct, self.incorrect] + ([self.no_answer] if self.no_answer is not None else [])
+        return min(base), max(base) + self.max_tool_bonus
+
+    def __call__(self, response: str, label: str, *, successful_tool_calls: int = 0) -> Reward:
+        """Scores ``response`` (the model's final text) against ``label``."""
+        answer = extract_boxed(response)
+        if answer is None:
+            outcome = self.incorrect if self.no_answer is None else self.no_answer
+            parts = {"outcome": outcome}
+        else:
+            outcome = self.correct if math_equal(answer, label) else self.incorrect
+            parts = {"outcome": outcome}
+        bonus = min(self.tool_bonus * max(successful_tool_calls, 0), self.max_tool_bonus)
+        if bonus:
+            parts["tool_bonus"] = bonus
+        return Reward(outcome + bonus, parts=parts, info={"answer": answer, "label": label,
+                                                          "correct": outcome == self.correct and answer is not None})

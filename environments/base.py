@@ -1,0 +1,276 @@
+"""The :class:`Environment` base class: one episode, built from one dataset row, speaking messages.
+
+Contract (what the agent loop relies on, and what ``agentrl env check`` verifies):
+
+- **Single use.** An environment instance runs exactly one episode: ``reset()`` once, then
+  ``step()`` until a :class:`StepResult` says ``done``, then ``reward()``, then ``close()``.
+  Stepping after ``done`` raises :class:`EpisodeDoneError`. GRPO groups are G independent
+  instances built from the same row (:func:`~agentrl.environments.make_group`).
+- **Messages only.** An environment never sees token ids; the agent loop owns the token boundary.
+- **Own copy of the row.** The constructor deep-copies the row (or validates it into
+  ``task_type``), so nothing an episode does leaks into the dataset or into another episode.
+- **Picklable before reset.** A fresh instance can be shipped to another process.
+- **Tools** are registered declaratively (the ``tools`` class attribute) or per instance with
+  :meth:`Environment.register_tool`. The default :meth:`Environment.step` runs the reply's calls
+  (concurrently, results in call order), applies the :class:`FailurePolicy` to every parse
+  failure and tool error, and ends the episode when the reply has no calls (stop reason
+  ``no_tool_calls``), when the failure policy says ``end`` (``failed``), when a turn asks for
+  more calls than ``max_tool_calls`` leaves (``max_tool_calls``), or after ``max_turns`` turns
+  (``max_turns``) — in that order of precedence.
+- ``reward(trajectory)`` may be sync or async and returns a float or a
+  :class:`~agentrl.rewards.Reward` inside ``reward_range``. Step-level ``reward_parts`` (failure
+  penalties) are added on top by the agent loop.
+
+Example::
+
+    class Echo(Environment):
+        tools = [calculator]
+        async def reset(self): return [Message("user", self.task["question"])]
+        def reward(self, trajectory): return math_answer_reward(final_answer_text(trajectory.messages),
+                                                                self.task["answer"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ValidationError
+
+from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
+from agentrl.environments.policy import EnvLimits, FailureAction, FailurePolicy
+from agentrl.rewards.types import RewardValue
+from agentrl.trajectory import StopReason, Trajectory
+
+__all__ = ["Environment", "EpisodeDoneError", "StepResult", "ToolLike", "tool_spec"]
+
+
+class EpisodeDoneError(RuntimeError):
+    """``step()`` was called on an environment whose episode is already over."""
+
+
+@runtime_checkable
+class ToolLike(Protocol):
+    """What an environment needs of a tool: a name, a JSON schema, and an async call."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def __call__(self, **arguments: Any) -> Awaitable[Any]: ...
+
+
+def tool_spec(tool: ToolLike) -> dict[str, Any]:
+    """The OpenAI function object a chat template lists for ``tool``."""
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                             "parameters": tool.parameters}}
+
+
+@dataclass
+class StepResult:
+    """What one environment step returns.
+
+    - ``messages``: new tool/user messages for the model (empty when the episode ends on an answer);
+    - ``done``: whether the episode is over; ``stop_reason`` says why (required when done);
+    - ``reward_parts``: step-level shaping (e.g. ``failure_penalty``), summed over the episode;
+    - ``failures``: every failure this step saw, by kind (counted in the trajectory's metrics);
+    - ``info``: free-form, logged.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    done: bool = False
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    stop_reason: StopReason | None = None
+    failures: list[FailureKind] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.done and self.stop_reason is None:
+            self.stop_reason = StopReason.ENV_DONE
+        if not self.done and self.stop_reason is not None:
+            raise ValueError(f"StepResult.stop_reason={self.stop_reason.value!r} with done=False; "
+                             "expected a stop reason only when done")
+        for i, m in enumerate(self.messages):
+            if not isinstance(m, Message):
+                raise TypeError(f"StepResult.messages[{i}]: expected a Message, got {type(m).__name__}")
+            if m.role not in ("tool", "user"):
+                raise ValueError(f"StepResult.messages[{i}].role={m.role!r}; expected 'tool' or 'user'")
+
+
+@dataclass
+class _CallOutcome:
+    content: str
+    failure: FailureKind | None = None
+
+
+class Environment(ABC):
+    """Base class for environments; see the module doc for the contract."""
+
+    task_type: ClassVar[type[BaseModel] | None] = None
+    tools: ClassVar[Sequence[ToolLike]] = ()
+    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    default_limits: ClassVar[EnvLimits] = EnvLimits()
+    default_failure_policy: ClassVar[FailurePolicy] = FailurePolicy()
+
+    def __init__(self, task: Mapping[str, Any] | BaseModel, *, limits: EnvLimits | None = None,
+                 failure_policy: FailurePolicy | None = None) -> None:
+        self.task: Any = self._coerce_task(task)
+        self.limits = limits if limits is not None else type(self).default_limits
+        self.failure_policy = failure_policy if failure_policy is not None else type(self).default_failure_policy
+        self._tools: dict[str, ToolLike] = {}
+        for t in type(self).tools:
+            self.register_tool(t)
+        self.turns = 0
+        self.tool_calls = 0
+        self.successful_tool_calls = 0
+        self.failure_counts: Counter[str] = Counter()
+        self.done = False
+
+    @classmethod
+    def _coerce_task(cls, task: Mapping[str, Any] | BaseModel) -> Any:
+        if cls.task_type is None:
+            if isinstance(task, BaseModel):
+                return task.model_copy(deep=True)
+            if not isinstance(task, Mapping):
+                raise TypeError(f"{cls.__name__}(task=...): expected a row mapping, got {type(task).__name__}")
+            return copy.deepcopy(dict(task))
+        if isinstance(task, cls.task_type):
+            return task.model_copy(deep=True)
+        if isinstance(task, BaseModel):
+            task = task.model_dump()
+        try:
+            return cls.task_type.model_validate(copy.deepcopy(dict(task)))
+        except ValidationError as exc:
+            problems = "; ".join(f"field {'.'.join(map(str, e['loc'])) or '<row>'}: {e['msg']} "
+                                 f"(got {e.get('input')!r:.80})" for e in exc.errors())
+            raise ValueError(f"{cls.__name__}: dataset row does not fit {cls.task_type.__name__}: {problems}") from None
+        except TypeError:
+            raise TypeError(f"{cls.__name__}(task=...): expected a row mapping, got {type(task).__name__}") from None
+
+    # -- tools -----------------------------------------------------------------------------
+    def register_tool(self, tool: ToolLike) -> None:
+        """Adds a tool for this episode; names must be unique."""
+        name = getattr(tool, "name", None)
+        if not isinstance(name, str) or not name or not callable(tool):
+            raise TypeError(f"register_tool: expected a tool with a non-empty 'name' and an async __call__, got {tool!r:.120}")
+        if name in self._tools:
+            raise ValueError(f"register_tool: a tool named {name!r} is already registered")
+        self._tools[name] = tool
+
+    @property
+    def tool_map(self) -> Mapping[str, ToolLike]:
+        return dict(self._tools)
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """OpenAI function objects for the chat template's tool list (registration order)."""
+        return [tool_spec(t) for t in self._tools.values()]
+
+    # -- the episode -----------------------------------------------------------------------
+    @abstractmethod
+    async def reset(self) -> list[Message]:
+        """The opening conversation (system and user messages)."""
+
+    async def step(self, reply: Message, failures: Sequence[ToolCallFailure] = ()) -> StepResult:
+        """Runs the reply's tool calls and applies the failure policy (module doc).
+
+        ``failures`` are the parse failures the chat core found in the same reply.
+        """
+        self._begin_step()
+        result = StepResult()
+        feedback: list[Message] = []
+        end = False
+        for f in failures:
+            end |= self._apply_failure(result, f.kind, f"Error: {f.kind.value}: {f.message}", feedback, None)
+        calls = list(reply.tool_calls)
+        if not calls and not failures:
+            return self._finish(result, StopReason.NO_TOOL_CALLS)
+        room = max(self.limits.max_tool_calls - self.tool_calls, 0)
+        run, skipped = calls[:room], calls[room:]
+        outcomes = await asyncio.gather(*(self._run_call(c) for c in run))
+        self.tool_calls += len(run)
+        for call, out in zip(run, outcomes, strict=True):
+            msg = Message(role="tool", content=out.content, tool_call_id=call.id, name=call.name)
+            if out.failure is None:
+                self.successful_tool_calls += 1
+                result.messages.append(msg)
+            else:
+                end |= self._apply_failure(result, out.failure, out.content, result.messages, msg)
+        result.messages.extend(feedback)
+        result.info["tool_calls"] = len(run)
+        if skipped:
+            result.info["tool_calls_skipped"] = len(skipped)
+        if end:
+            return self._finish(result, StopReason.FAILED)
+        if skipped:
+            return self._finish(result, StopReason.MAX_TOOL_CALLS)
+        if self.turns >= self.limits.max_turns:
+            return self._finish(result, StopReason.MAX_TURNS)
+        return result
+
+    @abstractmethod
+    def reward(self, trajectory: Trajectory) -> RewardValue | Awaitable[RewardValue]:
+        """The episode's reward, within ``reward_range``; read only the model's own text."""
+
+    async def close(self) -> None:  # noqa: B027 - a no-op default is the right default
+        """Releases what this episode started (processes, containers, files). Idempotent."""
+
+    # -- helpers for subclasses ------------------------------------------------------------
+    def _begin_step(self) -> None:
+        """Raises if the episode is over; counts the turn. Call it first in an overriding ``step``."""
+        if self.done:
+            raise EpisodeDoneError(f"{type(self).__name__}.step: the episode is already done; "
+                                   "environments are single-use (build a new one per episode)")
+        self.turns += 1
+
+    def _finish(self, result: StepResult, reason: StopReason) -> StepResult:
+        result.done = True
+        result.stop_reason = reason
+        self.done = True
+        return result
+
+    def _apply_failure(self, result: StepResult, kind: FailureKind, text: str, sink: list[Message],
+                       msg: Message | None) -> bool:
+        """Records one failure; appends feedback to ``sink`` unless the policy ends the episode."""
+        self.failure_counts[kind.value] += 1
+        result.failures.append(kind)
+        action = self.failure_policy.action_for(kind)
+        if action is FailureAction.END:
+            return True
+        if action is FailureAction.PENALIZE:
+            result.reward_parts["failure_penalty"] = (result.reward_parts.get("failure_penalty", 0.0)
+                                                      + self.failure_policy.penalty)
+        sink.append(msg if msg is not None else Message(role="tool", content=text))
+        return False
+
+    async def _run_call(self, call: ToolCall) -> _CallOutcome:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            valid = ", ".join(sorted(self._tools)) or "none"
+            return _CallOutcome(f"Error: {FailureKind.UNKNOWN_TOOL.value}: no tool named {call.name!r} "
+                                f"(available: {valid})", FailureKind.UNKNOWN_TOOL)
+        try:
+            res = await tool(**call.arguments)
+        except Exception as exc:  # a tool's bug must reach the model as an error value, not crash the loop
+            return _CallOutcome(f"Error: {FailureKind.TOOL_ERROR.value}: {type(exc).__name__}: {exc}",
+                                FailureKind.TOOL_ERROR)
+        return _outcome_of(res)
+
+
+def _outcome_of(res: Any) -> _CallOutcome:
+    """Reads a ``ToolResult`` (content, is_error, error_kind) or a plain string."""
+    if isinstance(res, str):
+        return _CallOutcome(res)
+    content = str(getattr(res, "content", res))
+    if not getattr(res, "is_error", False):
+        return _CallOutcome(content)
+    kind = getattr(res, "error_kind", None)
+    try:
+        failure = FailureKind(getattr(kind, "value", kind))
+    except ValueError:
+        failure = FailureKind.TOOL_ERROR
+    return _CallOutcome(content, failure)

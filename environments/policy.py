@@ -1,0 +1,93 @@
+"""Episode limits and the per-kind tool-failure policy of an environment.
+
+Every way a model's tool use can fail has a :class:`~agentrl.chat.types.FailureKind` (parse
+failures from the chat core, tool errors, timeouts and sandbox crashes from the tools). A
+:class:`FailurePolicy` maps each kind to an action:
+
+- ``feedback`` (default): an ``Error: <kind>: <detail>`` tool message goes back to the model, which
+  may recover on its next turn;
+- ``penalize``: the same feedback, plus ``penalty`` added to the episode's reward parts
+  (``failure_penalty``). Keep it small next to the outcome reward: GRPO rescales differences;
+- ``end``: the episode ends with status ``failed`` (stop reason ``failed``).
+
+Example::
+
+    FailurePolicy(overrides={"malformed_json": "penalize", "sandbox_error": "end"}, penalty=-0.1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from agentrl.chat.types import FailureKind
+
+__all__ = ["EnvLimits", "FailureAction", "FailurePolicy"]
+
+
+class FailureAction(str, Enum):
+    """What an environment does when a tool call fails."""
+
+    FEEDBACK = "feedback"
+    PENALIZE = "penalize"
+    END = "end"
+
+
+def _coerce(enum: type[Enum], value: Any, where: str) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        valid = ", ".join(repr(m.value) for m in enum)  # type: ignore[var-annotated]
+        raise ValueError(f"{where}: got {value!r}; expected one of {valid}") from None
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """Action per failure kind: ``overrides`` first, then ``default``. Strings are accepted and validated."""
+
+    default: FailureAction = FailureAction.FEEDBACK
+    overrides: Mapping[FailureKind, FailureAction] = field(default_factory=dict)
+    penalty: float = -0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default", _coerce(FailureAction, self.default, "FailurePolicy.default"))
+        clean: dict[FailureKind, FailureAction] = {}
+        for kind, action in dict(self.overrides).items():
+            k = _coerce(FailureKind, kind, "FailurePolicy.overrides key")
+            clean[k] = _coerce(FailureAction, action, f"FailurePolicy.overrides[{k.value!r}]")
+        object.__setattr__(self, "overrides", clean)
+        if self.penalty > 0:
+            raise ValueError(f"FailurePolicy.penalty: got {self.penalty}; expected a value <= 0")
+
+    def action_for(self, kind: FailureKind) -> FailureAction:
+        return self.overrides.get(kind, self.default)
+
+
+@dataclass(frozen=True)
+class EnvLimits:
+    """Per-episode limits.
+
+    - ``max_turns``: model turns (assistant replies) per episode; the episode ends after that many.
+    - ``max_tool_calls``: tool calls *executed* per episode. A turn that asks for more than what is
+      left runs the calls that fit and ends the episode (``max_tool_calls``); reaching the cap
+      exactly still lets the model answer on its next turn.
+    - ``max_context_tokens``: the whole episode's token budget (prompt + every turn), enforced by
+      the agent loop, which never asks the engine for more new tokens than the budget leaves.
+    - ``max_new_tokens``: the per-turn generation cap.
+    """
+
+    max_turns: int = 16
+    max_tool_calls: int = 16
+    max_context_tokens: int | None = None
+    max_new_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tool_calls", "max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EnvLimits.{name}: got {value!r}; expected an integer >= 1")
+        ctx = self.max_context_tokens
+        if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 2):
+            raise ValueError(f"EnvLimits.max_context_tokens: got {ctx!r}; expected None or an integer >= 2")
