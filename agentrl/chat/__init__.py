@@ -1,0 +1,44 @@
+"""The chat layer: message types, chat templates, the token bridge and tool-call parsing.
+
+Environments speak messages; this package owns the tokens of a conversation.
+"""
+
+from agentrl.chat.bridge import BridgeOutcome, BridgePiece, BridgeResult, PieceKind, bridge_turn
+from agentrl.chat.template import (
+    TEMPLATE_NAMES,
+    ChatTemplate,
+    ChatTemplateError,
+    ToolCallFormat,
+    detect_tool_call_format,
+)
+from agentrl.chat.types import (
+    ROLES,
+    FailureKind,
+    Message,
+    ParsedReply,
+    Role,
+    ToolCall,
+    ToolCallFailure,
+    as_message_dicts,
+)
+
+__all__ = [
+    "ROLES",
+    "TEMPLATE_NAMES",
+    "BridgeOutcome",
+    "BridgePiece",
+    "BridgeResult",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "FailureKind",
+    "Message",
+    "ParsedReply",
+    "PieceKind",
+    "Role",
+    "ToolCall",
+    "ToolCallFailure",
+    "ToolCallFormat",
+    "as_message_dicts",
+    "bridge_turn",
+    "detect_tool_call_format",
+]

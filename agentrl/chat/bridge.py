@@ -1,0 +1,163 @@
+"""The token bridge: what to append after a sampled assistant turn, checked by the prefix property.
+
+Sampled ids are kept verbatim (token in, token out). The environment's reply (tool results or a
+new user turn) is turned into ids from *messages*, never from decoded text:
+
+1. ``P`` = render of the conversation so far, which ends with the parsed assistant message, cut
+   right after that message's turn close (``<|im_end|>``);
+2. ``N`` = render of the conversation plus the new messages, with the generation prompt;
+3. if ``N`` starts with ``P``, the segment ``N[len(P):]`` is tokenised on its own (it starts right
+   after a special token and ends before sampled text, so no BPE merge crosses either edge) and
+   appended. It starts with the ``\\n`` the template writes after ``<|im_end|>``, which the model
+   never samples.
+
+If the sampled ids do not end with the turn-close id (the turn stopped on ``</tool_call>`` or hit
+the length limit), a synthetic turn close is returned first as a separate ``scaffold`` piece:
+never sampled, loss mask 0.
+
+When ``N`` does not start with ``P`` the template is not append-only for this step (a new user
+query strips earlier reasoning in Qwen3/Qwen3.5, Qwen3 drops an empty think block once a turn is no
+longer last, a template rewrites history). The result then says so, with the ids of the full
+render, so the caller can fork a new sequence from them or re-render; nothing is appended
+silently. The bridge counts nothing itself: the caller records metrics from ``outcome``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentrl.chat._jinja import normalize_messages
+
+if TYPE_CHECKING:
+    from agentrl.chat.template import ChatTemplate
+
+__all__ = ["BridgeOutcome", "BridgePiece", "BridgeResult", "PieceKind", "bridge_turn"]
+
+PieceKind = Literal["scaffold", "tool", "user"]
+
+
+class BridgeOutcome(str, Enum):
+    """How the next prompt can be built from the tokens so far."""
+
+    APPEND = "append"
+    """The prefix property holds: append ``pieces`` after the sampled ids."""
+    NOT_APPEND_ONLY = "not_append_only"
+    """The full render rewrites the history: fork a new sequence from ``full_render_ids`` or re-render."""
+
+
+@dataclass(frozen=True)
+class BridgePiece:
+    """Ids to append, their text, and where they come from (``scaffold`` / ``tool`` / ``user``)."""
+
+    ids: tuple[int, ...]
+    kind: PieceKind
+    text: str
+
+
+@dataclass(frozen=True)
+class BridgeResult:
+    """The outcome of one bridge step.
+
+    - ``outcome``: :class:`BridgeOutcome`; ``prefix_ok`` is True exactly when it is ``APPEND``.
+    - ``pieces``: for ``APPEND``, what to append in order: an optional synthetic turn close
+      (``scaffold``) and the environment segment (``tool`` when every new message is a tool
+      result, else ``user``). Empty for ``NOT_APPEND_ONLY``.
+    - ``turn_closed``: whether the sampled ids already ended with the turn-close id.
+    - ``reason``: a human-readable explanation (where the renders diverge, when they do).
+    - ``full_render_ids``: ids of the full render with the generation prompt, set for
+      ``NOT_APPEND_ONLY`` (the sequence to fork from) and in audit mode.
+    - ``history_matches``: audit mode only: whether the given ids decode to exactly ``P`` (after
+      the synthetic turn close), i.e. the sampled text re-renders identically from the parsed
+      message. None when not audited.
+    """
+
+    outcome: BridgeOutcome
+    pieces: tuple[BridgePiece, ...]
+    prefix_ok: bool
+    turn_closed: bool
+    reason: str
+    full_render_ids: tuple[int, ...] | None = None
+    history_matches: bool | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        """All pieces' ids concatenated (empty unless the outcome is ``APPEND``)."""
+        return [t for piece in self.pieces for t in piece.ids]
+
+
+def _env_kind(new_msgs: list[dict[str, Any]]) -> PieceKind:
+    return "tool" if all(m.get("role") == "tool" for m in new_msgs) else "user"
+
+
+def _divergence(short: str, long: str) -> str:
+    i = 0
+    limit = min(len(short), len(long))
+    while i < limit and short[i] == long[i]:
+        i += 1
+    lo = max(0, i - 30)
+    return (f"the render with the new messages differs from the history at character {i}: "
+            f"{short[lo:i + 40]!r} became {long[lo:i + 40]!r}")
+
+
+def _history_prefix(template: ChatTemplate, history: list[dict[str, Any]], tools: Sequence[Any] | None,
+                    template_kwargs: dict[str, Any]) -> str:
+    """``P``: the history render cut right after the last assistant message's turn close."""
+    rendered = template.render(history, tools, add_generation_prompt=False, **template_kwargs)
+    cut = rendered.rfind(template.turn_close)
+    if cut < 0:
+        raise ValueError(f"bridge: the render of messages has no {template.turn_close!r}; template "
+                         f"{template.name!r} does not close assistant turns with it")
+    return rendered[:cut + len(template.turn_close)]
+
+
+def bridge_turn(template: ChatTemplate, token_ids: Sequence[int], messages: Sequence[Any],
+                new_messages: Sequence[Any], *, tools: Sequence[Any] | None = None, audit: bool = False,
+                **template_kwargs: Any) -> BridgeResult:
+    """Bridges one environment step.
+
+    ``token_ids``: the conversation so far as ids (prompt plus the sampled assistant turn,
+    verbatim). ``messages``: the same conversation as messages, ending with the parsed assistant
+    message. ``new_messages``: the environment's reply (tool results and/or a user turn).
+    ``tools`` and ``template_kwargs`` must be those the prompt was rendered with.
+
+    Returns a :class:`BridgeResult`. With ``APPEND``, ``token_ids + result.ids`` is the next prompt
+    and equals a full render whenever ``token_ids`` decodes to the history's render (check that
+    with ``audit=True``, which also fills ``full_render_ids``). Raises ``ValueError`` for input
+    that cannot be bridged (no new messages, history not ending with an assistant message, no
+    tokenizer) and :class:`~agentrl.chat.template.ChatTemplateError` where the template raises.
+    """
+    history = normalize_messages(messages)
+    if history[-1].get("role") != "assistant":
+        raise ValueError(f"bridge: messages[-1] must be the parsed assistant message, got role="
+                         f"{history[-1].get('role')!r}")
+    if isinstance(new_messages, (str, bytes)) or len(new_messages) == 0:
+        raise ValueError(f"bridge: new_messages: expected at least one tool or user message, got {new_messages!r:.80}")
+    added = normalize_messages(new_messages)
+    close_id = template.turn_close_id
+    ids = [int(t) for t in token_ids]
+    turn_closed = bool(ids) and ids[-1] == close_id
+
+    prefix = _history_prefix(template, history, tools, template_kwargs)
+    full = template.render(history + added, tools, add_generation_prompt=True, **template_kwargs)
+    full_ids = tuple(template.tokenize(full)) if audit else None
+    history_matches: bool | None = None
+    if audit:
+        seen = template.decode(ids) + ("" if turn_closed else template.turn_close)
+        history_matches = seen == prefix
+
+    if not full.startswith(prefix):
+        return BridgeResult(BridgeOutcome.NOT_APPEND_ONLY, (), prefix_ok=False, turn_closed=turn_closed,
+                            reason=_divergence(prefix, full),
+                            full_render_ids=full_ids if full_ids is not None else tuple(template.tokenize(full)),
+                            history_matches=history_matches)
+    pieces: list[BridgePiece] = []
+    if not turn_closed:
+        pieces.append(BridgePiece((close_id,), "scaffold", template.turn_close))
+    segment = full[len(prefix):]
+    pieces.append(BridgePiece(tuple(template.tokenize(segment)), _env_kind(added), segment))
+    reason = "prefix property holds" + ("" if turn_closed else "; synthetic turn close added (not sampled)")
+    return BridgeResult(BridgeOutcome.APPEND, tuple(pieces), prefix_ok=True, turn_closed=turn_closed,
+                        reason=reason, full_render_ids=full_ids, history_matches=history_matches)

@@ -1,0 +1,216 @@
+"""``ChatTemplate``: render conversations exactly as Hugging Face does, encode them, know when a turn ends.
+
+A ``ChatTemplate`` wraps one Jinja chat template: one of the three shipped with agentrl
+(``qwen3``: Qwen3 hybrid thinking with JSON tool calls; ``qwen3_5``: Qwen3.5 with XML tool calls;
+``qwen3_coder``: Qwen3-Coder with XML tools and calls) or any Hugging Face tokenizer's own
+template. Rendering uses the same Jinja environment and input normalisation as
+``apply_chat_template`` (see :mod:`agentrl.chat._jinja`), so the text is byte-identical to it.
+
+It also owns the token boundary of a multi-turn episode: :meth:`ChatTemplate.bridge` returns the
+ids to append after a sampled assistant turn (see :mod:`agentrl.chat.bridge`), and
+:meth:`ChatTemplate.stop_token_ids` / :meth:`ChatTemplate.stop_strings` say where a generation
+turn ends. Token ids are always resolved by string from the tokenizer, never hard-coded.
+
+Instances are immutable after construction and safe to share between threads.
+
+Example::
+
+    from agentrl.chat import ChatTemplate
+    from agentrl.testing import build_tokenizer
+
+    tpl = ChatTemplate.from_name("qwen3", tokenizer=build_tokenizer())
+    prompt = tpl.render([{"role": "user", "content": "2**10?"}], tools=[calc_schema], add_generation_prompt=True)
+    ids = tpl.encode([{"role": "user", "content": "2**10?"}], add_generation_prompt=True)
+    stop = tpl.stop_token_ids()              # (id of <|im_end|>,)
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import jinja2
+
+from agentrl.chat._jinja import compile_template, normalize_messages, normalize_tools
+
+if TYPE_CHECKING:
+    from agentrl.chat.bridge import BridgeResult
+
+__all__ = ["TEMPLATE_NAMES", "ChatTemplate", "ChatTemplateError", "ToolCallFormat", "detect_tool_call_format"]
+
+ToolCallFormat = Literal["json", "xml"]
+TEMPLATE_NAMES: tuple[str, ...] = ("qwen3", "qwen3_5", "qwen3_coder")
+_SHIPPED_FORMATS: dict[str, ToolCallFormat] = {"qwen3": "json", "qwen3_5": "xml", "qwen3_coder": "xml"}
+_QWEN_TURN_CLOSE = "<|im_end|>"
+_QWEN_CALL_CLOSE = "</tool_call>"
+# Errors a template can raise while rendering (raise_exception, undefined values, bad operand types).
+_RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, AttributeError, IndexError, KeyError,
+                  ZeroDivisionError, OverflowError)
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the conversation (it raised, as the same template would under Hugging Face)."""
+
+
+def detect_tool_call_format(source: str) -> ToolCallFormat:
+    """``"xml"`` if the template writes ``<function=`` or ``<parameter=`` calls, else ``"json"``."""
+    return "xml" if ("<function=" in source or "<parameter=" in source) else "json"
+
+
+def _shipped_source(name: str) -> str:
+    return importlib.resources.files("agentrl.templates").joinpath(f"{name}.jinja").read_text(encoding="utf-8")
+
+
+class ChatTemplate:
+    """One chat template plus (optionally) the tokenizer whose ids it produces.
+
+    Attributes: ``name``, ``source`` (the Jinja text), ``tool_call_format`` (``"json"`` or
+    ``"xml"``), ``tokenizer`` (a Hugging Face tokenizer or None), ``turn_close`` (the string that
+    ends a turn, ``<|im_end|>`` for Qwen) and ``call_close`` (``</tool_call>``, or None when the
+    template has no tool calls).
+    """
+
+    def __init__(self, source: str, *, name: str = "custom", tokenizer: Any = None,
+                 tool_call_format: ToolCallFormat | None = None, turn_close: str | None = None) -> None:
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"ChatTemplate.source: expected the Jinja template text, got {source!r:.80}")
+        if tool_call_format not in (None, "json", "xml"):
+            raise ValueError(f"ChatTemplate.tool_call_format: expected 'json' or 'xml', got {tool_call_format!r}")
+        self.name = name
+        self.source = source
+        self.tokenizer = tokenizer
+        self.tool_call_format: ToolCallFormat = tool_call_format or detect_tool_call_format(source)
+        self.turn_close = turn_close or self._default_turn_close()
+        self.call_close: str | None = _QWEN_CALL_CLOSE if _QWEN_CALL_CLOSE in source else None
+        self._compiled = compile_template(source)
+        self._special_tokens: dict[str, Any] = {}
+        self._turn_close_id: int | None = None
+        if tokenizer is not None:
+            # apply_chat_template passes the special tokens (bos_token, eos_token, ...) to the template too.
+            self._special_tokens = {k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {})).items()
+                                    if v is not None}
+            self._turn_close_id = self.token_id(self.turn_close)
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str, tokenizer: Any = None) -> ChatTemplate:
+        """A template shipped with agentrl: ``"qwen3"``, ``"qwen3_5"`` or ``"qwen3_coder"``."""
+        if name not in _SHIPPED_FORMATS:
+            raise ValueError(f"ChatTemplate.from_name: unknown template {name!r}; expected one of {TEMPLATE_NAMES}")
+        return cls(_shipped_source(name), name=name, tokenizer=tokenizer,
+                   tool_call_format=_SHIPPED_FORMATS[name], turn_close=_QWEN_TURN_CLOSE)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> ChatTemplate:
+        """The tokenizer's own ``chat_template`` (the ``"default"`` entry if it holds several).
+
+        The tool-call format is detected from the text (XML if it contains ``<function=`` or
+        ``<parameter=``); pin it in your run config rather than re-detecting per request.
+        """
+        source = getattr(tokenizer, "chat_template", None)
+        if isinstance(source, dict):
+            source = source.get("default")
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"ChatTemplate.from_tokenizer: tokenizer {type(tokenizer).__name__} has no chat_template")
+        name = str(getattr(tokenizer, "name_or_path", "") or "tokenizer")
+        return cls(source, name=name, tokenizer=tokenizer)
+
+    def _default_turn_close(self) -> str:
+        if _QWEN_TURN_CLOSE in self.source:
+            return _QWEN_TURN_CLOSE
+        eos = getattr(self.tokenizer, "eos_token", None)
+        if isinstance(eos, str) and eos:
+            return eos
+        raise ValueError(f"ChatTemplate {self.name!r}: cannot tell which token closes a turn "
+                         "(no <|im_end|> in the template and no tokenizer eos_token); pass turn_close=")
+
+    # -- rendering ----------------------------------------------------------------------------
+    def render(self, messages: Sequence[Any], tools: Sequence[Any] | None = None,
+               add_generation_prompt: bool = False, **template_kwargs: Any) -> str:
+        """The conversation as text, byte-identical to ``apply_chat_template(..., tokenize=False)``.
+
+        ``messages``: ``Message`` objects or OpenAI-style dicts. ``tools``: OpenAI function dicts
+        or objects with ``to_openai()``/``schema()``. Extra keyword arguments (``enable_thinking``
+        and the like) are passed to the template. Raises :class:`ChatTemplateError` where the
+        template raises, ``TypeError``/``ValueError`` for input that is not a conversation.
+        """
+        variables: dict[str, Any] = {**self._special_tokens, "documents": None, **template_kwargs}
+        msgs = normalize_messages(messages)
+        schemas = normalize_tools(tools)
+        try:
+            return self._compiled.render(messages=msgs, tools=schemas,
+                                         add_generation_prompt=add_generation_prompt, **variables)
+        except _RENDER_ERRORS as exc:
+            raise ChatTemplateError(f"template {self.name!r} rejected the conversation: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+
+    def encode(self, messages: Sequence[Any], tools: Sequence[Any] | None = None,
+               add_generation_prompt: bool = False, **template_kwargs: Any) -> list[int]:
+        """Token ids of :meth:`render` (no BOS/EOS added), as ``apply_chat_template(tokenize=True)``."""
+        return self.tokenize(self.render(messages, tools, add_generation_prompt, **template_kwargs))
+
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of ``text`` alone, without special tokens added (special/added tokens in it still match)."""
+        tok = self._require_tokenizer("tokenize")
+        return list(tok.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` with special tokens kept (what the parser should read)."""
+        tok = self._require_tokenizer("decode")
+        return str(tok.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    # -- tokens and stops ---------------------------------------------------------------------
+    def token_id(self, token: str) -> int:
+        """The single id of ``token`` in the tokenizer; raises if it is not one token there."""
+        tok = self._require_tokenizer("token_id")
+        ids = tok.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"ChatTemplate {self.name!r}: token {token!r} is not a single token in "
+                             f"{type(tok).__name__} (encodes to {list(ids)[:8]}); the tokenizer does not match "
+                             "this template")
+        return int(ids[0])
+
+    @property
+    def turn_close_id(self) -> int:
+        """Id of :attr:`turn_close` (EOS of a generation turn). Needs a tokenizer."""
+        self._require_tokenizer("turn_close_id")
+        assert self._turn_close_id is not None
+        return self._turn_close_id
+
+    def stop_strings(self, *, one_call_per_turn: bool = False) -> tuple[str, ...]:
+        """Strings a generation turn ends on: the turn close, plus ``</tool_call>`` in one-call-per-turn mode.
+
+        In one-call-per-turn mode the model does not write the turn close itself; the bridge then
+        appends a synthetic one as scaffold (loss mask 0, never sampled).
+        """
+        if not one_call_per_turn:
+            return (self.turn_close,)
+        if self.call_close is None:
+            raise ValueError(f"ChatTemplate {self.name!r}: one_call_per_turn needs a template with </tool_call> calls")
+        return (self.turn_close, self.call_close)
+
+    def stop_token_ids(self, *, one_call_per_turn: bool = False) -> tuple[int, ...]:
+        """Ids of :meth:`stop_strings`, resolved by string from the tokenizer (each must be one token)."""
+        return tuple(self.token_id(s) for s in self.stop_strings(one_call_per_turn=one_call_per_turn))
+
+    # -- multi-turn ---------------------------------------------------------------------------
+    def bridge(self, token_ids: Sequence[int], messages: Sequence[Any], new_messages: Sequence[Any], *,
+               tools: Sequence[Any] | None = None, audit: bool = False, **template_kwargs: Any) -> BridgeResult:
+        """What to append after a sampled assistant turn so the next prompt equals a full render.
+
+        See :func:`agentrl.chat.bridge.bridge_turn` for the contract.
+        """
+        from agentrl.chat.bridge import bridge_turn
+
+        return bridge_turn(self, token_ids, messages, new_messages, tools=tools, audit=audit, **template_kwargs)
+
+    def _require_tokenizer(self, what: str) -> Any:
+        if self.tokenizer is None:
+            raise ValueError(f"ChatTemplate {self.name!r}.{what}: needs a tokenizer; build it with "
+                             f"ChatTemplate.from_name({self.name!r}, tokenizer=...) or from_tokenizer(...)")
+        return self.tokenizer
+
+    def __repr__(self) -> str:
+        tok = type(self.tokenizer).__name__ if self.tokenizer is not None else None
+        return f"ChatTemplate(name={self.name!r}, tool_call_format={self.tool_call_format!r}, tokenizer={tok})"
