@@ -32,6 +32,10 @@ bash scripts/setup/venv.sh                 # creates .venv if missing
 run_stage python-deps scripts/setup/python-deps.sh pyproject.toml setup.py
 for extra in scripts/setup/extra-*.sh; do  # later stages (SGLang CPU build, sandbox image, ...)
   [[ -e "$extra" ]] || continue
-  run_stage "$(basename "$extra" .sh)" "$extra"
+  stage="$(basename "$extra" .sh)"
+  # a stage's inputs besides its script: files under scripts/setup/<name>-* (extra-sglang -> sglang-*)
+  mapfile -t inputs < <(find scripts/setup -path "scripts/setup/${stage#extra-}-*" -type f \
+                          -not -path '*/__pycache__/*' | LC_ALL=C sort)
+  run_stage "$stage" "$extra" "${inputs[@]}"
 done
 log "done: activate with 'source .venv/bin/activate'"

@@ -1,5 +1,9 @@
-"""Helpers for tests and CPU demos: a locally built Qwen-style tokenizer (and, later, a tiny model)."""
+"""Helpers for tests and CPU demos: a locally built Qwen-style tokenizer and a tiny random Qwen3 model."""
 
+from agentrl.testing.tiny_model import TINY_MODEL_CONFIG, build_tiny_model
 from agentrl.testing.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, build_tokenizer_files
 
-__all__ = ["ADDED_TOKENS", "SPECIAL_TOKENS", "build_tokenizer", "build_tokenizer_files"]
+__all__ = [
+    "ADDED_TOKENS", "SPECIAL_TOKENS", "TINY_MODEL_CONFIG", "build_tiny_model", "build_tokenizer",
+    "build_tokenizer_files",
+]

@@ -1,0 +1,53 @@
+"""Rollout side of agentrl: the inference client, SGLang engines, sglang-router and their health.
+
+- :class:`InferenceClient` / :class:`ClientConfig`: async SGLang ``/generate`` client (token ids in,
+  ids + logprobs out), retries only on transport errors and 5xx, per-request deadline, abort.
+- :class:`SamplingParams`, :class:`GenerateResult`, :class:`FinishReason`: immutable request/result types;
+  :func:`continuation_budget` computes a resumed turn's ``max_new_tokens``.
+- :class:`SGLangEngine` / :class:`EngineConfig`: launch (GPU or CPU) or attach, pause, flush, weight updates.
+- :class:`Router` / :class:`RouterConfig`: the sglang-router subprocess and its worker API.
+- :class:`EngineGroup` / :class:`HealthConfig`: router + engines + the monitor that restarts dead engines.
+"""
+
+from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
+from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
+from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
+from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
+from agentrl.rollout.types import (
+    FinishKind,
+    FinishReason,
+    GenerateResult,
+    InferenceError,
+    PromptTooLongError,
+    ProtocolError,
+    RequestRejectedError,
+    SamplingParams,
+    continuation_budget,
+)
+
+__all__ = [
+    "ClientConfig",
+    "EngineConfig",
+    "EngineError",
+    "EngineGroup",
+    "FinishKind",
+    "FinishReason",
+    "GenerateResult",
+    "HealthConfig",
+    "HealthEvent",
+    "InferenceClient",
+    "InferenceError",
+    "PromptTooLongError",
+    "ProtocolError",
+    "RequestRejectedError",
+    "Router",
+    "RouterConfig",
+    "RouterError",
+    "RouterPolicy",
+    "SGLangEngine",
+    "SamplingParams",
+    "continuation_budget",
+    "default_shim_dir",
+    "detect_device",
+    "parse_generate_response",
+]

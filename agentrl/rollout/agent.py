@@ -1,0 +1,356 @@
+"""The multi-turn agent loop: one environment episode, driven token-in / token-out.
+
+:func:`run_episode` owns the token boundary of an episode:
+
+1. render the environment's opening messages once with the :class:`~agentrl.chat.ChatTemplate`
+   (tools listed, generation prompt added);
+2. generate through a :class:`GenerateClient` (the SGLang client, or a scripted policy in tests),
+   stopping on the template's stop tokens;
+3. ``append_model`` the sampled ids and logprobs **verbatim** (never re-tokenised);
+4. parse the decoded ids into an assistant message plus typed failures;
+5. ``env.step`` (the environment sees messages, never ids);
+6. bridge the returned messages with the template (prefix-checked) and ``append_env`` the pieces —
+   a synthetic turn close as ``scaffold`` when the turn stopped on ``</tool_call>``, then the tool
+   or user segment in the template's own framing; repeat.
+
+Termination (first terminal condition wins; the trajectory never overwrites an earlier one):
+
+=====================  ==========  ==================================================================
+stop reason            status      when
+=====================  ==========  ==================================================================
+``aborted``            aborted     ``should_abort()`` before a request, or the engine aborted the turn
+``context_budget``     truncated   no room left for another token, the prompt was rejected as too
+                                   long, the turn hit a budget the context imposed, or the next env
+                                   segment would not fit
+``engine_length``      truncated   the turn hit the per-turn ``max_new_tokens``
+``no_tool_calls``      completed   the model answered without calling a tool
+``max_tool_calls``     completed   the turn asked for more calls than the environment allows
+``max_turns``          completed   the environment's turn limit
+``env_done``           completed   the environment ended the episode for its own reasons
+``failed``             failed      failure policy ``end``, an environment exception, a malformed
+                                   engine answer (e.g. no logprobs)
+=====================  ==========  ==================================================================
+
+Budget: every request asks for ``min(per-turn max_new_tokens, context − len(tokens))`` where the
+context is the smaller of the engine's ``context_length`` and the environment's
+``max_context_tokens``; a value ≤ 0 truncates without sending a request.
+
+Not append-only: when the bridge reports that the full render rewrites history (a new user query
+strips earlier reasoning), the episode forks: a new sequence starts from the fresh full render and
+shares the rollout id. :class:`Episode` holds every sequence; all of them get the episode's final
+status and reward.
+
+Example::
+
+    episode = await run_episode(env, template, client, AgentConfig(sampling=SamplingParams(max_new_tokens=512)))
+    traj = episode.trajectory          # the last (usually only) sequence
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentrl.chat.bridge import BridgeOutcome, BridgeResult
+from agentrl.chat.parse import parse_token_ids
+from agentrl.chat.template import ChatTemplate
+from agentrl.chat.types import Message, ToolCallFailure
+from agentrl.environments.base import Environment, StepResult
+from agentrl.rewards.types import score
+from agentrl.rollout.types import (
+    FinishKind,
+    GenerateResult,
+    InferenceError,
+    PromptTooLongError,
+    SamplingParams,
+)
+from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
+
+__all__ = ["AgentConfig", "Episode", "GenerateClient", "run_episode", "status_for"]
+
+
+class GenerateClient(Protocol):
+    """What the agent loop needs of an inference client (:class:`agentrl.rollout.client.InferenceClient` fits)."""
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
+                       routing_key: str | None = None) -> GenerateResult: ...
+
+
+_STATUS_OF: dict[StopReason, Status] = {
+    StopReason.NO_TOOL_CALLS: Status.COMPLETED, StopReason.ENV_DONE: Status.COMPLETED,
+    StopReason.MAX_TURNS: Status.COMPLETED, StopReason.MAX_TOOL_CALLS: Status.COMPLETED,
+    StopReason.CONTEXT_BUDGET: Status.TRUNCATED, StopReason.ENGINE_LENGTH: Status.TRUNCATED,
+    StopReason.ABORTED: Status.ABORTED, StopReason.FAILED: Status.FAILED,
+}
+
+
+def status_for(reason: StopReason) -> Status:
+    """The trajectory status a stop reason implies (table in the module doc)."""
+    return _STATUS_OF[reason]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of the agent loop.
+
+    - ``sampling``: per-request sampling; its ``max_new_tokens`` is the per-turn cap. The loop
+      sets ``max_new_tokens`` (budget) and ``stop_token_ids`` (the template's) on each request.
+    - ``context_length``: the engine's context window (None: only the environment's budget).
+    - ``one_call_per_turn``: also stop on ``</tool_call>`` (the bridge then adds a synthetic turn close).
+    - ``strict_parsing`` / ``max_calls_per_turn``: passed to the tool-call parser.
+    - ``template_kwargs``: extra template variables (``enable_thinking``...), used for every render.
+    - ``routing``: ``"episode"`` (default) or ``"group"``: the routing key's scope.
+    - ``reward_timeout_s``: deadline for an async reward function.
+    - ``audit``: ask the bridge to compare the sampled history with a full render each turn (slower).
+    """
+
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=1024))
+    context_length: int | None = None
+    one_call_per_turn: bool = False
+    strict_parsing: bool = False
+    max_calls_per_turn: int | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    routing: str = "episode"
+    reward_timeout_s: float | None = 300.0
+    audit: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"AgentConfig.sampling: expected SamplingParams, got {type(self.sampling).__name__}")
+        if self.sampling.max_new_tokens < 1:
+            raise ValueError(f"AgentConfig.sampling.max_new_tokens: got {self.sampling.max_new_tokens}; expected >= 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"AgentConfig.context_length: got {self.context_length!r}; expected None or >= 2")
+        if self.routing not in ("episode", "group"):
+            raise ValueError(f"AgentConfig.routing: got {self.routing!r}; expected 'episode' or 'group'")
+
+
+@dataclass
+class Episode:
+    """The outcome of one episode: its sequences (one unless it forked) and the environment's info."""
+
+    sequences: list[Trajectory]
+    env_info: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The last sequence: it holds the whole conversation and the episode's metrics."""
+        return self.sequences[-1]
+
+    @property
+    def status(self) -> Status:
+        return self.trajectory.status
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        return self.trajectory.stop_reason
+
+    @property
+    def reward(self) -> float | None:
+        return self.trajectory.reward
+
+
+async def run_episode(env: Environment, template: ChatTemplate, client: GenerateClient,
+                      config: AgentConfig | None = None, *, group_id: str | None = None,
+                      rollout_id: str | None = None, sample_id: str | None = None,
+                      should_abort: Callable[[], bool] | None = None) -> Episode:
+    """Runs ``env`` to the end and returns its :class:`Episode`; always closes ``env``.
+
+    Errors become values: an environment exception, a bad engine answer or a reward failure ends
+    the episode as documented and is recorded in ``trajectory.info``. A cancelled task aborts its
+    in-flight request (when the client has ``abort``) and re-raises ``CancelledError``.
+    """
+    runner = _Runner(env, template, client, config or AgentConfig(), should_abort or (lambda: False))
+    try:
+        return await runner.run(group_id=group_id, rollout_id=rollout_id or uuid.uuid4().hex, sample_id=sample_id)
+    finally:
+        await env.close()
+
+
+class _Runner:
+    """Per-episode state; created for one call of :func:`run_episode` and discarded."""
+
+    def __init__(self, env: Environment, template: ChatTemplate, client: GenerateClient, config: AgentConfig,
+                 should_abort: Callable[[], bool]) -> None:
+        if template.tokenizer is None:
+            raise ValueError("run_episode: the ChatTemplate has no tokenizer; build it with "
+                             "ChatTemplate.from_name(name, tokenizer=...)")
+        self.env, self.template, self.client, self.config = env, template, client, config
+        self.should_abort = should_abort
+        self.tools = env.tool_specs()
+        self.kwargs = dict(config.template_kwargs)
+        self.stops = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)
+        limits = [c for c in (config.context_length, env.limits.max_context_tokens) if c is not None]
+        self.context = min(limits) if limits else None
+        self.sequences: list[Trajectory] = []
+        self.metrics: Counter[str] = Counter()
+        self.reward_parts: Counter[str] = Counter()
+        self.env_info: list[dict[str, Any]] = []
+        self._pending_failures: list[ToolCallFailure] = []
+
+    @property
+    def traj(self) -> Trajectory:
+        return self.sequences[-1]
+
+    async def run(self, *, group_id: str | None, rollout_id: str, sample_id: str | None) -> Episode:
+        opening = await self.env.reset()
+        prompt_ids = self.template.encode(opening, self.tools, add_generation_prompt=True, **self.kwargs)
+        session = group_id if self.config.routing == "group" and group_id else uuid.uuid4().hex
+        self.sequences.append(Trajectory.from_prompt(prompt_ids, messages=list(opening), group_id=group_id,
+                                                     rollout_id=rollout_id, sample_id=sample_id, session_id=session))
+        reason = await self._loop()
+        self._finish(reason)
+        await self._score()
+        return Episode(sequences=self.sequences, env_info=self.env_info)
+
+    async def _loop(self) -> StopReason:
+        while True:
+            if self.should_abort():
+                return StopReason.ABORTED
+            budget = self._budget()
+            if budget <= 0:
+                return StopReason.CONTEXT_BUDGET
+            outcome = await self._generate(budget)
+            if isinstance(outcome, StopReason):
+                return outcome
+            reason = await self._env_turn(outcome)
+            if reason is not None:
+                return reason
+
+    def _budget(self) -> int:
+        per_turn = self.config.sampling.max_new_tokens
+        if self.context is None:
+            return per_turn
+        return min(per_turn, self.context - len(self.traj.tokens))
+
+    async def _generate(self, budget: int) -> StopReason | Message:
+        """One model turn: request, append verbatim, parse. Returns the parsed message or a stop reason."""
+        traj, rid = self.traj, uuid.uuid4().hex
+        sampling = self.config.sampling.replace(max_new_tokens=budget, stop_token_ids=self.stops)
+        try:
+            result = await self.client.generate(list(traj.tokens), sampling, rid=rid, routing_key=traj.session_id)
+        except asyncio.CancelledError:
+            abort = getattr(self.client, "abort", None)
+            if abort is not None:
+                await asyncio.shield(abort(rid))
+            raise
+        except PromptTooLongError as exc:
+            traj.info["engine_error"] = str(exc)
+            return StopReason.CONTEXT_BUDGET
+        except InferenceError as exc:
+            traj.info["engine_error"] = f"{type(exc).__name__}: {exc}"
+            return StopReason.FAILED
+        if len(result.output_logprobs) != len(result.output_ids):
+            traj.info["engine_error"] = (f"the engine returned {len(result.output_ids)} ids but "
+                                         f"{len(result.output_logprobs)} logprobs; nothing was appended")
+            return StopReason.FAILED
+        traj.append_model(result.output_ids, result.output_logprobs, weight_version=result.weight_version,
+                          finish_reason=result.finish_reason.kind.value, message_index=len(traj.messages))
+        self.metrics["generated_tokens"] += len(result.output_ids)
+        self.metrics["turns"] += 1
+        if result.finish_reason.kind is FinishKind.ABORT:
+            return StopReason.ABORTED
+        parsed = parse_token_ids(result.output_ids, self.template.tokenizer, self.template.tool_call_format,
+                                 self.tools, strict=self.config.strict_parsing,
+                                 max_calls=self.config.max_calls_per_turn)
+        message = parsed.to_message()
+        traj.messages.append(message)
+        if result.finish_reason.kind is FinishKind.LENGTH:
+            traj.info["last_message_partial"] = True
+            cut_by_context = budget < self.config.sampling.max_new_tokens
+            return StopReason.CONTEXT_BUDGET if cut_by_context else StopReason.ENGINE_LENGTH
+        self._pending_failures = parsed.failures
+        return message
+
+    async def _env_turn(self, message: Message) -> StopReason | None:
+        """One environment step and its bridge. Returns a stop reason when the episode ends."""
+        traj = self.traj
+        try:
+            step = await self.env.step(message, self._pending_failures)
+        except Exception as exc:  # the environment's bug ends the episode as a value, not a crash
+            traj.info["env_error"] = f"{type(exc).__name__}: {exc}"
+            return StopReason.FAILED
+        self._record_step(step)
+        if step.done:
+            if step.messages:
+                traj.info["unsent_messages"] = [m.to_dict() for m in step.messages]
+            return step.stop_reason or StopReason.ENV_DONE
+        if not step.messages:
+            traj.info["env_error"] = "step() returned done=False without messages; the model would have no turn to answer"
+            return StopReason.FAILED
+        try:
+            bridge = self.template.bridge(traj.tokens, traj.messages, step.messages, tools=self.tools,
+                                          audit=self.config.audit, **self.kwargs)
+        except ValueError as exc:  # ChatTemplateError included: the template rejected the conversation
+            traj.info["bridge_error"] = str(exc)
+            return StopReason.FAILED
+        return self._append(bridge, step.messages)
+
+    def _record_step(self, step: StepResult) -> None:
+        for kind in step.failures:
+            self.metrics[f"failures/{kind.value}"] += 1
+        for name, value in step.reward_parts.items():
+            self.reward_parts[name] += value
+        self.metrics["tool_calls"] += int(step.info.get("tool_calls", 0))
+        if step.info:
+            self.env_info.append(dict(step.info))
+
+    def _append(self, bridge: BridgeResult, new: list[Message]) -> StopReason | None:
+        traj = self.traj
+        if bridge.history_matches is False:  # audit mode: the sampled text does not re-render identically
+            self.metrics["bridge/history_mismatch"] += 1
+        if bridge.outcome is BridgeOutcome.NOT_APPEND_ONLY:
+            assert bridge.full_render_ids is not None
+            if self.context is not None and len(bridge.full_render_ids) >= self.context:
+                traj.info["unsent_messages"] = [m.to_dict() for m in new]
+                return StopReason.CONTEXT_BUDGET
+            self.metrics["bridge/fork"] += 1
+            self.sequences.append(Trajectory.from_prompt(
+                bridge.full_render_ids, messages=[*traj.messages, *new], group_id=traj.group_id,
+                rollout_id=traj.rollout_id, sample_id=traj.sample_id, session_id=traj.session_id))
+            self.traj.sequence_index = len(self.sequences) - 1
+            self.traj.info["forked_because"] = bridge.reason
+            return None
+        if self.context is not None and len(traj.tokens) + len(bridge.ids) >= self.context:
+            traj.info["unsent_messages"] = [m.to_dict() for m in new]
+            return StopReason.CONTEXT_BUDGET
+        self.metrics["bridge/append"] += 1
+        first_new = len(traj.messages)
+        for piece in bridge.pieces:
+            kind = SegmentKind(piece.kind)
+            traj.append_env(piece.ids, kind=kind, message_index=None if kind is SegmentKind.SCAFFOLD else first_new)
+            self.metrics[f"{kind.value}_tokens"] += len(piece.ids)
+        traj.messages.extend(new)
+        return None
+
+    def _finish(self, reason: StopReason) -> None:
+        status = status_for(reason)
+        for seq in self.sequences:
+            seq.finish(status, reason)
+        last = self.traj
+        last.metrics.update({k: float(v) for k, v in self.metrics.items()})
+        last.metrics["sequences"] = float(len(self.sequences))
+        last.metrics["successful_tool_calls"] = float(self.env.successful_tool_calls)
+
+    async def _score(self) -> None:
+        """Scores every episode but an aborted one (it may be resumed); adds step-level shaping."""
+        last = self.traj
+        if last.status is Status.ABORTED:
+            return
+        try:
+            reward = await score(self.env.reward, last, timeout_s=self.config.reward_timeout_s)
+        except Exception as exc:
+            last.info["reward_error"] = f"{type(exc).__name__}: {exc}"
+            return
+        parts = dict(reward.parts) or {"reward": reward.value}
+        for name, value in self.reward_parts.items():
+            parts[name] = parts.get(name, 0.0) + value
+        total = reward.value + sum(self.reward_parts.values())
+        for seq in self.sequences:
+            seq.reward, seq.reward_parts = total, dict(parts)
+        if reward.info:
+            last.info["reward_info"] = dict(reward.info)

@@ -1,0 +1,345 @@
+"""Async client for SGLang's native ``/generate``, used directly or through sglang-router.
+
+Token ids in, token ids and per-token logprobs out: the client never sends or re-encodes text. One
+:class:`InferenceClient` serves one engine group (a router URL, or one engine): it owns one aiohttp
+connection pool and one concurrency limit, sized together (``ClientConfig.max_concurrency``).
+
+Failure contract:
+
+- HTTP 4xx is a deterministic client error: :class:`RequestRejectedError` (or
+  :class:`PromptTooLongError` when the prompt does not fit the context) is raised at once, never retried.
+- Transport errors, 429 and 5xx are retried with exponential backoff and jitter, within the request's
+  deadline. When retries or the deadline run out the call *returns* a result whose finish reason is
+  ``ABORT`` (with the tokens produced so far when the engine could still be asked to abort, none
+  otherwise), so a caller treats it like any aborted turn: resume or give up. A call never hangs.
+
+Every call gets a request id (``rid``); :meth:`InferenceClient.abort` aborts it on the engines of the
+group (the router does not forward ``/abort_request``, so the client broadcasts it to the engine URLs
+its ``control_urls`` callable returns). A routing key (``X-SMG-Routing-Key``) keeps one episode on
+one engine under consistent hashing, so its prefix stays cached.
+
+Example::
+
+    async with InferenceClient(ClientConfig(base_url=router.url), control_urls=group.engine_urls) as client:
+        result = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=32), routing_key="episode-7")
+        result.output_ids, result.output_logprobs, result.finish_reason.kind
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from agentrl.rollout.types import (
+    FinishKind,
+    FinishReason,
+    GenerateResult,
+    PromptTooLongError,
+    ProtocolError,
+    RequestRejectedError,
+    SamplingParams,
+)
+
+__all__ = ["ClientConfig", "InferenceClient", "parse_generate_response"]
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+# sglang-router 0.3.2 re-serialises request bodies and drops these sampling keys (measured by the unit
+# tests). spaces_between_special_tokens only changes the detokenised `text`, never the token ids.
+ROUTER_DROPPED_SAMPLING_KEYS = frozenset({"spaces_between_special_tokens"})
+_RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+try:  # orjson is part of SGLang's requirements; the stdlib codec is the fallback.
+    import orjson
+
+    def _dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj)
+
+    _loads: Callable[[bytes], Any] = orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    _loads = json.loads
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Settings of one engine group's client.
+
+    ``max_concurrency`` bounds both the number of requests in flight and the connection pool.
+    ``deadline_s`` is the default total time of one :meth:`InferenceClient.generate` call including
+    retries (``None``: no deadline). Backoff before retry ``n`` is
+    ``min(backoff_max_s, backoff_initial_s * backoff_multiplier**n)`` times a random factor in
+    ``[1 - jitter, 1 + jitter]``.
+    """
+
+    base_url: str
+    max_concurrency: int = 256
+    deadline_s: float | None = 1800.0
+    connect_timeout_s: float = 10.0
+    max_retries: int = 5
+    backoff_initial_s: float = 0.1
+    backoff_multiplier: float = 2.0
+    backoff_max_s: float = 5.0
+    jitter: float = 0.2
+    abort_grace_s: float = 5.0
+    control_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"ClientConfig.base_url={self.base_url!r}: expected an http(s):// URL")
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        if self.max_concurrency < 1:
+            raise ValueError(f"ClientConfig.max_concurrency={self.max_concurrency!r}: expected an int >= 1")
+        if self.max_retries < 0:
+            raise ValueError(f"ClientConfig.max_retries={self.max_retries!r}: expected an int >= 0")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"ClientConfig.deadline_s={self.deadline_s!r}: expected > 0 or None")
+        if not 0.0 <= self.jitter < 1.0:
+            raise ValueError(f"ClientConfig.jitter={self.jitter!r}: expected a value in [0, 1)")
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _triples(raw: Any, where: str) -> list[list[Any]]:
+    if not isinstance(raw, list):
+        raise ProtocolError(f"meta_info.{where}: expected a list of [logprob, token_id, text], got {type(raw).__name__}")
+    return raw
+
+
+def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> GenerateResult:
+    """Builds a :class:`GenerateResult` from one ``/generate`` JSON answer, checking its consistency.
+
+    ``output_ids`` and the ids inside ``output_token_logprobs`` must agree entry by entry; a mismatch
+    or a missing field raises :class:`ProtocolError` instead of being patched over.
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
+        raise ProtocolError(f"/generate answer for rid {rid!r}: expected an object with 'meta_info', got {body!r:.200}")
+    meta = body["meta_info"]
+    finish = FinishReason.from_meta(meta.get("finish_reason"))
+    lp_triples = _triples(meta.get("output_token_logprobs", []), "output_token_logprobs")
+    ids_from_lp = [int(t[1]) for t in lp_triples]
+    raw_ids = body.get("output_ids")
+    output_ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else ids_from_lp
+    if lp_triples and ids_from_lp != output_ids:
+        raise ProtocolError(
+            f"rid {rid!r}: output_ids ({len(output_ids)}) and output_token_logprobs ids ({len(ids_from_lp)}) differ"
+        )
+    completion = int(meta.get("completion_tokens", len(output_ids)))
+    if completion != len(output_ids):
+        raise ProtocolError(f"rid {rid!r}: completion_tokens={completion} but {len(output_ids)} output ids")
+    input_triples = _triples(meta.get("input_token_logprobs", []), "input_token_logprobs")
+    top = meta.get("output_top_logprobs") or []
+    version = meta.get("weight_version")
+    return GenerateResult(
+        rid=rid,
+        output_ids=tuple(output_ids),
+        output_logprobs=tuple(float(t[0]) for t in lp_triples),
+        finish_reason=finish,
+        weight_version=None if version is None else str(version),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        cached_tokens=int(meta.get("cached_tokens", 0)),
+        completion_tokens=completion,
+        text=str(body.get("text", "")),
+        input_logprobs=tuple(None if t[0] is None else float(t[0]) for t in input_triples),
+        input_ids_scored=tuple(int(t[1]) for t in input_triples),
+        top_logprobs=tuple(tuple((float(e[0]), int(e[1])) for e in (pos or [])) for pos in top),
+        e2e_latency_s=meta.get("e2e_latency"),
+        attempts=attempts,
+        meta=meta,
+    )
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        body = _loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")[:2000]
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        return str(err)
+    return str(body)
+
+
+class InferenceClient:
+    """Client of one engine group. Use as ``async with``, or call :meth:`close` when done.
+
+    Not thread-safe: one instance per event loop. ``control_urls`` returns the engine URLs that
+    :meth:`abort` and :meth:`abort_all` reach (default: ``base_url`` itself, right for a single engine).
+    """
+
+    def __init__(self, config: ClientConfig, control_urls: Callable[[], Sequence[str]] | None = None) -> None:
+        self.config = config
+        self._control_urls = control_urls
+        self._session: aiohttp.ClientSession | None = None
+        self._limit: asyncio.Semaphore | None = None
+        self._attempt_rid: dict[str, str] = {}
+
+    async def __aenter__(self) -> InferenceClient:
+        self._ensure_session()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            n = self.config.max_concurrency
+            connector = aiohttp.TCPConnector(limit=n, limit_per_host=n, keepalive_timeout=60.0)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+            self._limit = asyncio.Semaphore(n)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        rid: str | None = None,
+        routing_key: str | None = None,
+        return_logprob: bool = True,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        deadline_s: float | None = None,
+    ) -> GenerateResult:
+        """Generates from ``input_ids`` with ``sampling``; see the module docstring for failures.
+
+        ``logprob_start_len=k`` (with ``max_new_tokens=0`` for pure scoring) also returns the logprobs
+        of prompt positions from ``k`` on. ``deadline_s`` overrides ``ClientConfig.deadline_s``.
+        """
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"generate(sampling=...): expected SamplingParams, got {type(sampling).__name__}")
+        if len(input_ids) == 0:
+            raise ValueError("generate(input_ids=[]): expected at least one prompt token")
+        rid = rid or uuid.uuid4().hex
+        payload: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling.to_payload(),
+            "return_logprob": return_logprob,
+        }
+        if logprob_start_len is not None:
+            payload["logprob_start_len"] = logprob_start_len
+        if top_logprobs_num is not None:
+            payload["top_logprobs_num"] = top_logprobs_num
+        headers = dict(_JSON_HEADERS)
+        if routing_key is not None:
+            headers[ROUTING_KEY_HEADER] = routing_key
+        deadline = self.config.deadline_s if deadline_s is None else deadline_s
+        self._ensure_session()
+        assert self._limit is not None
+        async with self._limit:
+            if deadline is None:
+                return await self._with_retries(payload, headers, rid)
+            return await self._with_deadline(payload, headers, rid, deadline)
+
+    async def _with_deadline(self, payload: dict[str, Any], headers: dict[str, str], rid: str,
+                             deadline: float) -> GenerateResult:
+        task = asyncio.ensure_future(self._with_retries(payload, headers, rid))
+        done, _ = await asyncio.wait({task}, timeout=deadline)
+        if not done:
+            # Ask the engine to stop; it then answers the request with the tokens produced so far.
+            await self.abort(rid)
+            done, _ = await asyncio.wait({task}, timeout=self.config.abort_grace_s)
+        if done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return self._aborted(rid, f"deadline of {deadline:.1f} s exceeded and the engine did not answer the abort", 0)
+
+    async def _with_retries(self, payload: dict[str, Any], headers: dict[str, str], rid: str) -> GenerateResult:
+        cfg = self.config
+        last: _Retryable | None = None
+        try:
+            for attempt in range(cfg.max_retries + 1):
+                attempt_rid = rid if attempt == 0 else f"{rid}-retry{attempt}"
+                self._attempt_rid[rid] = attempt_rid
+                payload["rid"] = attempt_rid
+                try:
+                    body = await self._post_generate(payload, headers)
+                except _Retryable as err:
+                    last = err
+                    if attempt < cfg.max_retries:
+                        delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**attempt)
+                        await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
+                    continue
+                return parse_generate_response(body, rid, attempts=attempt + 1)
+        finally:
+            self._attempt_rid.pop(rid, None)
+        assert last is not None
+        return self._aborted(rid, f"engine unavailable after {cfg.max_retries + 1} attempts: {last}",
+                             cfg.max_retries + 1, last.status)
+
+    async def _post_generate(self, payload: dict[str, Any], headers: dict[str, str]) -> Any:
+        session = self._ensure_session()
+        url = self.config.base_url + "/generate"
+        try:
+            async with session.post(url, data=_dumps(payload), headers=headers) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise _Retryable(f"{type(err).__name__}: {err}") from err
+        if status == 200:
+            try:
+                return _loads(raw)
+            except ValueError as err:
+                raise ProtocolError(f"{url}: answer is not JSON: {raw[:200]!r}") from err
+        message = _error_message(raw)
+        if status in _RETRYABLE_STATUS or status >= 500:
+            raise _Retryable(f"HTTP {status}: {message}", status)
+        if status == 400 and "context length" in message:
+            raise PromptTooLongError(status, message, url)
+        raise RequestRejectedError(status, message, url)
+
+    @staticmethod
+    def _aborted(rid: str, message: str, attempts: int, status: int | None = None) -> GenerateResult:
+        return GenerateResult(
+            rid=rid, output_ids=(), output_logprobs=(), weight_version=None, prompt_tokens=0,
+            cached_tokens=0, completion_tokens=0, attempts=attempts,
+            finish_reason=FinishReason(FinishKind.ABORT, message=message, status_code=status),
+        )
+
+    def _targets(self) -> list[str]:
+        urls = list(self._control_urls()) if self._control_urls is not None else [self.config.base_url]
+        return [u.rstrip("/") for u in urls]
+
+    async def _broadcast(self, path: str, body: dict[str, Any]) -> None:
+        session = self._ensure_session()
+        timeout = aiohttp.ClientTimeout(total=self.config.control_timeout_s)
+
+        async def one(url: str) -> None:
+            try:
+                async with session.post(url + path, data=_dumps(body), headers=_JSON_HEADERS,
+                                        timeout=timeout) as resp:
+                    await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass  # an engine that is gone has nothing left to abort
+
+        await asyncio.gather(*(one(u) for u in self._targets()))
+
+    async def abort(self, rid: str) -> None:
+        """Aborts request ``rid`` (its current attempt) wherever it runs; unknown ids are a no-op."""
+        await self._broadcast("/abort_request", {"rid": self._attempt_rid.get(rid, rid)})
+
+    async def abort_all(self) -> None:
+        """Aborts every request on every engine of the group (also other clients' requests)."""
+        await self._broadcast("/abort_request", {"abort_all": True})

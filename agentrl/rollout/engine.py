@@ -1,0 +1,337 @@
+"""SGLang engine launcher and control plane: start or attach, health, pause, cache, weight updates.
+
+:meth:`SGLangEngine.launch` starts ``python -m sglang.launch_server`` as a subprocess (on GPU, or with
+the CPU recipe on a machine without one: ``SGLANG_USE_CPU_ENGINE=1`` and the import-only shims of
+``scripts/setup/sglang-cpu-shims`` on the subprocess's ``PYTHONPATH`` only), waits until
+``/health_generate`` answers 200 (failing fast with the log tail if the process exits), and returns.
+:meth:`SGLangEngine.attach` adopts an already running engine after checking its ``/server_info``
+against the expected configuration; a mismatch is refused rather than producing wrong rollouts.
+:meth:`SGLangEngine.stop` stops exactly the process tree the launcher started (never an attached one).
+
+Registration with the router is the engine group's job (:mod:`agentrl.rollout.health`): register after
+healthy, deregister before stop.
+
+Weight updates: ``update_weights_from_disk`` works everywhere (the CPU path); the tensor (colocated,
+CUDA IPC) and distributed (NCCL broadcast) endpoints are wired through for GPU engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+
+from agentrl.rollout.process import ManagedProcess, free_port
+
+__all__ = ["EngineConfig", "EngineError", "SGLangEngine", "default_shim_dir", "detect_device"]
+
+PauseMode = Literal["abort", "retract", "in_place"]
+# server_info fields compared on attach when the expected configuration sets them.
+ATTACH_CHECKED_FIELDS = ("model_path", "tp_size", "dp_size", "pp_size", "context_length", "dtype", "device",
+                         "served_model_name", "attention_backend", "max_total_tokens", "enable_memory_saver")
+
+
+class EngineError(RuntimeError):
+    """An engine did not start, refused a control call, or does not match its expected configuration."""
+
+
+def detect_device() -> str:
+    """``"cuda"`` when ``nvidia-smi`` lists a GPU, else ``"cpu"`` (no torch import needed)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "cpu"
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "cpu"
+    return "cuda" if out.lstrip().startswith("GPU") else "cpu"
+
+
+def default_shim_dir() -> Path:
+    """Where ``scripts/setup.sh`` puts the CPU shims: ``$AGENTRL_SGLANG_SHIM_DIR`` or
+    ``<venv>/share/agentrl/sglang-cpu-shims``."""
+    env = os.environ.get("AGENTRL_SGLANG_SHIM_DIR")
+    return Path(env) if env else Path(sys.prefix) / "share" / "agentrl" / "sglang-cpu-shims"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to start one SGLang server. ``None`` leaves SGLang's default; ``port=None`` picks a free port.
+
+    ``device="auto"`` resolves to ``cuda`` or ``cpu`` at launch. ``extra_args`` are appended to the
+    command line verbatim; ``env`` is added to the subprocess environment.
+    """
+
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: str = "bfloat16"
+    tp_size: int = 1
+    dp_size: int = 1
+    context_length: int | None = None
+    max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None
+    attention_backend: str | None = None
+    served_model_name: str | None = None
+    weight_version: str | None = None
+    random_seed: int | None = None
+    enable_memory_saver: bool = False
+    log_level: str = "warning"
+    startup_timeout_s: float = 600.0
+    health_poll_s: float = 1.0
+    shim_dir: Path | None = None
+    log_dir: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"EngineConfig.device={self.device!r}: expected 'auto', 'cpu' or 'cuda'")
+        if self.tp_size < 1 or self.dp_size < 1:
+            raise ValueError(f"EngineConfig.tp_size/dp_size=({self.tp_size}, {self.dp_size}): expected >= 1")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"EngineConfig.context_length={self.context_length!r}: expected >= 1")
+
+    def command(self, port: int, device: str) -> list[str]:
+        """The ``sglang.launch_server`` command line for ``port`` on ``device``."""
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
+               "--host", self.host, "--port", str(port), "--dtype", self.dtype, "--device", device,
+               "--tp-size", str(self.tp_size), "--dp-size", str(self.dp_size), "--log-level", self.log_level]
+        optional: list[tuple[str, Any]] = [
+            ("--context-length", self.context_length), ("--max-total-tokens", self.max_total_tokens),
+            ("--mem-fraction-static", self.mem_fraction_static), ("--attention-backend", self.attention_backend),
+            ("--served-model-name", self.served_model_name), ("--weight-version", self.weight_version),
+            ("--random-seed", self.random_seed),
+        ]
+        for flag, value in optional:
+            if value is not None:
+                cmd += [flag, str(value)]
+        if self.enable_memory_saver:
+            cmd.append("--enable-memory-saver")
+        return [*cmd, *self.extra_args]
+
+    def expected_server_info(self) -> dict[str, Any]:
+        """The ``/server_info`` fields an engine started from this config must report."""
+        out: dict[str, Any] = {"model_path": self.model_path, "tp_size": self.tp_size, "dp_size": self.dp_size,
+                               "dtype": self.dtype}
+        if self.device != "auto":
+            out["device"] = self.device
+        for name in ("context_length", "max_total_tokens", "served_model_name", "attention_backend"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+def _engine_env(config: EngineConfig, device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(config.env)
+    if device == "cpu":
+        shims = config.shim_dir or default_shim_dir()
+        if not (shims / "sgl_kernel" / "__init__.py").exists():
+            raise EngineError(f"CPU SGLang shims not found in {shims}: run scripts/setup.sh (stage extra-sglang) "
+                              "or set EngineConfig.shim_dir / AGENTRL_SGLANG_SHIM_DIR")
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        # The shims go on the engine's path only, in front of anything inherited.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shims), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class SGLangEngine:
+    """One SGLang server: launched (owns its process tree) or attached (owns nothing).
+
+    Control methods raise :class:`EngineError` on a non-2xx answer, naming the endpoint and the reason.
+    """
+
+    def __init__(self, url: str, config: EngineConfig | None, process: ManagedProcess | None) -> None:
+        self.url = url.rstrip("/")
+        self.config = config
+        self.process = process
+        self.restarts = 0
+
+    # ----- lifecycle -------------------------------------------------------------------------------
+
+    @classmethod
+    async def launch(cls, config: EngineConfig) -> SGLangEngine:
+        """Starts the server and waits until it is healthy; on failure stops it and raises."""
+        engine = cls(url="http://unset", config=config, process=None)
+        await engine._start(config.port)
+        return engine
+
+    async def _start(self, port: int | None) -> None:
+        config = self.config
+        assert config is not None
+        device = detect_device() if config.device == "auto" else config.device
+        port = port or free_port(config.host)
+        log_dir = config.log_dir or Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
+        self.url = f"http://{config.host}:{port}"
+        self.process = ManagedProcess(config.command(port, device), env=_engine_env(config, device),
+                                      log_path=log_dir / f"sglang-{port}.log", name=f"sglang:{port}")
+        try:
+            await self.wait_healthy(config.startup_timeout_s)
+        except BaseException:
+            self.process.stop()
+            raise
+
+    async def wait_healthy(self, timeout_s: float) -> None:
+        """Polls ``/health_generate`` until 200; raises if the process exits or time runs out."""
+        poll = self.config.health_poll_s if self.config else 1.0
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and not self.process.alive():
+                raise EngineError(f"SGLang server {self.url} exited with code {self.process.returncode()} "
+                                  f"while starting; log {self.process.log_path}:\n{self.process.log_tail()}")
+            if await self.healthy(timeout_s=max(5.0, poll)):
+                return
+            await asyncio.sleep(poll)
+        tail = self.process.log_tail() if self.process else ""
+        raise EngineError(f"SGLang server {self.url} not healthy after {timeout_s:.0f} s:\n{tail}")
+
+    @classmethod
+    async def attach(cls, url: str, expected: EngineConfig | Mapping[str, Any] | None = None) -> SGLangEngine:
+        """Adopts a running engine; every expected ``/server_info`` field must match exactly."""
+        engine = cls(url, expected if isinstance(expected, EngineConfig) else None, process=None)
+        info = await engine.server_info()
+        want = expected.expected_server_info() if isinstance(expected, EngineConfig) else dict(expected or {})
+        mismatches = {k: (info.get(k, "<missing>"), v) for k, v in want.items() if info.get(k, "<missing>") != v}
+        if mismatches:
+            detail = ", ".join(f"{k}: engine has {got!r}, expected {exp!r}" for k, (got, exp) in mismatches.items())
+            raise EngineError(f"refusing to attach to {url}: server_info differs from the configuration ({detail})")
+        return engine
+
+    def alive(self) -> bool:
+        """For a launched engine: its process runs. For an attached engine: always True (use healthy)."""
+        return self.process.alive() if self.process is not None else True
+
+    async def healthy(self, timeout_s: float = 5.0) -> bool:
+        try:
+            await self._call("GET", "/health_generate", timeout_s=timeout_s)
+            return True
+        except (EngineError, aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    def stop(self) -> None:
+        """Stops the process tree this launcher started; a no-op for attached engines."""
+        if self.process is not None:
+            self.process.stop()
+
+    async def restart(self) -> None:
+        """Stops (if still running) and starts the engine again on the same port, waiting until healthy."""
+        if self.config is None:
+            raise EngineError(f"cannot restart attached engine {self.url}: it was not launched by agentrl")
+        port = int(self.url.rsplit(":", 1)[1])
+        self.stop()
+        self.restarts += 1
+        await self._start(port)
+
+    # ----- HTTP ------------------------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, body: Any = None, timeout_s: float = 600.0) -> Any:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.request(method, self.url + path, json=body) as resp:
+                text = await resp.text()
+                if resp.status >= 300:
+                    raise EngineError(f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:1000]}")
+                if not text:
+                    return None
+                try:
+                    return await resp.json(content_type=None)
+                except ValueError:
+                    return text
+
+    async def _checked(self, path: str, body: Mapping[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
+        reply = await self._call("POST", path, dict(body), timeout_s=timeout_s)
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise EngineError(f"POST {self.url}{path} failed: {reply.get('message', reply)}")
+        return reply if isinstance(reply, dict) else {"reply": reply}
+
+    async def server_info(self) -> dict[str, Any]:
+        info = await self._call("GET", "/server_info", timeout_s=30.0)
+        if not isinstance(info, dict):
+            raise EngineError(f"GET {self.url}/server_info: expected a JSON object, got {info!r:.200}")
+        return info
+
+    async def model_info(self) -> dict[str, Any]:
+        info = await self._call("GET", "/model_info", timeout_s=30.0)
+        return info if isinstance(info, dict) else {}
+
+    async def weight_version(self) -> str:
+        return str((await self.model_info()).get("weight_version"))
+
+    async def loads(self) -> Any:
+        return await self._call("GET", "/v1/loads?include=core", timeout_s=30.0)
+
+    # ----- generation control ----------------------------------------------------------------------
+
+    async def abort_all(self) -> None:
+        await self._call("POST", "/abort_request", {"abort_all": True}, timeout_s=30.0)
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """``abort`` returns running requests as aborted, ``retract`` requeues them, ``in_place`` keeps KV."""
+        await self._call("POST", "/pause_generation", {"mode": mode}, timeout_s=60.0)
+
+    async def continue_generation(self) -> None:
+        await self._call("POST", "/continue_generation", {}, timeout_s=60.0)
+
+    async def flush_cache(self, timeout_s: float = 30.0) -> None:
+        """Clears the radix cache, letting the scheduler wait up to ``timeout_s`` for running requests."""
+        await self._call("POST", f"/flush_cache?timeout={timeout_s}", None, timeout_s=timeout_s + 30.0)
+
+    # ----- weight updates --------------------------------------------------------------------------
+
+    async def update_weights_from_disk(self, model_path: str | os.PathLike[str], weight_version: str, *,
+                                       flush_cache: bool = True, abort_all_requests: bool = False,
+                                       load_format: str | None = None) -> dict[str, Any]:
+        """Loads weights from ``model_path``; later results echo ``weight_version``."""
+        body: dict[str, Any] = {"model_path": str(model_path), "weight_version": str(weight_version),
+                                "flush_cache": flush_cache, "abort_all_requests": abort_all_requests}
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._checked("/update_weights_from_disk", body)
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> None:
+        await self._checked("/update_weight_version",
+                            {"new_version": str(new_version), "abort_all_requests": abort_all_requests})
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str = "nccl") -> dict[str, Any]:
+        """GPU: joins the trainer's process group (call on all engines concurrently with the trainer)."""
+        return await self._checked("/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend})
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], group_name: str,
+                                              weight_version: str, *, flush_cache: bool = True) -> dict[str, Any]:
+        """GPU: receives one bucket of tensors the trainer broadcasts in ``group_name``."""
+        return await self._checked("/update_weights_from_distributed", {
+            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, "weight_version": str(weight_version), "flush_cache": flush_cache})
+
+    async def destroy_weights_update_group(self, group_name: str) -> dict[str, Any]:
+        return await self._checked("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], weight_version: str, *,
+                                         load_format: str | None = None, flush_cache: bool = True) -> dict[str, Any]:
+        """GPU, colocated: one base64 payload of CUDA-IPC handles per TP rank."""
+        body: dict[str, Any] = {"serialized_named_tensors": list(serialized_named_tensors),
+                                "weight_version": str(weight_version), "flush_cache": flush_cache}
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._checked("/update_weights_from_tensor", body)
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """GPU (needs ``enable_memory_saver``): frees weights / KV cache / CUDA graphs."""
+        await self._call("POST", "/release_memory_occupation", {"tags": list(tags)} if tags else {})
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        await self._call("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags else {})

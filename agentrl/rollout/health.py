@@ -1,0 +1,208 @@
+"""Engine group: a router, the engines behind it, and the health monitor that keeps them serving.
+
+:class:`EngineGroup` owns one :class:`~agentrl.rollout.router.Router` and its
+:class:`~agentrl.rollout.engine.SGLangEngine` s. It registers an engine only once it is healthy and
+deregisters it before stopping it. Its monitor (:meth:`EngineGroup.start_monitor`) checks every
+engine each ``check_interval_s``: a launched engine whose process has exited is dead at once; an
+engine failing ``failure_threshold`` consecutive HTTP health checks is dead too. A dead engine is
+taken out of the router's rotation first, then its process tree is stopped, then (if configured) it
+is restarted on the same port and registered again. Requests that were running on it fail at the
+router with 5xx; the client retries them on the remaining engines or returns them as aborted, so
+nothing hangs and nothing is lost silently. Every transition is recorded in :attr:`EngineGroup.events`.
+
+The monitor does not rely on the router's own health checks, which notice a dead worker slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from agentrl.rollout.client import ClientConfig, InferenceClient
+from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine
+from agentrl.rollout.router import Router, RouterConfig, RouterError
+
+__all__ = ["EngineGroup", "HealthConfig", "HealthEvent"]
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Monitor settings. ``http_checks`` adds ``/health_generate`` probes to the process check (needed
+    to notice a hung or an attached engine); ``max_restarts`` bounds restarts per engine."""
+
+    check_interval_s: float = 1.0
+    http_checks: bool = True
+    http_timeout_s: float = 30.0
+    failure_threshold: int = 3
+    restart: bool = True
+    max_restarts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.check_interval_s <= 0:
+            raise ValueError(f"HealthConfig.check_interval_s={self.check_interval_s!r}: expected > 0")
+        if self.failure_threshold < 1:
+            raise ValueError(f"HealthConfig.failure_threshold={self.failure_threshold!r}: expected >= 1")
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """One state change of an engine: ``dead`` (with the reason), ``removed``, ``restarted``, ``given_up``."""
+
+    time: float
+    url: str
+    kind: Literal["dead", "removed", "restarted", "given_up"]
+    detail: str = ""
+
+
+@dataclass
+class _Tracked:
+    engine: SGLangEngine
+    failures: int = 0
+    in_rotation: bool = True
+    recovering: bool = False
+    restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class EngineGroup:
+    """Router plus engines. Build with :meth:`launch` (or the constructor for attached engines)."""
+
+    def __init__(self, router: Router, engines: Sequence[SGLangEngine], health: HealthConfig | None = None) -> None:
+        self.router = router
+        self.health = health or HealthConfig()
+        self._tracked = [_Tracked(e) for e in engines]
+        self.events: list[HealthEvent] = []
+        self._monitor: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def launch(cls, engine_configs: Sequence[EngineConfig], router_config: RouterConfig | None = None,
+                     health: HealthConfig | None = None) -> EngineGroup:
+        """Starts the router and all engines (concurrently), registers each engine once healthy."""
+        router = await Router.launch(router_config)
+        results = await asyncio.gather(*(SGLangEngine.launch(c) for c in engine_configs), return_exceptions=True)
+        engines = [r for r in results if isinstance(r, SGLangEngine)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        group = cls(router, engines, health)
+        if errors:
+            await group.shutdown()
+            raise errors[0]
+        try:
+            for engine in engines:
+                await router.add_worker(engine.url)
+        except BaseException:
+            await group.shutdown()
+            raise
+        return group
+
+    @property
+    def engines(self) -> list[SGLangEngine]:
+        return [t.engine for t in self._tracked]
+
+    def engine_urls(self) -> list[str]:
+        """URLs of the engines currently in the router's rotation (the client's abort targets)."""
+        return [t.engine.url for t in self._tracked if t.in_rotation]
+
+    def client(self, **overrides: object) -> InferenceClient:
+        """A client for this group: data path through the router, aborts to the engines."""
+        config = replace(ClientConfig(base_url=self.router.url), **overrides)  # type: ignore[arg-type]
+        return InferenceClient(config, control_urls=self.engine_urls)
+
+    async def add_engine(self, engine: SGLangEngine) -> None:
+        """Registers an already healthy engine (launched or attached) and starts tracking it."""
+        await self.router.add_worker(engine.url)
+        self._tracked.append(_Tracked(engine))
+
+    # ----- monitoring ------------------------------------------------------------------------------
+
+    def start_monitor(self) -> None:
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.ensure_future(self._run_monitor())
+
+    async def stop_monitor(self) -> None:
+        tasks = [t for t in [self._monitor, *(tr.restart_task for tr in self._tracked)] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._monitor = None
+
+    async def _run_monitor(self) -> None:
+        while True:
+            await self.check_once()
+            await asyncio.sleep(self.health.check_interval_s)
+
+    async def check_once(self) -> None:
+        """One round of checks over all engines not already being recovered."""
+        await asyncio.gather(*(self._check(t) for t in self._tracked if not t.recovering))
+
+    async def _check(self, tracked: _Tracked) -> None:
+        engine = tracked.engine
+        reason = ""
+        if not engine.alive():
+            code = engine.process.returncode() if engine.process else None
+            reason = f"process exited with code {code}"
+        elif self.health.http_checks:
+            if await engine.healthy(timeout_s=self.health.http_timeout_s):
+                tracked.failures = 0
+            else:
+                tracked.failures += 1
+                if tracked.failures >= self.health.failure_threshold:
+                    reason = f"{tracked.failures} consecutive failed health checks"
+        if reason and not tracked.recovering:
+            tracked.recovering = True
+            self.events.append(HealthEvent(time.time(), engine.url, "dead", reason))
+            await self._take_out(tracked)
+            tracked.restart_task = asyncio.ensure_future(self._recover(tracked))
+
+    async def _take_out(self, tracked: _Tracked) -> None:
+        tracked.in_rotation = False
+        with contextlib.suppress(RouterError, OSError):
+            await self.router.remove_worker(tracked.engine.url)
+        self.events.append(HealthEvent(time.time(), tracked.engine.url, "removed"))
+        tracked.engine.stop()
+
+    async def _recover(self, tracked: _Tracked) -> None:
+        engine = tracked.engine
+        if not self.health.restart or engine.config is None or engine.restarts >= self.health.max_restarts:
+            self.events.append(HealthEvent(time.time(), engine.url, "given_up",
+                                           f"restart={self.health.restart}, restarts={engine.restarts}"))
+            return
+        try:
+            await engine.restart()
+            await self.router.add_worker(engine.url)
+        except (EngineError, RouterError, OSError) as err:
+            self.events.append(HealthEvent(time.time(), engine.url, "given_up", f"restart failed: {err}"))
+            return
+        tracked.failures = 0
+        tracked.in_rotation = True
+        tracked.recovering = False
+        self.events.append(HealthEvent(time.time(), engine.url, "restarted", f"restart #{engine.restarts}"))
+
+    async def wait_all_in_rotation(self, timeout_s: float) -> None:
+        """Waits until no engine is being recovered (raises ``TimeoutError`` after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while any(t.recovering or not t.in_rotation for t in self._tracked):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engines not back in rotation after {timeout_s} s: {self.events}")
+            await asyncio.sleep(0.2)
+
+    # ----- group-wide control ----------------------------------------------------------------------
+
+    async def update_weights_from_disk(self, model_path: str | os.PathLike[str], weight_version: str) -> None:
+        """Loads new weights on every engine in rotation (concurrently); each flushes its cache."""
+        engines = [t.engine for t in self._tracked if t.in_rotation]
+        await asyncio.gather(*(e.update_weights_from_disk(model_path, weight_version) for e in engines))
+
+    async def shutdown(self) -> None:
+        """Stops monitoring, deregisters and stops every launched engine, then stops the router."""
+        await self.stop_monitor()
+        for tracked in self._tracked:
+            with contextlib.suppress(RouterError, OSError):
+                if tracked.in_rotation and tracked.engine.alive():
+                    await self.router.remove_worker(tracked.engine.url)
+            tracked.in_rotation = False
+            tracked.engine.stop()
+        self.router.stop()

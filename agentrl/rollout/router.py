@@ -1,0 +1,201 @@
+"""sglang-router launcher: one router subprocess on loopback, workers added and removed over HTTP.
+
+The router is the single data-path entry to an engine group (one code path on a laptop and on a
+cluster). :meth:`Router.launch` starts ``sglang-router`` 0.3.2 with the chosen policy, its own
+Prometheus port and the health-check settings of :class:`RouterConfig`, and waits until it answers.
+Workers are registered with ``POST /workers`` (asynchronous on the router's side, so
+:meth:`Router.add_worker` waits until the worker is listed) and removed by id, looked up by URL.
+:meth:`Router.stop` stops exactly the process tree it started.
+
+Router-side retries are off by default: the :class:`~agentrl.rollout.client.InferenceClient` owns
+retries, and two retrying layers compound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agentrl.rollout.process import ManagedProcess, free_port
+
+__all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy"]
+
+
+class RouterError(RuntimeError):
+    """The router did not start, or refused a worker operation."""
+
+
+class RouterPolicy(str, Enum):
+    """Routing policies of sglang-router 0.3.2's core (``consistent_hashing`` and ``prefix_hash`` are
+    set through its Python launch API, the others are plain command-line choices)."""
+
+    RANDOM = "random"
+    ROUND_ROBIN = "round_robin"
+    CACHE_AWARE = "cache_aware"
+    POWER_OF_TWO = "power_of_two"
+    MANUAL = "manual"
+    CONSISTENT_HASHING = "consistent_hashing"
+    PREFIX_HASH = "prefix_hash"
+
+
+_CLI_POLICIES = {RouterPolicy.RANDOM, RouterPolicy.ROUND_ROBIN, RouterPolicy.CACHE_AWARE,
+                 RouterPolicy.POWER_OF_TWO, RouterPolicy.MANUAL}
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How to start the router. ``port``/``prometheus_port`` ``None``: pick free ports.
+
+    Health checks default to the router's own (60 s interval); tests use 1 s and threshold 1. The
+    agentrl health monitor does not rely on them (it deregisters engines it finds dead itself).
+    """
+
+    policy: RouterPolicy = RouterPolicy.CONSISTENT_HASHING
+    host: str = "127.0.0.1"
+    port: int | None = None
+    prometheus_port: int | None = None
+    health_check_interval_s: int = 60
+    health_failure_threshold: int = 3
+    health_success_threshold: int = 2
+    health_check_timeout_s: int = 5
+    health_check_endpoint: str = "/health"
+    disable_health_check: bool = False
+    disable_retries: bool = True
+    disable_circuit_breaker: bool = True
+    request_timeout_s: int = 3600
+    log_level: str = "warn"
+    startup_timeout_s: float = 60.0
+    log_dir: Path | None = None
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", RouterPolicy(self.policy))
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get("AGENTRL_ROUTER_PUBLIC"):
+            raise ValueError(f"RouterConfig.host={self.host!r}: expected a loopback address")
+        if self.health_check_interval_s < 1:
+            raise ValueError(f"RouterConfig.health_check_interval_s={self.health_check_interval_s!r}: expected >= 1")
+
+
+def _router_args(config: RouterConfig, port: int, prom_port: int) -> list[str]:
+    args = [
+        "--host", config.host, "--port", str(port),
+        "--prometheus-host", config.host, "--prometheus-port", str(prom_port),
+        "--health-check-interval-secs", str(config.health_check_interval_s),
+        "--health-failure-threshold", str(config.health_failure_threshold),
+        "--health-success-threshold", str(config.health_success_threshold),
+        "--health-check-timeout-secs", str(config.health_check_timeout_s),
+        "--health-check-endpoint", config.health_check_endpoint,
+        "--request-timeout-secs", str(config.request_timeout_s),
+        "--log-level", config.log_level,
+    ]
+    if config.disable_health_check:
+        args.append("--disable-health-check")
+    if config.disable_retries:
+        args.append("--disable-retries")
+    if config.disable_circuit_breaker:
+        args.append("--disable-circuit-breaker")
+    if config.policy in _CLI_POLICIES:
+        args += ["--policy", config.policy.value]
+    else:
+        args += ["--policy-override", config.policy.value]
+    return [*args, *config.extra_args]
+
+
+class Router:
+    """A running sglang-router subprocess. Create with :meth:`launch`; stop with :meth:`stop`."""
+
+    def __init__(self, config: RouterConfig, process: ManagedProcess, port: int, prometheus_port: int) -> None:
+        self.config = config
+        self.process = process
+        self.port = port
+        self.prometheus_port = prometheus_port
+        self.url = f"http://{config.host}:{port}"
+
+    @classmethod
+    async def launch(cls, config: RouterConfig | None = None) -> Router:
+        """Starts the router and waits until ``GET /workers`` answers (or raises :class:`RouterError`)."""
+        config = config or RouterConfig()
+        port = config.port or free_port(config.host)
+        prom_port = config.prometheus_port or free_port(config.host)
+        log_dir = config.log_dir or Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
+        log_path = log_dir / f"router-{port}.log"
+        cmd = [sys.executable, "-m", "agentrl.rollout._router_entry", *_router_args(config, port, prom_port)]
+        process = ManagedProcess(cmd, env=os.environ, log_path=log_path, name=f"router:{port}")
+        router = cls(config, process, port, prom_port)
+        try:
+            await router._wait_ready()
+        except BaseException:
+            process.stop()
+            raise
+        return router
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not self.process.alive():
+                raise RouterError(f"router exited with code {self.process.returncode()} while starting; "
+                                  f"log {self.process.log_path}:\n{self.process.log_tail()}")
+            try:
+                await self._request("GET", "/workers", timeout=2.0)
+                return
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                await asyncio.sleep(0.2)
+        raise RouterError(f"router not ready after {self.config.startup_timeout_s} s; "
+                          f"log {self.process.log_path}:\n{self.process.log_tail()}")
+
+    async def _request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            async with session.request(method, self.url + path, json=body) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise RouterError(f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:500]}")
+                return await resp.json(content_type=None) if text else None
+
+    async def workers(self) -> list[dict[str, Any]]:
+        """The router's worker list (``GET /workers``)."""
+        body = await self._request("GET", "/workers")
+        return list(body.get("workers", [])) if isinstance(body, dict) else []
+
+    async def worker_id(self, url: str) -> str | None:
+        url = url.rstrip("/")
+        for worker in await self.workers():
+            if str(worker.get("url", "")).rstrip("/") == url:
+                return str(worker["id"])
+        return None
+
+    async def add_worker(self, url: str, *, timeout_s: float = 60.0) -> str:
+        """Registers ``url`` and waits until the router lists it; returns its worker id."""
+        await self._request("POST", "/workers", {"url": url.rstrip("/")})
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            worker_id = await self.worker_id(url)
+            if worker_id is not None:
+                return worker_id
+            await asyncio.sleep(0.1)
+        raise RouterError(f"worker {url} not listed by the router {self.url} within {timeout_s} s; "
+                          f"router log:\n{self.process.log_tail()}")
+
+    async def remove_worker(self, url: str, *, timeout_s: float = 30.0) -> bool:
+        """Deregisters ``url`` (by its id) and waits until it is gone; False if it was not registered."""
+        worker_id = await self.worker_id(url)
+        if worker_id is None:
+            return False
+        await self._request("DELETE", f"/workers/{worker_id}")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await self.worker_id(url) is None:
+                return True
+            await asyncio.sleep(0.1)
+        raise RouterError(f"worker {url} still listed by the router {self.url} {timeout_s} s after DELETE")
+
+    def stop(self) -> None:
+        """Stops the router's process tree (idempotent)."""
+        self.process.stop(grace_s=5.0)

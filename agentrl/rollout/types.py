@@ -1,0 +1,208 @@
+"""Typed request and result objects of the inference client (SGLang native ``/generate``).
+
+:class:`SamplingParams` is immutable and passed explicitly with every request; it serialises only
+fields SGLang 0.5.23 accepts inside ``sampling_params`` (an unknown key there is an HTTP 400), and
+defaults to the settings RL needs so that ``text`` and the token ids agree (``no_stop_trim``,
+``skip_special_tokens=False``, ``spaces_between_special_tokens=False``).
+
+:class:`GenerateResult` carries the engine's answer exactly as returned: output ids and their
+per-token logprobs (the EOS token included when the engine emits it), the typed finish reason, the
+weight version that produced the tokens and the prompt/cached token counts. All objects here are
+frozen and picklable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "FinishKind",
+    "FinishReason",
+    "GenerateResult",
+    "InferenceError",
+    "PromptTooLongError",
+    "ProtocolError",
+    "RequestRejectedError",
+    "SamplingParams",
+    "continuation_budget",
+]
+
+
+class InferenceError(Exception):
+    """Base class of the client's errors."""
+
+
+class RequestRejectedError(InferenceError):
+    """The engine or router answered 4xx: a deterministic client error, never retried."""
+
+    def __init__(self, status: int, message: str, url: str) -> None:
+        super().__init__(f"{url} rejected the request with HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.url = url
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.message, self.url))
+
+
+class PromptTooLongError(RequestRejectedError):
+    """HTTP 400 because prompt (+ budget) exceeds the context: mark the episode truncated."""
+
+
+class ProtocolError(InferenceError):
+    """The engine's answer does not have the shape the client relies on (never guessed around)."""
+
+
+class FinishKind(str, Enum):
+    """Why generation stopped. ``ABORT`` is resumable: it is not a completed turn."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """``kind`` plus what matched (a stop token id, a stop string or a list of ids) for ``STOP``,
+    and the engine's or client's message for ``ABORT`` (``status_code`` when one was given)."""
+
+    kind: FinishKind
+    matched: int | str | tuple[int, ...] | None = None
+    message: str | None = None
+    status_code: int | None = None
+
+    @classmethod
+    def from_meta(cls, raw: Any) -> FinishReason:
+        """Parses ``meta_info.finish_reason``; an unknown type is a :class:`ProtocolError`."""
+        if not isinstance(raw, dict) or "type" not in raw:
+            raise ProtocolError(f"meta_info.finish_reason: expected an object with 'type', got {raw!r}")
+        try:
+            kind = FinishKind(raw["type"])
+        except ValueError:
+            raise ProtocolError(
+                f"meta_info.finish_reason.type: got {raw['type']!r}, expected one of "
+                f"{[k.value for k in FinishKind]}"
+            ) from None
+        matched = raw.get("matched")
+        if isinstance(matched, list):
+            matched = tuple(int(m) for m in matched)
+        status = raw.get("status_code")
+        return cls(kind=kind, matched=matched, message=raw.get("message"),
+                   status_code=int(status) if isinstance(status, int) else None)
+
+
+def _check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    bad = (value <= lo if lo_open else value < lo) or value > hi or math.isnan(value)
+    if bad:
+        bracket = "(" if lo_open else "["
+        raise ValueError(f"SamplingParams.{name}={value!r}: expected a value in {bracket}{lo}, {hi}]")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings; every field maps to one SGLang ``sampling_params`` key.
+
+    ``None`` leaves the engine default. Use :meth:`replace` (or ``dataclasses.replace``) to derive a
+    variant, e.g. the remaining budget of a resumed turn.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    min_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    sampling_seed: int | None = None
+    skip_special_tokens: bool = False
+    no_stop_trim: bool = True
+    spaces_between_special_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens!r}: expected an int >= 0")
+        _check_range("temperature", self.temperature, 0.0, 1e6)
+        _check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if self.top_k is not None and (self.top_k < 1 and self.top_k != -1):
+            raise ValueError(f"SamplingParams.top_k={self.top_k!r}: expected -1 (off) or an int >= 1")
+        if self.min_p is not None:
+            _check_range("min_p", self.min_p, 0.0, 1.0)
+        if self.min_new_tokens is not None and self.min_new_tokens < 0:
+            raise ValueError(f"SamplingParams.min_new_tokens={self.min_new_tokens!r}: expected an int >= 0")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"SamplingParams.stop={self.stop!r}: expected a tuple of strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids={self.stop_token_ids!r}: expected a tuple of ids >= 0")
+        # Lists are accepted for convenience but stored as tuples so the object stays immutable.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The ``sampling_params`` JSON object: only SGLang keys, ``None`` and empty stops left out."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or (isinstance(value, tuple) and not value):
+                continue
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """One ``/generate`` answer, exactly as the engine returned it.
+
+    ``output_ids[i]`` was sampled with log-probability ``output_logprobs[i]``; both have
+    ``completion_tokens`` entries (for an aborted request: the tokens produced before the abort).
+    ``input_logprobs`` is filled when the request asked for prompt scoring (``logprob_start_len``);
+    its first entry is ``None`` as SGLang returns it.
+    """
+
+    rid: str
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    text: str = ""
+    input_logprobs: tuple[float | None, ...] = ()
+    input_ids_scored: tuple[int, ...] = ()
+    top_logprobs: tuple[tuple[tuple[float, int], ...], ...] = ()
+    e2e_latency_s: float | None = None
+    attempts: int = 1
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason.kind is FinishKind.ABORT
+
+
+def continuation_budget(max_new_tokens: int, generated: int, prompt_tokens: int, context_length: int) -> int:
+    """How many tokens a resumed turn may still ask for.
+
+    ``max_new_tokens`` is the turn's total budget, ``generated`` what earlier (aborted) requests of the
+    same turn already produced, ``prompt_tokens`` the length of the prompt the next request sends
+    (original prompt + tokens generated so far) and ``context_length`` the engine's limit. The answer
+    is ``min(max_new_tokens - generated, context_length - prompt_tokens)`` clamped at 0; 0 means the
+    turn is truncated and no request must be sent.
+    """
+    for name, value in (("max_new_tokens", max_new_tokens), ("generated", generated),
+                        ("prompt_tokens", prompt_tokens), ("context_length", context_length)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"continuation_budget: {name}={value!r}, expected an int >= 0")
+    return max(0, min(max_new_tokens - generated, context_length - prompt_tokens))

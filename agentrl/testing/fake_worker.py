@@ -1,0 +1,222 @@
+"""A small fake SGLang worker for fast tests and client benchmarks (never used outside tests).
+
+It answers the routes the real sglang-router probes (``/health``, ``/server_info``, ``/model_info``)
+and the SGLang routes the client uses (``/generate``, ``/abort_request``, ``/flush_cache``,
+``/update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``), in SGLang 0.5.23's
+response shape. Generation is deterministic: output token ``i`` is ``(last_input_id + 1 + i) % vocab``
+with log-probability ``-0.1 * (i + 1)``; ``token_delay_s`` makes each token take time so aborts and
+deadlines can be exercised. ``meta_info.worker`` names the worker that answered (the router passes
+response bodies through unchanged). Every ``/generate`` body and its headers are recorded.
+
+Run in a thread of the test process (:meth:`FakeWorker.start`) or as its own process::
+
+    python -m agentrl.testing.fake_worker --port 18001 --name w0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["FakeCluster", "FakeWorker", "FakeWorkerState"]
+
+
+@dataclass
+class FakeWorkerState:
+    """What the fake worker saw and how it misbehaves; tests mutate it between requests."""
+
+    name: str = "fake"
+    vocab_size: int = 1024
+    token_delay_s: float = 0.0
+    weight_version: str = "default"
+    context_length: int = 4096
+    fail_next: int = 0
+    fail_status: int = 500
+    record: bool = True
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    aborted: set[str] = field(default_factory=set)
+    running: dict[str, bool] = field(default_factory=dict)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(body).encode(), status=status, content_type="application/json")
+
+
+class FakeWorker:
+    """A fake engine on ``127.0.0.1:port`` (``port=0``: a free one). ``url`` is valid after start."""
+
+    def __init__(self, state: FakeWorkerState | None = None, port: int = 0) -> None:
+        self.state = state or FakeWorkerState()
+        self._port = port
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self._ok)
+        app.router.add_get("/health_generate", self._ok)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/model_info", self._model_info)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_post("/abort_request", self._abort)
+        app.router.add_route("*", "/flush_cache", self._ok)
+        app.router.add_post("/pause_generation", self._ok)
+        app.router.add_post("/continue_generation", self._ok)
+        app.router.add_post("/update_weights_from_disk", self._update_weights)
+        return app
+
+    async def _ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        return _json({"model_path": f"fake/{self.state.name}", "served_model_name": "fake", "tp_size": 1,
+                      "dp_size": 1, "context_length": self.state.context_length, "version": "fake"})
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        return _json({"model_path": f"fake/{self.state.name}", "model_type": "qwen3",
+                      "architectures": ["Qwen3ForCausalLM"], "weight_version": self.state.weight_version})
+
+    async def _update_weights(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if body.get("weight_version") is not None:
+            self.state.weight_version = str(body["weight_version"])
+        return _json({"success": True, "message": "ok", "num_paused_requests": 0})
+
+    async def _abort(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if body.get("abort_all"):
+            self.state.aborted.update(self.state.running)
+        elif "rid" in body:
+            self.state.aborted.add(str(body["rid"]))
+        return web.Response(text="")
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        s = self.state
+        body = await request.json()
+        if s.record:
+            s.requests.append(body)
+            s.headers.append(dict(request.headers))
+        if s.fail_next > 0:
+            s.fail_next -= 1
+            return _json({"error": {"message": f"injected failure by {s.name}"}}, status=s.fail_status)
+        ids = body.get("input_ids")
+        sp = body.get("sampling_params") or {}
+        if not isinstance(ids, list) or not ids:
+            return _json({"error": {"message": "input_ids: expected a non-empty list"}}, status=400)
+        max_new = int(sp.get("max_new_tokens", 128))
+        if len(ids) + max_new > s.context_length:
+            msg = (f"The input ({len(ids)} tokens) is longer than the model's context length "
+                   f"({s.context_length} tokens).")
+            return _json({"error": {"message": msg}}, status=400)
+        rid = str(body.get("rid") or id(body))
+        out, finish = await self._decode(rid, int(ids[-1]), max_new, set(sp.get("stop_token_ids") or []))
+        lps = [[-0.1 * (i + 1), t, None] for i, t in enumerate(out)]
+        meta = {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": 0,
+                "finish_reason": finish, "weight_version": s.weight_version, "worker": s.name}
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = lps
+        return _json({"text": "", "output_ids": out, "meta_info": meta})
+
+    async def _decode(self, rid: str, last: int, max_new: int, stops: set[int]) -> tuple[list[int], dict[str, Any]]:
+        s = self.state
+        s.running[rid] = True
+        out: list[int] = []
+        try:
+            for i in range(max_new):
+                if rid in s.aborted:
+                    s.aborted.discard(rid)
+                    return out, {"type": "abort", "message": "Abort before prefill" if not out else "aborted"}
+                if s.token_delay_s:
+                    await asyncio.sleep(s.token_delay_s)
+                tok = (last + 1 + i) % s.vocab_size
+                out.append(tok)
+                if tok in stops:
+                    return out, {"type": "stop", "matched": tok}
+            return out, {"type": "length", "length": max_new}
+        finally:
+            s.running.pop(rid, None)
+
+    async def start_async(self) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self._port)
+        await site.start()
+        server: Any = site._server
+        port = int(server.sockets[0].getsockname()[1])
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop_async(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def start(self) -> str:
+        """Serves from a background thread with its own event loop; returns the URL."""
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._loop = loop
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(self.start_async())
+            ready.set()
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name=f"fake-worker-{self.state.name}", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake worker did not start within 10 s")
+        return self.url
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.stop_async(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = None
+
+
+@dataclass
+class FakeCluster:
+    """Fake workers registered behind one router (``agentrl.rollout.Router``) for tests."""
+
+    router: Any
+    workers: list[FakeWorker]
+
+    def reset(self) -> None:
+        """Forgets recorded requests and injected failures between tests."""
+        for w in self.workers:
+            w.state.requests.clear()
+            w.state.headers.clear()
+            w.state.fail_next = 0
+            w.state.fail_status = 500
+            w.state.token_delay_s = 0.0
+
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="fake SGLang worker for tests and benchmarks")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", default="fake")
+    parser.add_argument("--no-record", action="store_true", help="do not keep request bodies (benchmarks)")
+    args = parser.parse_args()
+    state = FakeWorkerState(name=args.name, record=not args.no_record)
+    web.run_app(FakeWorker(state).app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

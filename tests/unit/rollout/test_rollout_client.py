@@ -1,0 +1,136 @@
+"""InferenceClient against fake workers behind the real sglang-router (retries, 4xx, deadline, abort,
+session affinity, request fields surviving the router's re-serialisation)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agentrl.rollout import (
+    ClientConfig,
+    FinishKind,
+    InferenceClient,
+    PromptTooLongError,
+    RequestRejectedError,
+    SamplingParams,
+)
+from agentrl.rollout.client import ROUTER_DROPPED_SAMPLING_KEYS
+from agentrl.rollout.process import free_port
+from agentrl.testing.fake_worker import FakeCluster
+
+
+def _client(cluster: FakeCluster, **kw: object) -> InferenceClient:
+    config = ClientConfig(base_url=cluster.router.url, backoff_initial_s=0.01, **kw)  # type: ignore[arg-type]
+    return InferenceClient(config, control_urls=cluster.urls)
+
+
+async def test_generate_through_router_returns_worker_answer(cluster: FakeCluster) -> None:
+    params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, min_new_tokens=1,
+                            stop=("zz",), stop_token_ids=(999,), repetition_penalty=1.05, frequency_penalty=0.1,
+                            presence_penalty=0.2, sampling_seed=3)
+    async with _client(cluster) as client:
+        res = await client.generate([10, 11, 12], params, rid="req-1", routing_key="s1", top_logprobs_num=2)
+    assert res.output_ids == (13, 14, 15, 16, 17)
+    assert res.output_logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4, -0.5])
+    assert res.finish_reason.kind is FinishKind.LENGTH and res.rid == "req-1" and res.attempts == 1
+    assert res.weight_version == "default" and res.prompt_tokens == 3
+    seen = [r for w in cluster.workers for r in w.state.requests]
+    assert len(seen) == 1
+    body = seen[0]
+    # every sampling field but the one sglang-router 0.3.2 is known to drop survived its re-serialisation
+    sent = params.to_payload()
+    assert ROUTER_DROPPED_SAMPLING_KEYS == {"spaces_between_special_tokens"}
+    assert body["sampling_params"] == {k: v for k, v in sent.items() if k not in ROUTER_DROPPED_SAMPLING_KEYS}
+    assert body["input_ids"] == [10, 11, 12] and body["rid"] == "req-1"
+    assert body["return_logprob"] is True and body["top_logprobs_num"] == 2
+
+
+async def test_routing_key_keeps_a_session_on_one_worker(cluster: FakeCluster) -> None:
+    served: dict[str, set[str]] = {}
+    async with _client(cluster) as client:
+        for key in [f"episode-{i}" for i in range(12)]:
+            for _ in range(4):
+                res = await client.generate([1, 2], SamplingParams(max_new_tokens=1), routing_key=key)
+                served.setdefault(key, set()).add(res.meta["worker"])
+    assert all(len(workers) == 1 for workers in served.values()), served
+    assert set().union(*served.values()) == {"w0", "w1"}  # keys do spread over both workers
+
+
+async def test_5xx_is_retried_then_succeeds(cluster: FakeCluster) -> None:
+    for w in cluster.workers:
+        w.state.fail_next = 2
+    async with _client(cluster) as client:
+        res = await client.generate([5], SamplingParams(max_new_tokens=2), routing_key="retry-me")
+    assert res.finish_reason.kind is FinishKind.LENGTH and res.attempts == 3
+    rids = [r["rid"] for w in cluster.workers for r in w.state.requests]
+    assert len(rids) == 3 and len(set(rids)) == 3  # each attempt has its own rid
+
+
+async def test_retries_exhausted_come_back_aborted(cluster: FakeCluster) -> None:
+    for w in cluster.workers:
+        w.state.fail_next = 100
+    async with _client(cluster, max_retries=2) as client:
+        res = await client.generate([5], SamplingParams(max_new_tokens=2), routing_key="k")
+    assert res.aborted and res.attempts == 3 and res.output_ids == ()
+    assert res.finish_reason.status_code == 500 and "injected failure" in (res.finish_reason.message or "")
+    assert sum(len(w.state.requests) for w in cluster.workers) == 3
+
+
+async def test_4xx_is_never_retried(cluster: FakeCluster) -> None:
+    async with _client(cluster) as client:
+        with pytest.raises(PromptTooLongError, match="context length"):
+            await client.generate(list(range(100)), SamplingParams(max_new_tokens=5000), routing_key="k")
+        for w in cluster.workers:
+            w.state.fail_next, w.state.fail_status = 1, 422
+        with pytest.raises(RequestRejectedError) as info:
+            await client.generate([1], SamplingParams(max_new_tokens=1), routing_key="k")
+    assert info.value.status == 422
+    assert sum(len(w.state.requests) for w in cluster.workers) == 2
+
+
+async def test_deadline_aborts_and_returns_partial_tokens(cluster: FakeCluster) -> None:
+    for w in cluster.workers:
+        w.state.token_delay_s = 0.02
+    async with _client(cluster) as client:
+        t0 = time.monotonic()
+        res = await client.generate([1], SamplingParams(max_new_tokens=1000), routing_key="slow", deadline_s=0.3)
+        elapsed = time.monotonic() - t0
+    assert res.aborted and 0 < len(res.output_ids) < 1000
+    assert len(res.output_logprobs) == len(res.output_ids)
+    assert elapsed < 3.0
+
+
+async def test_abort_by_rid_mid_generation(cluster: FakeCluster) -> None:
+    import asyncio
+
+    for w in cluster.workers:
+        w.state.token_delay_s = 0.01
+    async with _client(cluster) as client:
+        task = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=2000), rid="victim"))
+        other = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=20), rid="bystander"))
+        await asyncio.sleep(0.3)
+        await client.abort("victim")
+        res, ok = await asyncio.wait_for(asyncio.gather(task, other), 10)
+    assert res.aborted and 0 < res.completion_tokens < 2000
+    assert ok.finish_reason.kind is FinishKind.LENGTH and ok.completion_tokens == 20
+
+
+async def test_transport_errors_retry_then_abort_without_hanging() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = ClientConfig(base_url=dead, max_retries=3, backoff_initial_s=0.01, connect_timeout_s=1.0)
+    async with InferenceClient(config) as client:
+        t0 = time.monotonic()
+        res = await client.generate([1], SamplingParams(max_new_tokens=1))
+    assert res.aborted and res.attempts == 4 and "ClientConnectorError" in (res.finish_reason.message or "")
+    assert time.monotonic() - t0 < 5
+
+
+async def test_bad_arguments_are_reported() -> None:
+    with pytest.raises(ValueError, match="base_url='router:1'"):
+        ClientConfig(base_url="router:1")
+    async with InferenceClient(ClientConfig(base_url="http://127.0.0.1:1")) as client:
+        with pytest.raises(TypeError, match="SamplingParams"):
+            await client.generate([1], {"max_new_tokens": 1})  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="input_ids"):
+            await client.generate([], SamplingParams())
