@@ -254,11 +254,19 @@ def _drain(readers, captures, deadline, pidfd, pid):
     return True
 
 
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
 def _sweep():
     """Kills every process of this PID namespace except PID 1 and this worker (isolated modes only)."""
     me = os.getpid()
     for _ in range(50):
-        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me) and _alive(p)]
         if not others:
             return
         for pid in others:
@@ -372,9 +380,33 @@ def _own_pid_namespace():
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+def _owns_pid_namespace():
+    """True inside bwrap (the worker is PID 2 under bwrap's init) or a sandbox container whose PID 1
+    is this program's ``reaper``: only there may leftover processes be swept. Never true on a host."""
+    if os.getpid() <= 3:
+        return True
+    try:
+        with open("/proc/1/cmdline", "rb") as f:
+            return f.read().endswith(b"/worker.py\0reaper\0")
+    except OSError:
+        return False
+
+
+def reaper():
+    """PID 1 of a sandbox container: reaps orphans (killed leftovers must not stay zombies, which
+    would count against the container's process limit)."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(0.05)
+
+
 def _state(sweep):
     namespaces = _probe_namespaces() and _own_pid_namespace()
-    state = {"namespaces": namespaces, "sweep": sweep and not namespaces and os.getpid() <= 3, "pidns_fd": None}
+    state = {"namespaces": namespaces, "sweep": sweep and not namespaces and _owns_pid_namespace(),
+             "pidns_fd": None}
     if namespaces:
         state["pidns_fd"] = os.open("/proc/self/ns/pid", os.O_RDONLY)
     return state
@@ -421,6 +453,8 @@ def main(argv):
     args = [a for a in argv if a != "--sweep"]
     if args and args[0] == "once":
         once(args[1:], sweep)
+    elif args and args[0] == "reaper":
+        reaper()
     else:
         try:
             import site

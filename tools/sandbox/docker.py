@@ -1,0 +1,226 @@
+"""The Docker backend: a pool of warm containers, one ``docker exec`` per execution.
+
+Each container runs the worker program's ``reaper`` as PID 1 (it reaps killed leftovers) from the
+sandbox image (see ``tools/image``) with
+``--network none``, a read-only root, a size-capped tmpfs ``/tmp``, uid/gid 65534, every
+capability dropped, ``no-new-privileges`` and cgroup limits on memory (no swap), processes and CPU.
+The sandbox's worker program is bind-mounted read-only and runs each request in ``once`` mode: it
+forks the code with rlimits and a deadline, captures both streams with a cap, and afterwards kills
+every process left in the container. A container that misbehaves is replaced.
+
+The Docker SDK is synchronous; every call runs on this sandbox's own thread pool, so the event loop
+never blocks. Requires a reachable daemon (``docker_host`` or ``DOCKER_HOST``) and the image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agentrl.tools.sandbox.base import (
+    Capabilities,
+    ExecResult,
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailableError,
+    result_from_worker,
+    worker_request,
+)
+from agentrl.tools.sandbox.bwrap import WORKER_SOURCE, default_pool_size
+
+__all__ = ["DEFAULT_IMAGE", "DockerSandbox"]
+
+DEFAULT_IMAGE = "agentrl/sandbox:bookworm"
+WORKER_IN_CONTAINER = "/opt/agentrl/worker.py"
+NOBODY = "65534:65534"
+ARG_CHUNK = 64 * 1024  # below the kernel's 128 KiB limit on one argument
+GRACE_S = 10.0
+IMAGE_HINT = ("build it with `tools/image/build_offline.sh` (no registry needed) or "
+              "`docker build -t agentrl/sandbox:bookworm tools/image`")
+
+
+class DockerSandbox(Sandbox):
+    """Warm container pool. ``docker_host`` defaults to ``DOCKER_HOST`` or the local socket."""
+
+    backend = "docker"
+
+    def __init__(self, limits: SandboxLimits | None = None, *, pool_size: int | None = None,
+                 max_concurrency: int | None = None, image: str = DEFAULT_IMAGE,
+                 docker_host: str | None = None) -> None:
+        super().__init__(limits or SandboxLimits())
+        try:
+            import docker  # noqa: F401
+        except ImportError as exc:
+            raise SandboxUnavailableError("the docker Python SDK is missing: pip install 'docker>=7'") from exc
+        self.image = image
+        self.docker_host = docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        self.pool_size = pool_size or default_pool_size()
+        self._sem = asyncio.Semaphore(min(self.pool_size, max_concurrency or self.pool_size))
+        self._threads = ThreadPoolExecutor(max_workers=self.pool_size + 2, thread_name_prefix="agentrl-docker")
+        self._client: Any = None
+        self._idle: list[Any] = []
+        self._all: dict[str, Any] = {}
+        self._label = f"agentrl-sandbox-{uuid.uuid4().hex[:10]}"
+        self._start_lock = asyncio.Lock()
+        self._started = False
+        self.replaced = 0
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
+
+    def _connect(self) -> Any:
+        import docker
+        from docker.errors import DockerException, ImageNotFound
+
+        try:
+            client = docker.DockerClient(base_url=self.docker_host, version="auto", timeout=60)
+            client.ping()
+        except DockerException as exc:
+            raise SandboxUnavailableError(
+                f"no Docker daemon reachable at {self.docker_host} ({exc}); start one (`dockerd`, or the test "
+                f"helper agentrl.tools.sandbox.dockerd.PrivateDockerDaemon) and set DOCKER_HOST") from exc
+        try:
+            client.images.get(self.image)
+        except ImageNotFound as exc:
+            client.close()
+            raise SandboxUnavailableError(f"sandbox image {self.image!r} not found: {IMAGE_HINT}") from exc
+        return client
+
+    def _create_container(self) -> Any:
+        lim = self.limits
+        mem = f"{lim.memory_mb + 32}m"
+        return self._client.containers.run(
+            self.image, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "reaper"], detach=True, network_mode="none", read_only=True,
+            tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777,nosuid,nodev"}, user=NOBODY, cap_drop=["ALL"],
+            security_opt=["no-new-privileges"], mem_limit=mem, memswap_limit=mem,
+            pids_limit=lim.max_processes + 4, nano_cpus=int(lim.cpu_cores * 1e9), environment={},
+            volumes={str(WORKER_SOURCE): {"bind": WORKER_IN_CONTAINER, "mode": "ro"}},
+            hostname="sandbox", labels={"agentrl.sandbox": self._label}, working_dir="/tmp",
+        )
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._started:
+                return
+            if self._closed:
+                raise RuntimeError("DockerSandbox.start: the sandbox is closed")
+            self._client = await self._call(self._connect)
+            containers = await asyncio.gather(*(self._call(self._create_container) for _ in range(self.pool_size)))
+            for c in containers:
+                self._all[c.id] = c
+            self._idle.extend(containers)
+            self._started = True
+
+    def _exec(self, container: Any, request: dict[str, Any]) -> tuple[bytes, bytes]:
+        payload = base64.b64encode(json.dumps(request).encode()).decode("ascii")
+        chunks = [payload[i:i + ARG_CHUNK] for i in range(0, len(payload), ARG_CHUNK)] or [""]
+        api = self._client.api
+        exec_id = api.exec_create(container.id, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "once", "--sweep",
+                                                 *chunks], user=NOBODY, workdir="/tmp",
+                                  environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})["Id"]
+        out, err = api.exec_start(exec_id, demux=True)
+        return out or b"", err or b""
+
+    def _oom_kills(self, container: Any) -> int:
+        path = Path(f"/sys/fs/cgroup/memory/docker/{container.id}/memory.oom_control")
+        try:
+            for line in path.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return -1
+
+    async def run(self, code: str, *, language: str = "python", timeout_s: float | None = None) -> ExecResult:
+        timeout = self._check_request(code, language, timeout_s)
+        request = worker_request(code, language, timeout, self.limits, memory_rlimit=False, nproc_rlimit=False)
+        await self.start()
+        async with self._sem:
+            container = self._idle.pop()
+            started = time.monotonic()
+            oom_start = self._oom_kills(container)
+            try:
+                out, err = await asyncio.wait_for(self._call(self._exec, container, request), timeout + GRACE_S)
+                data = json.loads(out)
+                if not isinstance(data, dict):
+                    raise ValueError(f"expected a JSON object from the runner, got {out[:200]!r}")
+            except BaseException as exc:
+                self.replaced += 1
+                await asyncio.shield(self._replace(container))
+                if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+                    raise
+                detail = err.decode("utf-8", "replace")[-2000:] if "err" in locals() else ""
+                return ExecResult.sandbox_error(f"docker exec failed: {exc!r} {detail}".strip(),
+                                                time.monotonic() - started)
+            self._idle.append(container)
+        result = result_from_worker(data, time.monotonic() - started)
+        if result.signal == signal.SIGKILL and result.killed_reason == "signal" and \
+                self._oom_kills(container) > oom_start >= 0:
+            result.killed_reason = "memory"
+        return result
+
+    async def _replace(self, container: Any) -> None:
+        self._all.pop(container.id, None)
+        await self._call(self._remove, container)
+        if not self._closed:
+            fresh = await self._call(self._create_container)
+            self._all[fresh.id] = fresh
+            self._idle.append(fresh)
+
+    @staticmethod
+    def _remove(container: Any) -> None:
+        from docker.errors import DockerException
+
+        try:
+            container.remove(force=True)
+        except DockerException:
+            pass
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        containers = list(self._all.values())
+        self._all.clear()
+        self._idle.clear()
+        if containers:
+            await asyncio.gather(*(self._call(self._remove, c) for c in containers))
+        if self._client is not None:
+            await self._call(self._client.close)
+        self._threads.shutdown(wait=False)
+
+    def container_ids(self) -> list[str]:
+        return list(self._all)
+
+    def capabilities(self) -> Capabilities:
+        lim = self.limits
+        return Capabilities(
+            "docker",
+            enforced={
+                "network": "--network none (loopback only)",
+                "filesystem": f"read-only image root, tmpfs /tmp ({lim.tmp_mb} MiB) per container, no host paths "
+                              "except the read-only worker program",
+                "environment": "empty container environment; exec gets PATH and LANG only",
+                "user": "uid/gid 65534, --cap-drop ALL, no-new-privileges",
+                "processes_visible": "container PID namespace; leftovers killed after each execution",
+                "wall_time": "runner deadline, SIGKILL of the process group",
+                "cpu_time": "RLIMIT_CPU",
+                "memory": f"container cgroup memory limit ({lim.memory_mb + 32} MiB, no swap)",
+                "processes": f"--pids-limit {lim.max_processes + 4}",
+                "cpu_share": f"--cpus {lim.cpu_cores}",
+                "output": "captured by the runner, capped at max_output_bytes per stream",
+                "file_size": "RLIMIT_FSIZE",
+                "tmp_size": "tmpfs size=",
+            },
+            not_enforced={},
+            details={"image": self.image, "docker_host": self.docker_host, "pool_size": self.pool_size},
+        )
