@@ -1,0 +1,149 @@
+"""Trajectories → training sequences with per-token advantages and per-rollout denominators.
+
+One trajectory becomes one :class:`TrainSequence`; several trajectories may share a rollout id
+(fan-out: forks of one episode). Group statistics count each rollout once, and every sequence
+carries its rollout's full trainable-token count ``denominator`` so any packing or split of the
+batch reduces to the same objective (see :mod:`agentrl.algorithms.reduce`).
+
+All per-token lists of a :class:`TrainSequence` are aligned to ``tokens`` positions: entry ``t``
+describes token ``t`` (prompt positions have mask 0, logprob 0, advantage 0).
+
+Example::
+
+    batch = build_training_batch(trajectories, BatchingConfig(estimator="grpo"))
+    batch.num_rollouts, batch.sequences[0].advantages
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from agentrl.algorithms import AdvantageEstimator, compute_advantages
+from agentrl.train.config import BatchingConfig
+from agentrl.trajectory import Trajectory
+
+__all__ = ["TrainSequence", "TrainingBatch", "build_training_batch"]
+
+
+@dataclass
+class TrainSequence:
+    """One training sequence; per-token lists are aligned with ``tokens``.
+
+    ``denominator`` is the number of trainable tokens of the whole rollout (over all its
+    sequences), fixed before any split. ``ref_logprobs``/``old_logprobs`` are filled by a backend.
+    """
+
+    tokens: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    advantages: list[float]
+    rollout_id: str
+    group_id: str
+    reward: float
+    denominator: float
+    sample_id: str | None = None
+    ref_logprobs: list[float] | None = None
+    old_logprobs: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        for name in ("loss_mask", "rollout_logprobs", "advantages"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name}: expected {n} entries (one per token), got {len(getattr(self, name))}")
+        if n < 1:
+            raise ValueError("tokens: expected at least one token, got an empty sequence")
+        if self.loss_mask[0]:
+            raise ValueError("loss_mask[0]: the first token has no context to be scored from; expected 0")
+
+    @property
+    def num_trainable(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class TrainingBatch:
+    """The sequences of one optimiser step and the counts the reducer needs.
+
+    ``num_rollouts`` is B (distinct rollout ids, including rollouts without trainable tokens);
+    ``excluded`` lists ``(rollout id, status)`` of trajectories left out by status.
+    """
+
+    sequences: list[TrainSequence]
+    num_rollouts: int
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def num_trainable_tokens(self) -> int:
+        return sum(s.num_trainable for s in self.sequences)
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[TrainSequence]) -> TrainingBatch:
+        return cls(sequences=list(sequences), num_rollouts=len({s.rollout_id for s in sequences}))
+
+
+def _ids(traj: Trajectory, index: int) -> tuple[str, str, float]:
+    rollout_id = traj.rollout_id if traj.rollout_id is not None else traj.sample_id
+    if rollout_id is None:
+        raise ValueError(f"trajectories[{index}].rollout_id: missing (and no sample_id); every trajectory needs one")
+    if traj.group_id is None:
+        raise ValueError(f"trajectories[{index}].group_id: missing; group normalisation keys on it")
+    if traj.reward is None:
+        raise ValueError(f"trajectories[{index}].reward: missing (rollout {rollout_id!r}); score it before training")
+    return str(rollout_id), str(traj.group_id), float(traj.reward)
+
+
+def build_training_batch(trajectories: Sequence[Trajectory], config: BatchingConfig | None = None) -> TrainingBatch:
+    """Validate trajectories, compute advantages with ``config.estimator`` and build the batch.
+
+    Raises ``ValueError`` for an empty batch, missing ids or rewards, sequences over
+    ``max_sequence_length``, and fan-out rollouts whose sequences disagree on reward or group.
+    """
+    cfg = config or BatchingConfig()
+    kept: list[tuple[Trajectory, str, str, float]] = []
+    excluded: list[tuple[str, str]] = []
+    for i, traj in enumerate(trajectories):
+        if traj.status in cfg.exclude_statuses:
+            excluded.append((str(traj.rollout_id or traj.sample_id), traj.status.value))
+            continue
+        traj.validate()
+        rid, gid, reward = _ids(traj, i)
+        if cfg.max_sequence_length is not None and len(traj.tokens) > cfg.max_sequence_length:
+            raise ValueError(
+                f"trajectories[{i}].tokens: {len(traj.tokens)} tokens (rollout {rid!r}) exceed "
+                f"max_sequence_length={cfg.max_sequence_length}; truncate or filter at rollout time"
+            )
+        kept.append((traj, rid, gid, reward))
+    if not kept:
+        raise ValueError(
+            f"trajectories: expected at least one trainable trajectory, got {len(trajectories)} "
+            f"({len(excluded)} excluded by status)"
+        )
+    width = max(max(t.response_length for t, *_ in kept), 1)
+    mask = torch.zeros(len(kept), width, dtype=torch.long)
+    for row, (traj, *_rest) in enumerate(kept):
+        mask[row, : traj.response_length] = torch.tensor(traj.loss_mask, dtype=torch.long)
+    estimator = cfg.estimator
+    if estimator is AdvantageEstimator.GRPO and not cfg.std_normalize:
+        estimator = AdvantageEstimator.DR_GRPO  # the same centring without the std division
+    adv = compute_advantages(
+        estimator, [r for *_, r in kept], [g for _, _, g, _ in kept], mask,
+        rollout_ids=[rid for _, rid, _, _ in kept], eps=cfg.eps,
+    )
+    totals: dict[str, int] = {}
+    for traj, rid, _, _ in kept:
+        totals[rid] = totals.get(rid, 0) + traj.num_trainable_tokens
+    sequences = []
+    for row, (traj, rid, gid, reward) in enumerate(kept):
+        p, n = traj.prompt_length, traj.response_length
+        sequences.append(TrainSequence(
+            tokens=list(traj.tokens),
+            loss_mask=[0] * p + list(traj.loss_mask),
+            rollout_logprobs=[0.0] * p + list(traj.logprobs),
+            advantages=[0.0] * p + adv[row, :n].tolist(),
+            rollout_id=rid, group_id=gid, reward=reward, denominator=float(totals[rid]),
+            sample_id=traj.sample_id,
+        ))
+    return TrainingBatch(sequences=sequences, num_rollouts=len(totals), excluded=excluded)

@@ -1,0 +1,143 @@
+"""Typed, validated configs for batching, packing, the loss and the torch backend.
+
+Each component receives its own config; none sees a root config. All are frozen dataclasses that
+check their values on construction and name the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentrl.algorithms import AdvantageEstimator, KLKind, LossAggregation, PolicyLossKind
+from agentrl.trajectory import Status
+
+__all__ = ["BatchingConfig", "LossConfig", "OptimizerConfig", "PackingConfig", "TorchBackendConfig"]
+
+
+def _require(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Trajectories → training sequences.
+
+    ``exclude_statuses``: trajectories that ended for infrastructure reasons are left out of the
+    group statistics and the batch (reported in :attr:`TrainingBatch.excluded`, never dropped
+    silently). ``max_sequence_length``: longer sequences raise instead of being truncated.
+    """
+
+    estimator: AdvantageEstimator = AdvantageEstimator.GRPO
+    std_normalize: bool = True
+    eps: float = 1e-6
+    exclude_statuses: tuple[Status, ...] = (Status.ABORTED, Status.FAILED)
+    max_sequence_length: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "estimator", AdvantageEstimator(self.estimator))
+        _require(self.estimator is not AdvantageEstimator.PPO, "estimator", self.estimator.value,
+                 "a critic-free estimator (the torch backend has no value model yet)")
+        _require(self.eps >= 0, "eps", self.eps, "a non-negative number")
+        _require(self.max_sequence_length is None or self.max_sequence_length > 1, "max_sequence_length",
+                 self.max_sequence_length, "None or an integer > 1")
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """Packing sequences into micro-batches of at most ``max_tokens`` input tokens each."""
+
+    max_tokens: int = 8192
+    algorithm: Literal["first_fit_decreasing", "best_fit_decreasing"] = "best_fit_decreasing"
+
+    def __post_init__(self) -> None:
+        _require(self.max_tokens > 0, "max_tokens", self.max_tokens, "a positive token budget")
+        _require(self.algorithm in ("first_fit_decreasing", "best_fit_decreasing"), "algorithm", self.algorithm,
+                 "'first_fit_decreasing' or 'best_fit_decreasing'")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The step objective: policy loss, reduction, KL and entropy terms, mismatch correction.
+
+    ``temperature`` must equal the rollout sampling temperature (engine logprobs are reported after
+    temperature scaling). ``old_logprobs``: ``"recompute"`` (a no-grad forward at the start of the
+    step), ``"rollout"`` (use the engine's), or ``"detached"`` (``sg[ℓθ]``: ratio 1, one forward
+    saved; valid for one optimiser step per rollout).
+    """
+
+    policy_loss: PolicyLossKind = PolicyLossKind.PPO
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    dual_clip_c: float | None = None
+    aggregation: LossAggregation = LossAggregation.ROLLOUT_TOKEN_MEAN
+    constant_normalizer: float | None = None
+    kl_loss_coef: float = 0.0
+    kl_loss_type: KLKind = "low_var_kl"
+    entropy_coef: float = 0.0
+    correction: Literal["none", "tis", "mis"] = "none"
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    mis_low: float = 0.5
+    mis_high: float = 2.0
+    temperature: float = 1.0
+    old_logprobs: Literal["recompute", "rollout", "detached"] = "recompute"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy_loss", PolicyLossKind(self.policy_loss))
+        object.__setattr__(self, "aggregation", LossAggregation(self.aggregation))
+        _require(self.temperature > 0, "temperature", self.temperature, "a positive number")
+        _require(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "a non-negative number")
+        _require(self.kl_loss_type in ("k1", "k2", "k3", "low_var_kl"), "kl_loss_type", self.kl_loss_type,
+                 "one of 'k1', 'k2', 'k3', 'low_var_kl'")
+        _require(self.correction in ("none", "tis", "mis"), "correction", self.correction, "'none', 'tis' or 'mis'")
+        _require(self.old_logprobs in ("recompute", "rollout", "detached"), "old_logprobs", self.old_logprobs,
+                 "'recompute', 'rollout' or 'detached'")
+        _require(not (self.correction != "none" and self.old_logprobs == "rollout"), "correction", self.correction,
+                 "'none' when old_logprobs='rollout' (the correction would always be 1)")
+        _require(self.dual_clip_c is None or self.dual_clip_c > 1, "dual_clip_c", self.dual_clip_c, "None or > 1")
+        if self.aggregation is LossAggregation.SEQ_MEAN_TOKEN_SUM_NORM:
+            _require(self.constant_normalizer is not None and self.constant_normalizer > 0, "constant_normalizer",
+                     self.constant_normalizer, "a positive constant (e.g. the max response length) for Dr.GRPO")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW settings; ``grad_clip`` is the max global gradient norm (None: no clipping)."""
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "lr", self.lr, "a positive learning rate")
+        _require(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two values in [0, 1)")
+        _require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", self.grad_clip, "None or > 0")
+
+
+@dataclass(frozen=True)
+class TorchBackendConfig:
+    """The plain PyTorch train backend.
+
+    ``device``: ``"auto"``, ``"cpu"``, ``"cuda[:i]"`` or ``"npu[:i]"``. ``dtype``: the parameter
+    dtype (``"float32"``, ``"bfloat16"``, ``"float64"`` for exact tests). ``logprob_chunk_size``:
+    rows per chunk of the log-softmax. ``verify_packing``: on start, check that the model attends
+    within packed sequences only (a model without packed-sequence support would silently mix them).
+    """
+
+    device: str = "auto"
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    packing: PackingConfig = field(default_factory=PackingConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    logprob_chunk_size: int = 128
+    verify_packing: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in ("float32", "bfloat16", "float16", "float64"), "dtype", self.dtype,
+                 "'float32', 'bfloat16', 'float16' or 'float64'")
+        _require(self.logprob_chunk_size > 0, "logprob_chunk_size", self.logprob_chunk_size, "a positive integer")

@@ -1,0 +1,164 @@
+"""Packing training sequences into micro-batches and balancing them across data-parallel ranks.
+
+A micro-batch is one packed row: its sequences are concatenated (no padding) and told apart by
+``position_ids`` that restart at 0 for each sequence, which Hugging Face models turn into a
+block-diagonal causal mask (the backend verifies this on start). The token budget bounds the row
+length, so memory is bounded whatever the length distribution.
+
+Planning is a pure function of the sequence lengths: every rank computes the same plan and takes
+its share, so no coordination is needed. Ranks are balanced by tokens (greedy, longest first),
+then each rank's sequences are bin-packed (first-fit or best-fit decreasing).
+
+Because the reducer divides each token by its rollout's full denominator, the objective does not
+depend on the plan (tested: three different packings give the same loss and gradients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from agentrl.train.batching import TrainSequence
+from agentrl.train.config import PackingConfig
+
+__all__ = ["MicroBatch", "collate", "pack_indices", "partition_for_ranks", "plan_micro_batches"]
+
+
+def _check_lengths(lengths: Sequence[int], max_tokens: int) -> None:
+    for i, n in enumerate(lengths):
+        if n > max_tokens:
+            raise ValueError(
+                f"lengths[{i}]: a sequence of {n} input tokens does not fit max_tokens={max_tokens} "
+                "(sequences are never split); raise PackingConfig.max_tokens or cap sequence length"
+            )
+
+
+def pack_indices(
+    lengths: Sequence[int], max_tokens: int, algorithm: str = "best_fit_decreasing"
+) -> list[list[int]]:
+    """Bin-pack item indices by length into bins of at most ``max_tokens``; longest items first.
+
+    Returns bins of indices (each bin sorted ascending), in order of creation. Deterministic.
+    """
+    _check_lengths(lengths, max_tokens)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        n = lengths[i]
+        choice = -1
+        for b, room in enumerate(free):
+            if room >= n and (choice < 0 or (algorithm == "best_fit_decreasing" and room < free[choice])):
+                choice = b
+                if algorithm == "first_fit_decreasing":
+                    break
+        if choice < 0:
+            bins.append([])
+            free.append(max_tokens)
+            choice = len(bins) - 1
+        bins[choice].append(i)
+        free[choice] -= n
+    return [sorted(b) for b in bins]
+
+
+def partition_for_ranks(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Split item indices over ``world_size`` ranks, balancing total length (longest first, to the
+    lightest rank). A rank may get nothing when there are fewer items than ranks."""
+    if world_size < 1:
+        raise ValueError(f"world_size: expected a positive integer, got {world_size!r}")
+    loads = [0] * world_size
+    parts: list[list[int]] = [[] for _ in range(world_size)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        parts[rank].append(i)
+        loads[rank] += lengths[i]
+    return [sorted(p) for p in parts]
+
+
+def plan_micro_batches(
+    lengths: Sequence[int], config: PackingConfig, *, world_size: int = 1, rank: int = 0
+) -> list[list[int]]:
+    """This rank's micro-batches as lists of indices into ``lengths`` (input-token counts)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank!r}")
+    _check_lengths(lengths, config.max_tokens)
+    mine = partition_for_ranks(lengths, world_size)[rank]
+    local = pack_indices([lengths[i] for i in mine], config.max_tokens, config.algorithm)
+    return [[mine[j] for j in b] for b in local]
+
+
+@dataclass
+class MicroBatch:
+    """One packed row, shifted for next-token scoring; every tensor is 1-D of length ``N``.
+
+    Position ``p`` holds input token ``x_p`` and describes the prediction of ``x_{p+1}`` of the
+    same sequence: ``target_ids``, ``loss_mask``, ``advantages``, the logprobs and ``denominators``
+    all refer to that next token. The last token of each sequence is not an input.
+    ``sequence_ids`` numbers the sequences of this row 0..k-1; ``indices`` are their batch indices.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    target_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    denominators: torch.Tensor
+    sequence_ids: torch.Tensor
+    indices: list[int]
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def split(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """Cut a per-position tensor back into one piece per sequence (length ``len(tokens) - 1``)."""
+        counts = torch.bincount(self.sequence_ids, minlength=len(self.indices)).tolist()
+        return list(torch.split(values, counts))
+
+
+def _shifted(seq: TrainSequence, name: str) -> list[float]:
+    values = getattr(seq, name)
+    return [float(v) for v in values[1:]]
+
+
+def collate(sequences: Sequence[TrainSequence], indices: Sequence[int], *, dtype: torch.dtype = torch.float32,
+            device: torch.device | None = None) -> MicroBatch:
+    """Pack ``sequences[i] for i in indices`` into one :class:`MicroBatch` (float fields in ``dtype``)."""
+    if not indices:
+        raise ValueError("indices: expected at least one sequence for a micro-batch, got none")
+    picked = [sequences[i] for i in indices]
+    inputs: list[int] = []
+    positions: list[int] = []
+    targets: list[int] = []
+    seq_ids: list[int] = []
+    for k, seq in enumerate(picked):
+        n = len(seq.tokens) - 1
+        inputs += seq.tokens[:-1]
+        targets += seq.tokens[1:]
+        positions += list(range(n))
+        seq_ids += [k] * n
+    with_old = all(s.old_logprobs is not None for s in picked)
+    with_ref = all(s.ref_logprobs is not None for s in picked)
+
+    def floats(name: str) -> torch.Tensor:
+        return torch.tensor([v for s in picked for v in _shifted(s, name)], dtype=dtype, device=device)
+
+    return MicroBatch(
+        input_ids=torch.tensor(inputs, dtype=torch.long, device=device),
+        position_ids=torch.tensor(positions, dtype=torch.long, device=device),
+        target_ids=torch.tensor(targets, dtype=torch.long, device=device),
+        loss_mask=floats("loss_mask"),
+        advantages=floats("advantages"),
+        rollout_logprobs=floats("rollout_logprobs"),
+        denominators=torch.tensor([s.denominator for s in picked for _ in range(len(s.tokens) - 1)],
+                                  dtype=dtype, device=device),
+        sequence_ids=torch.tensor(seq_ids, dtype=torch.long, device=device),
+        indices=list(indices),
+        old_logprobs=floats("old_logprobs") if with_old else None,
+        ref_logprobs=floats("ref_logprobs") if with_ref else None,
+    )
