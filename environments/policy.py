@@ -75,16 +75,15 @@ class EnvLimits:
       exactly still lets the model answer on its next turn.
     - ``max_context_tokens``: the whole episode's token budget (prompt + every turn), enforced by
       the agent loop, which never asks the engine for more new tokens than the budget leaves.
-    - ``max_new_tokens``: the per-turn generation cap.
+      (The per-turn generation cap is a sampling setting of the agent, not an environment limit.)
     """
 
     max_turns: int = 16
     max_tool_calls: int = 16
     max_context_tokens: int | None = None
-    max_new_tokens: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tool_calls", "max_new_tokens"):
+        for name in ("max_turns", "max_tool_calls"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EnvLimits.{name}: got {value!r}; expected an integer >= 1")

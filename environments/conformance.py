@@ -1,0 +1,325 @@
+"""``agentrl env check``: run an environment through scripted replies and report contract violations.
+
+No model is involved. For each dataset row the checker builds environments and drives them with
+message-level replies (a reply calling every registered tool with arguments made up from its
+schema, a reply with an unknown tool and a parse failure, a final answer), then reports:
+
+- ``exception``: an exception escaping ``__init__``, ``reset``, ``step``, ``reward`` or ``close``;
+- ``contract``: ``reset`` not returning messages, a bad ``StepResult``, an episode that never ends;
+- ``shared_state``: the row or a class attribute changed, or two identical episodes diverged;
+- ``step_after_done``: ``step`` accepted after the episode was done (it must raise);
+- ``pickle``: a fresh environment that cannot be pickled (naming the attributes at fault);
+- ``leak``: processes (or Docker containers) started during the episode still alive after ``close``;
+- ``reward_range``: a reward outside the class's declared ``reward_range``, or not a number.
+
+Example::
+
+    report = asyncio.run(check_environment(ToyArithmeticEnv, rows[:3]))
+    print(report.format()); assert report.ok
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import os
+import pickle
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
+from agentrl.environments.base import Environment, EpisodeDoneError, StepResult
+from agentrl.rewards.types import as_reward, score
+from agentrl.trajectory import Trajectory
+
+__all__ = ["CheckReport", "Violation", "check_environment", "example_arguments"]
+
+_FINAL_ANSWER = "The answer is \\boxed{0}."
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken contract: which check, on which row, and what happened."""
+
+    check: str
+    message: str
+    row: int | None = None
+
+    def __str__(self) -> str:
+        where = f"row {self.row}: " if self.row is not None else ""
+        return f"[{self.check}] {where}{self.message}"
+
+
+@dataclass
+class CheckReport:
+    env_name: str
+    rows_checked: int = 0
+    episodes: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def checks_failed(self) -> set[str]:
+        return {v.check for v in self.violations}
+
+    def format(self) -> str:
+        head = (f"{self.env_name}: {self.rows_checked} rows, {self.episodes} episodes, "
+                f"{len(self.violations)} violation(s)")
+        return "\n".join([head, *(f"  {v}" for v in self.violations)]) if self.violations else head + " — OK"
+
+
+def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments that satisfy a JSON schema's required properties (defaults, first enum, simple values)."""
+    props = schema.get("properties", {}) or {}
+    out: dict[str, Any] = {}
+    for name in schema.get("required", list(props)) or []:
+        spec = props.get(name, {}) or {}
+        if "default" in spec:
+            out[name] = spec["default"]
+        elif spec.get("enum"):
+            out[name] = spec["enum"][0]
+        else:
+            t = spec.get("type", "string")
+            t = t[0] if isinstance(t, list) and t else t
+            values: dict[str, Any] = {"integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {},
+                                      "null": None}
+            out[name] = values.get(t, "print(1)" if name in ("code", "source", "program") else "1")
+    return out
+
+
+def _descendants() -> set[tuple[int, str]]:
+    """(pid, start time) of every live descendant process of this one (Linux /proc)."""
+    parent: dict[int, int] = {}
+    start: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] == "Z":  # a zombie is dead; its parent just has not reaped it yet
+            continue
+        parent[int(entry)], start[int(entry)] = int(fields[1]), fields[19]
+    me, found, frontier = os.getpid(), set(), [os.getpid()]
+    while frontier:
+        p = frontier.pop()
+        for child, ppid in parent.items():
+            if ppid == p and child != me and (child, start[child]) not in found:
+                found.add((child, start[child]))
+                frontier.append(child)
+    return found
+
+
+def _containers() -> set[str] | None:
+    if shutil.which("docker") is None:
+        return None
+    try:
+        out = subprocess.run(["docker", "ps", "-q", "--no-trunc"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(out.stdout.split()) if out.returncode == 0 else None
+
+
+def _class_state(cls: type) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if klass is object or klass is Environment:
+            continue
+        for name, value in vars(klass).items():
+            if name.startswith("__") or callable(value) or isinstance(value, classmethod | staticmethod | property):
+                continue
+            try:  # pickled bytes compare by value even for objects without __eq__ (tools, configs)
+                state[f"{klass.__name__}.{name}"] = pickle.dumps(value)
+            except Exception:
+                state[f"{klass.__name__}.{name}"] = repr(value)
+    return state
+
+
+def _unpicklable_parts(env: Environment) -> list[str]:
+    bad = []
+    for name, value in vars(env).items():
+        try:
+            pickle.dumps(value)
+        except Exception as exc:
+            bad.append(f"{name} ({type(exc).__name__}: {str(exc)[:80]})")
+    return bad
+
+
+@dataclass
+class _Episode:
+    """Drives one environment through a script; collects a transcript and violations."""
+
+    env_cls: type[Environment]
+    row: Any
+    row_index: int
+    script: str
+    violations: list[Violation] = field(default_factory=list)
+    transcript: list[Any] = field(default_factory=list)
+
+    def fail(self, check: str, message: str) -> None:
+        self.violations.append(Violation(check, f"[{self.script} episode] {message}", self.row_index))
+
+    def replies(self, env: Environment) -> list[tuple[Message, list[ToolCallFailure]]]:
+        answer: tuple[Message, list[ToolCallFailure]] = (Message(role="assistant", content=_FINAL_ANSWER), [])
+        if self.script == "tools" and env.tool_specs():
+            calls = [ToolCall(name=s["function"]["name"], id=f"call_{i}",
+                              arguments=example_arguments(s["function"].get("parameters") or {}))
+                     for i, s in enumerate(env.tool_specs())]
+            return [(Message(role="assistant", content="Let me use the tools.", tool_calls=calls), []), answer]
+        if self.script == "failures":
+            bad = ToolCallFailure(FailureKind.MALFORMED_JSON, "expected a JSON object", raw="<tool_call>{oops")
+            ghost = ToolCall(name="no_such_tool_xyz", arguments={}, id="call_ghost")
+            return [(Message(role="assistant", content="Trying.", tool_calls=[ghost]), [bad]), answer]
+        return [answer]
+
+    async def guarded(self, what: str, coro: Any) -> tuple[bool, Any]:
+        try:
+            return True, await coro
+        except Exception as exc:
+            self.fail("exception", f"{what} raised {type(exc).__name__}: {str(exc)[:200]}")
+            return False, None
+
+    async def run(self) -> None:
+        procs0, containers0 = _descendants(), _containers()
+        try:
+            env = self.env_cls(self.row)
+        except Exception as exc:
+            self.fail("exception", f"{self.env_cls.__name__}(row) raised {type(exc).__name__}: {str(exc)[:200]}")
+            return
+        if self.script == "tools" and _not_picklable(env):
+            bad = _unpicklable_parts(env)
+            self.fail("pickle", "a fresh environment cannot be pickled: " + (", ".join(bad) or "(the instance)"))
+        try:
+            await self.drive(env)
+        finally:
+            await self.guarded("close()", env.close())
+        await self.check_leaks(procs0, containers0)
+
+    async def drive(self, env: Environment) -> None:
+        ok, opening = await self.guarded("reset()", env.reset())
+        if not ok:
+            return
+        if not isinstance(opening, list) or not opening or not all(isinstance(m, Message) for m in opening):
+            self.fail("contract", f"reset() must return a non-empty list of Message, got {opening!r:.120}")
+            return
+        messages = list(opening)
+        self.transcript.append([m.to_dict() for m in opening])
+        script = self.replies(env)
+        limit = env.limits.max_turns + 2
+        done = False
+        for turn in range(limit):
+            reply, failures = script[min(turn, len(script) - 1)]
+            ok, res = await self.guarded(f"step() on turn {turn + 1}", env.step(reply, failures))
+            if not ok:
+                return
+            if not isinstance(res, StepResult):
+                self.fail("contract", f"step() must return a StepResult, got {type(res).__name__}")
+                return
+            self.check_picklable(res, f"StepResult of turn {turn + 1}")
+            messages.append(reply)
+            messages.extend(res.messages)
+            self.transcript.append(([m.to_dict() for m in res.messages], res.done,
+                                    res.stop_reason.value if res.stop_reason else None))
+            if res.done:
+                done = True
+                break
+        if not done:
+            self.fail("contract", f"the episode did not end after {limit} turns (max_turns={env.limits.max_turns})")
+            return
+        await self.check_step_after_done(env, script[-1])
+        await self.check_reward(env, messages)
+
+    def check_picklable(self, obj: Any, what: str) -> None:
+        try:
+            pickle.dumps(obj)
+        except Exception as exc:
+            self.fail("pickle", f"{what} cannot be pickled: {type(exc).__name__}: {str(exc)[:120]}")
+
+    async def check_step_after_done(self, env: Environment, reply: tuple[Message, list[ToolCallFailure]]) -> None:
+        try:
+            await env.step(*reply)
+        except Exception:
+            return  # refused, as it must be (EpisodeDoneError for the base class)
+        self.fail("step_after_done", "step() was accepted after the episode was done; it must raise "
+                  f"{EpisodeDoneError.__name__}")
+
+    async def check_reward(self, env: Environment, messages: list[Message]) -> None:
+        traj = Trajectory.from_prompt([0], messages=messages)
+        try:
+            reward = await score(env.reward, traj, timeout_s=60)
+        except Exception as exc:
+            self.fail("reward_range" if isinstance(exc, TypeError | ValueError) else "exception",
+                      f"reward() failed: {type(exc).__name__}: {str(exc)[:200]}")
+            return
+        lo, hi = type(env).reward_range
+        if not (lo <= as_reward(reward).value <= hi) or not math.isfinite(reward.value):
+            self.fail("reward_range", f"reward {reward.value!r} lies outside the declared reward_range ({lo}, {hi})")
+        self.transcript.append(reward.value)
+
+    async def check_leaks(self, procs0: set[tuple[int, str]], containers0: set[str] | None) -> None:
+        leaked: set[tuple[int, str]] = set()
+        for _ in range(20):  # give terminated processes up to ~1 s to disappear
+            leaked = _descendants() - procs0
+            if not leaked:
+                break
+            await asyncio.sleep(0.05)
+        if leaked:
+            self.fail("leak", f"{len(leaked)} process(es) started during the episode are alive after close(): "
+                      + ", ".join(_describe(pid) for pid, _ in sorted(leaked)[:5]))
+        containers1 = _containers() if containers0 is not None else None
+        if containers0 is not None and containers1 is not None and containers1 - containers0:
+            self.fail("leak", f"{len(containers1 - containers0)} Docker container(s) started during the episode "
+                      "are still running after close()")
+
+
+def _not_picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:
+        return True
+    return False
+
+
+def _describe(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = "?"
+    return f"pid {pid} ({cmd[:60]})"
+
+
+async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, max_rows: int = 3) -> CheckReport:
+    """Runs the scripted episodes on up to ``max_rows`` rows and returns every violation found."""
+    if not (isinstance(env_cls, type) and issubclass(env_cls, Environment)):
+        raise TypeError(f"check_environment: expected an Environment subclass, got {env_cls!r}")
+    if not rows:
+        raise ValueError("check_environment: rows is empty; expected at least one dataset row")
+    report = CheckReport(env_name=f"{env_cls.__module__}:{env_cls.__qualname__}")
+    for index, row in enumerate(rows[:max_rows]):
+        row_before, class_before = copy.deepcopy(row), _class_state(env_cls)
+        runs = [_Episode(env_cls, row, index, s) for s in ("tools", "tools", "failures", "answer")]
+        for ep in runs:
+            await ep.run()
+            report.violations.extend(ep.violations)
+            report.episodes += 1
+        if row != row_before:
+            report.violations.append(Violation("shared_state", "the dataset row was modified by an episode", index))
+        changed = [k for k, v in _class_state(env_cls).items() if class_before.get(k, v) != v]
+        if changed:
+            report.violations.append(Violation("shared_state", "class attributes changed across episodes: "
+                                               + ", ".join(sorted(changed)), index))
+        if runs[0].transcript and runs[1].transcript and runs[0].transcript != runs[1].transcript:
+            report.violations.append(Violation("shared_state", "two identical episodes produced different "
+                                               "transcripts (state leaks from one episode into the next)", index))
+        report.rows_checked += 1
+    return report

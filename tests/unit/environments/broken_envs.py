@@ -1,0 +1,102 @@
+"""Deliberately broken environments: each breaks exactly one contract that ``agentrl env check`` verifies.
+
+Also used by the CLI test as ``module:Class`` targets.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from typing import Any, ClassVar
+
+from agentrl.chat.types import Message, ToolCallFailure
+from agentrl.environments.base import Environment, StepResult
+from agentrl.rewards import final_answer_text, math_answer_reward
+from agentrl.trajectory import StopReason, Trajectory
+
+
+class EchoTool:
+    name = "echo"
+    description = "Echo the text back."
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {"text": {"type": "string"}},
+                                            "required": ["text"]}
+
+    async def __call__(self, **arguments: Any) -> str:
+        return str(arguments["text"])
+
+
+class GoodEnv(Environment):
+    """A correct environment: the baseline every check passes on."""
+
+    tools = (EchoTool(),)
+
+    async def reset(self) -> list[Message]:
+        return [Message(role="user", content=f"Say {self.task['answer']}.")]
+
+    def reward(self, trajectory: Trajectory) -> float:
+        return math_answer_reward(final_answer_text(trajectory.messages), str(self.task["answer"]))
+
+
+class SharedStateEnv(GoodEnv):
+    history: ClassVar[list[str]] = []  # class-level and mutated: leaks from one episode into the next
+
+    async def reset(self) -> list[Message]:
+        self.history.append("episode")
+        return [Message(role="user", content=f"Episode number {len(self.history)}.")]
+
+
+class RowMutatingEnv(GoodEnv):
+    def __init__(self, task: Any, **kw: Any) -> None:
+        super().__init__(task, **kw)
+        self.raw = task  # keeps the caller's row instead of the copy
+
+    async def reset(self) -> list[Message]:
+        self.raw["seen"] = True
+        return await super().reset()
+
+
+class StepAfterDoneEnv(GoodEnv):
+    async def step(self, reply: Message, failures: Any = ()) -> StepResult:
+        self.turns += 1  # overrides step without the done guard
+        return StepResult(done=True, stop_reason=StopReason.NO_TOOL_CALLS)
+
+
+class UnpicklableEnv(GoodEnv):
+    def __init__(self, task: Any, **kw: Any) -> None:
+        super().__init__(task, **kw)
+        self.lock = threading.Lock()
+
+
+LEAKED: list[subprocess.Popen[bytes]] = []  # for the test's cleanup only
+
+
+class LeakyEnv(GoodEnv):
+    async def reset(self) -> list[Message]:
+        LEAKED.append(subprocess.Popen(["sleep", "30"]))  # never stopped in close()
+        return await super().reset()
+
+
+class OutOfRangeEnv(GoodEnv):
+    def reward(self, trajectory: Trajectory) -> float:
+        return 5.0
+
+
+class RaisingEnv(GoodEnv):
+    async def step(self, reply: Message, failures: Any = ()) -> StepResult:
+        if reply.tool_calls or failures:
+            raise KeyError("tool output missing")
+        return await super().step(reply, failures)
+
+
+class EndlessEnv(GoodEnv):
+    async def step(self, reply: Message, failures: Any = ()) -> StepResult:
+        self._begin_step()
+        return StepResult(messages=[Message(role="user", content="keep going")])
+
+
+class NotMessagesEnv(GoodEnv):
+    async def reset(self) -> list[Message]:
+        return ["just a string"]  # type: ignore[list-item]
+
+
+__all__ = ["EchoTool", "GoodEnv", "ToolCallFailure"]
