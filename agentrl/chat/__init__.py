@@ -3,7 +3,14 @@
 Environments speak messages; this package owns the tokens of a conversation.
 """
 
-from agentrl.chat.bridge import BridgeOutcome, BridgePiece, BridgeResult, PieceKind, bridge_turn
+from agentrl.chat.bridge import (
+    BridgeOutcome,
+    BridgePiece,
+    BridgeResult,
+    BridgeSession,
+    PieceKind,
+    bridge_turn,
+)
 from agentrl.chat.template import (
     TEMPLATE_NAMES,
     ChatTemplate,
@@ -28,6 +35,7 @@ __all__ = [
     "BridgeOutcome",
     "BridgePiece",
     "BridgeResult",
+    "BridgeSession",
     "ChatTemplate",
     "ChatTemplateError",
     "FailureKind",

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentrl.chat._jinja import normalize_messages
+from agentrl.chat._jinja import normalize_messages, normalize_tools
 
 if TYPE_CHECKING:
     from agentrl.chat.template import ChatTemplate
 
-__all__ = ["BridgeOutcome", "BridgePiece", "BridgeResult", "PieceKind", "bridge_turn"]
+__all__ = ["BridgeOutcome", "BridgePiece", "BridgeResult", "BridgeSession", "PieceKind", "bridge_turn"]
 
 PieceKind = Literal["scaffold", "tool", "user"]
 
@@ -43,9 +43,14 @@ class BridgeOutcome(str, Enum):
     """How the next prompt can be built from the tokens so far."""
 
     APPEND = "append"
-    """The prefix property holds: append ``pieces`` after the sampled ids."""
+    """The prefix property holds: append ``pieces`` after the sampled ids; the result is the full render."""
     NOT_APPEND_ONLY = "not_append_only"
     """The full render rewrites the history: fork a new sequence from ``full_render_ids`` or re-render."""
+    SAMPLED_TEXT_DIFFERS = "sampled_text_differs"
+    """(:class:`BridgeSession` only) The prefix property holds for the messages, but the sampled turn does
+    not re-render to the text the model wrote (key order, spacing, ``true`` vs ``True``...). ``pieces``
+    are still correct to append after the sampled ids (token-in, token-out), but the next prompt is
+    then not the full render: ``full_render_ids`` holds that one."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +158,92 @@ def bridge_turn(template: ChatTemplate, token_ids: Sequence[int], messages: Sequ
                             reason=_divergence(prefix, full),
                             full_render_ids=full_ids if full_ids is not None else tuple(template.tokenize(full)),
                             history_matches=history_matches)
+    pieces = _pieces(template, turn_closed, full[len(prefix):], _env_kind(added))
+    reason = "prefix property holds" + ("" if turn_closed else "; synthetic turn close added (not sampled)")
+    return BridgeResult(BridgeOutcome.APPEND, pieces, prefix_ok=True, turn_closed=turn_closed,
+                        reason=reason, full_render_ids=full_ids, history_matches=history_matches)
+
+
+def _pieces(template: ChatTemplate, turn_closed: bool, segment: str, kind: PieceKind) -> tuple[BridgePiece, ...]:
     pieces: list[BridgePiece] = []
     if not turn_closed:
-        pieces.append(BridgePiece((close_id,), "scaffold", template.turn_close))
-    segment = full[len(prefix):]
-    pieces.append(BridgePiece(tuple(template.tokenize(segment)), _env_kind(added), segment))
-    reason = "prefix property holds" + ("" if turn_closed else "; synthetic turn close added (not sampled)")
-    return BridgeResult(BridgeOutcome.APPEND, tuple(pieces), prefix_ok=True, turn_closed=turn_closed,
-                        reason=reason, full_render_ids=full_ids, history_matches=history_matches)
+        pieces.append(BridgePiece((template.turn_close_id,), "scaffold", template.turn_close))
+    pieces.append(BridgePiece(tuple(template.tokenize(segment)), kind, segment))
+    return tuple(pieces)
+
+
+class BridgeSession:
+    """The bridge for one episode, with one full render per turn instead of two.
+
+    It keeps the text its token buffer decodes to (the prompt's render, then each sampled turn's
+    decoded ids and each appended segment). Each :meth:`step` renders the conversation with the new
+    messages once and checks that it starts with that text, which is a stronger check than
+    :func:`bridge_turn`'s: it proves the next prompt *is* the full render, sampled text included.
+    Only when it fails does it render the history alone, to tell a template that rewrites history
+    (``NOT_APPEND_ONLY``) from a sampled turn that re-renders differently (``SAMPLED_TEXT_DIFFERS``).
+
+    Single-use and not thread-safe: one session per episode, steps in order. After a step whose
+    outcome is not ``APPEND`` the session is closed; fork a new one from ``full_render_ids``.
+
+    Example::
+
+        session = BridgeSession(template, messages, tools=tools)      # messages: the opening conversation
+        ids = session.prompt_ids
+        ...                                                           # sample `out` from ids, parse it
+        result = session.step(out, parsed.to_message(), env_messages)
+        if result.outcome is BridgeOutcome.APPEND:
+            ids += out + result.ids
+    """
+
+    def __init__(self, template: ChatTemplate, messages: Sequence[Any], *, tools: Sequence[Any] | None = None,
+                 **template_kwargs: Any) -> None:
+        self.template = template
+        self.tools = normalize_tools(tools)
+        self.template_kwargs = template_kwargs
+        self.messages: list[dict[str, Any]] = normalize_messages(messages)
+        self._text = template.render_normalized(self.messages, self.tools, add_generation_prompt=True,
+                                                **template_kwargs)
+        self.prompt_ids: list[int] = template.tokenize(self._text)
+        self.closed = False
+
+    @property
+    def text(self) -> str:
+        """What the token buffer decodes to so far (the last verified full render, plus nothing sampled)."""
+        return self._text
+
+    def step(self, sampled_ids: Sequence[int], assistant: Any, new_messages: Sequence[Any]) -> BridgeResult:
+        """Bridges one turn: ``sampled_ids`` verbatim from the engine, ``assistant`` the parsed reply as a
+        message, ``new_messages`` the environment's reply. See :class:`BridgeOutcome`."""
+        if self.closed:
+            raise ValueError("BridgeSession.step: the session ended with a non-append outcome; start a new one")
+        tpl = self.template
+        (reply,) = normalize_messages([assistant])
+        if reply.get("role") != "assistant":
+            raise ValueError(f"BridgeSession.step: assistant: expected role 'assistant', got {reply.get('role')!r}")
+        if isinstance(new_messages, (str, bytes)) or len(new_messages) == 0:
+            raise ValueError(f"BridgeSession.step: new_messages: expected at least one message, got {new_messages!r:.80}")
+        added = normalize_messages(new_messages)
+        ids = [int(t) for t in sampled_ids]
+        turn_closed = bool(ids) and ids[-1] == tpl.turn_close_id
+        seen = self._text + tpl.decode(ids) + ("" if turn_closed else tpl.turn_close)
+        history = [*self.messages, reply]
+        full = tpl.render_normalized(history + added, self.tools, add_generation_prompt=True, **self.template_kwargs)
+        kind = _env_kind(added)
+        if full.startswith(seen):
+            segment = full[len(seen):]
+            self.messages = history + added
+            self._text = full
+            reason = "next prompt equals the full render" + ("" if turn_closed else "; synthetic turn close added")
+            return BridgeResult(BridgeOutcome.APPEND, _pieces(tpl, turn_closed, segment, kind), prefix_ok=True,
+                                turn_closed=turn_closed, reason=reason, history_matches=True)
+        self.closed = True
+        full_ids = tuple(tpl.tokenize(full))
+        prefix = _history_prefix(tpl, history, self.tools, self.template_kwargs)
+        if not full.startswith(prefix):
+            return BridgeResult(BridgeOutcome.NOT_APPEND_ONLY, (), prefix_ok=False, turn_closed=turn_closed,
+                                reason=_divergence(prefix, full), full_render_ids=full_ids,
+                                history_matches=seen == prefix)
+        return BridgeResult(BridgeOutcome.SAMPLED_TEXT_DIFFERS, _pieces(tpl, turn_closed, full[len(prefix):], kind),
+                            prefix_ok=True, turn_closed=turn_closed,
+                            reason="the sampled turn re-renders differently: " + _divergence(seen, prefix),
+                            full_render_ids=full_ids, history_matches=False)

@@ -135,11 +135,16 @@ class ChatTemplate:
         and the like) are passed to the template. Raises :class:`ChatTemplateError` where the
         template raises, ``TypeError``/``ValueError`` for input that is not a conversation.
         """
+        return self.render_normalized(normalize_messages(messages), normalize_tools(tools), add_generation_prompt,
+                                      **template_kwargs)
+
+    def render_normalized(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                          add_generation_prompt: bool = False, **template_kwargs: Any) -> str:
+        """:meth:`render` for input already passed through ``normalize_messages``/``normalize_tools``
+        (the bridge keeps its history normalised and skips that work on every turn)."""
         variables: dict[str, Any] = {**self._special_tokens, "documents": None, **template_kwargs}
-        msgs = normalize_messages(messages)
-        schemas = normalize_tools(tools)
         try:
-            return self._compiled.render(messages=msgs, tools=schemas,
+            return self._compiled.render(messages=messages, tools=tools,
                                          add_generation_prompt=add_generation_prompt, **variables)
         except _RENDER_ERRORS as exc:
             raise ChatTemplateError(f"template {self.name!r} rejected the conversation: "
