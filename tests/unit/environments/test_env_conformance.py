@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+# broken_envs sits next to this file; pytest puts this folder on sys.path (no __init__.py here).
+import broken_envs as b  # type: ignore[import-not-found]
 import pytest
 
 from agentrl.environments.conformance import check_environment, example_arguments
-
-from . import broken_envs as b  # type: ignore[import-not-found]
 
 ROWS = [{"answer": "3"}, {"answer": "4"}]
 
