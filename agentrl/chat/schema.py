@@ -34,6 +34,7 @@ import jsonschema.validators
 from agentrl.chat.types import FailureKind, ToolCallFailure
 
 __all__ = [
+    "check_parameters_schema",
     "convert_xml_value",
     "json_value",
     "tool_name",
@@ -271,6 +272,12 @@ def _compiled(tool: str, schema: Mapping[str, Any]) -> Any:
         return _validator(key)
     except jsonschema.exceptions.SchemaError as exc:
         raise ValueError(f"tool {tool!r}: parameters is not a valid JSON schema: {exc.message}") from exc
+
+
+def check_parameters_schema(tool_name: str, schema: Mapping[str, Any] | None) -> None:
+    """Raises ``ValueError`` naming the tool when ``schema`` is not a valid JSON schema (``{}``/None are valid)."""
+    if schema:
+        _compiled(tool_name, schema)
 
 
 def _expected(err: jsonschema.exceptions.ValidationError) -> str:
