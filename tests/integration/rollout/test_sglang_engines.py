@@ -1,0 +1,177 @@
+"""Real sglang-router + two real CPU SGLang servers serving the tiny Qwen3 model.
+
+One engine group per module (startup costs ~20-40 s of CPU); the engine-kill test runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from agentrl.rollout import (
+    ClientConfig,
+    EngineConfig,
+    EngineError,
+    EngineGroup,
+    FinishKind,
+    HealthConfig,
+    InferenceClient,
+    PromptTooLongError,
+    RouterConfig,
+    RouterPolicy,
+    SamplingParams,
+    SGLangEngine,
+)
+from agentrl.testing import build_tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"),
+              pytest.mark.timeout(600)]
+
+CONTEXT = 512
+PROMPT = [101, 102, 103, 104, 105, 106, 107, 108]
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EngineGroup]:
+    logs = tmp_path_factory.mktemp("engine-logs")
+    model = str(build_tiny_model())
+    configs = [EngineConfig(model_path=model, device="cpu", context_length=CONTEXT, max_total_tokens=4096,
+                            random_seed=i, log_dir=logs, startup_timeout_s=300) for i in range(2)]
+    g = await EngineGroup.launch(configs, RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING, log_dir=logs),
+                                 HealthConfig(check_interval_s=0.5, failure_threshold=3, max_restarts=2))
+    g.start_monitor()
+    try:
+        yield g
+    finally:
+        await g.shutdown()
+        assert all(not e.alive() for e in g.engines) and not g.router.process.alive()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(group: EngineGroup) -> AsyncIterator[InferenceClient]:
+    async with group.client(backoff_initial_s=0.1, max_retries=6) as c:
+        yield c
+
+
+async def test_generate_with_logprobs_and_rescore(client: InferenceClient) -> None:
+    res = await client.generate(PROMPT, SamplingParams(max_new_tokens=16, temperature=1.0), routing_key="rescore")
+    assert res.finish_reason.kind is FinishKind.LENGTH
+    assert len(res.output_ids) == len(res.output_logprobs) == res.completion_tokens == 16
+    assert res.prompt_tokens == len(PROMPT) and res.weight_version is not None
+    assert all(lp <= 0.0 for lp in res.output_logprobs) and any(lp < -0.01 for lp in res.output_logprobs)
+    # SGLang re-scores prompt + returned ids: the prompt-side logprobs of the generated positions must
+    # equal the logprobs returned with the generation (up to bf16 noise)
+    full = PROMPT + list(res.output_ids)
+    score = await client.generate(full, SamplingParams(max_new_tokens=0), logprob_start_len=0, routing_key="rescore")
+    assert score.input_ids_scored == tuple(full)
+    assert score.input_logprobs[0] is None
+    rescored = score.input_logprobs[len(PROMPT):]
+    assert rescored == pytest.approx(res.output_logprobs, abs=0.05)
+
+
+async def test_matched_stop_token_is_returned_with_its_logprob(client: InferenceClient) -> None:
+    first = await client.generate(PROMPT, GREEDY, routing_key="stop")
+    stop_id = first.output_ids[2]
+    res = await client.generate(PROMPT, GREEDY.replace(stop_token_ids=(stop_id,)), routing_key="stop")
+    assert res.finish_reason.kind is FinishKind.STOP and res.finish_reason.matched == stop_id
+    assert res.output_ids[-1] == stop_id and res.output_ids == first.output_ids[: len(res.output_ids)]
+    assert len(res.output_logprobs) == len(res.output_ids)
+
+
+async def test_abort_mid_generation_returns_partial_result(client: InferenceClient) -> None:
+    params = SamplingParams(max_new_tokens=CONTEXT - len(PROMPT) - 4, ignore_eos=True)
+    task = asyncio.ensure_future(client.generate(PROMPT, params, rid="to-abort", routing_key="abort"))
+    await asyncio.sleep(1.0)
+    assert not task.done()
+    await client.abort("to-abort")
+    res = await asyncio.wait_for(task, 60)
+    assert res.aborted and res.finish_reason.kind is FinishKind.ABORT
+    assert 0 < len(res.output_ids) < params.max_new_tokens
+    assert len(res.output_logprobs) == len(res.output_ids)
+
+
+async def test_too_long_prompt_is_rejected_not_retried(client: InferenceClient) -> None:
+    with pytest.raises(PromptTooLongError, match="context length"):
+        await client.generate([5] * (CONTEXT + 10), SamplingParams(max_new_tokens=4))
+
+
+async def test_consistent_hashing_keeps_a_session_on_one_engine(group: EngineGroup,
+                                                               client: InferenceClient) -> None:
+    # Label each engine with its own weight version: the result then names the engine that served it.
+    for i, engine in enumerate(group.engines):
+        await engine.update_weight_version(f"engine-{i}")
+    served: dict[str, set[str | None]] = {}
+    for key in [f"session-{i}" for i in range(8)]:
+        for _ in range(3):
+            res = await client.generate(PROMPT, SamplingParams(max_new_tokens=2), routing_key=key)
+            served.setdefault(key, set()).add(res.weight_version)
+    assert all(len(v) == 1 for v in served.values()), served
+    assert set().union(*served.values()) == {"engine-0", "engine-1"}
+
+
+async def test_weight_update_from_disk_changes_version_and_outputs(group: EngineGroup,
+                                                                   client: InferenceClient) -> None:
+    before = await client.generate(PROMPT, GREEDY, routing_key="weights")
+    await group.update_weights_from_disk(build_tiny_model(seed=1), "7")
+    after = await client.generate(PROMPT, GREEDY, routing_key="weights")
+    assert after.weight_version == "7" and before.weight_version != "7"
+    assert after.output_logprobs != pytest.approx(before.output_logprobs, abs=0.05)
+    assert all([await e.weight_version() for e in group.engines]) and {await e.weight_version()
+                                                                       for e in group.engines} == {"7"}
+    await group.update_weights_from_disk(build_tiny_model(seed=0), "8")
+    back = await client.generate(PROMPT, GREEDY, routing_key="weights")
+    assert back.weight_version == "8"
+    assert back.output_ids == before.output_ids
+    assert back.output_logprobs == pytest.approx(before.output_logprobs, abs=0.05)
+
+
+async def test_pause_continue_and_flush(group: EngineGroup) -> None:
+    engine = group.engines[0]
+    async with InferenceClient(ClientConfig(base_url=engine.url)) as direct:
+        await engine.pause_generation("retract")
+        task = asyncio.ensure_future(direct.generate(PROMPT, SamplingParams(max_new_tokens=4)))
+        await asyncio.sleep(1.5)
+        assert not task.done()
+        await engine.continue_generation()
+        res = await asyncio.wait_for(task, 60)
+    assert res.finish_reason.kind is FinishKind.LENGTH and len(res.output_ids) == 4
+    await engine.flush_cache()
+
+
+async def test_attach_checks_server_info(group: EngineGroup) -> None:
+    engine = group.engines[1]
+    assert engine.config is not None
+    attached = await SGLangEngine.attach(engine.url, engine.config)
+    assert attached.process is None and await attached.healthy()
+    with pytest.raises(EngineError, match=r"context_length: engine has 512, expected 1024"):
+        await SGLangEngine.attach(engine.url, {"context_length": 1024, "tp_size": 1})
+
+
+async def test_killed_engine_loses_no_request_and_is_restarted(group: EngineGroup,
+                                                               client: InferenceClient) -> None:
+    victim = group.engines[0]
+    assert victim.process is not None
+    old_pid = victim.process.pid
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    tasks = [asyncio.ensure_future(client.generate(PROMPT, params, routing_key=f"kill-{i}")) for i in range(16)]
+    await asyncio.sleep(1.0)
+    victim.process.kill_now()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 180)
+    completed = [r for r in results if r.finish_reason.kind is FinishKind.LENGTH]
+    aborted = [r for r in results if r.aborted]
+    print(f"engine killed mid-batch: {len(completed)} completed, {len(aborted)} came back aborted")
+    assert len(completed) + len(aborted) == 16
+    assert all(len(r.output_ids) == 48 for r in completed)
+    assert len(completed) >= 8  # retried on the surviving engine
+    await group.wait_all_in_rotation(timeout_s=300)
+    kinds = [e.kind for e in group.events if e.url == victim.url]
+    assert kinds[:3] == ["dead", "removed", "restarted"], group.events
+    assert victim.process.pid != old_pid and victim.alive() and victim.restarts == 1
+    assert {w["url"] for w in await group.router.workers()} == set(group.engine_urls())
+    res = await client.generate(PROMPT, SamplingParams(max_new_tokens=4), routing_key="after-restart")
+    assert res.finish_reason.kind is FinishKind.LENGTH
+
