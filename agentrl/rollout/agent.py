@@ -13,6 +13,12 @@
    a synthetic turn close as ``scaffold`` when the turn stopped on ``</tool_call>``, then the tool
    or user segment in the template's own framing; repeat.
 
+The bridge runs as a :class:`~agentrl.chat.bridge.BridgeSession`, which proves each next prompt
+equals a full render of the conversation. When a sampled turn does not re-render to the text the
+model wrote (``sampled_text_differs``: key order, spacing...), the sampled ids still stand (token
+in, token out), the outcome is counted in ``metrics["bridge/sampled_text_differs"]``, and later
+turns use the stateless prefix-checked bridge (:meth:`~agentrl.chat.ChatTemplate.bridge`).
+
 Termination (first terminal condition wins; the trajectory never overwrites an earlier one):
 
 =====================  ==========  ==================================================================
@@ -55,7 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentrl.chat.bridge import BridgeOutcome, BridgeResult
+from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
 from agentrl.chat.parse import parse_token_ids
 from agentrl.chat.template import ChatTemplate
 from agentrl.chat.types import Message, ToolCallFailure
@@ -105,7 +111,8 @@ class AgentConfig:
     - ``template_kwargs``: extra template variables (``enable_thinking``...), used for every render.
     - ``routing``: ``"episode"`` (default) or ``"group"``: the routing key's scope.
     - ``reward_timeout_s``: deadline for an async reward function.
-    - ``audit``: ask the bridge to compare the sampled history with a full render each turn (slower).
+    - ``audit``: after a ``sampled_text_differs`` turn, keep comparing the sampled history with a full
+      render each turn (slower; the bridge session does this for free until then).
     """
 
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=1024))
@@ -191,6 +198,8 @@ class _Runner:
         self.reward_parts: Counter[str] = Counter()
         self.env_info: list[dict[str, Any]] = []
         self._pending_failures: list[ToolCallFailure] = []
+        self._last_ids: tuple[int, ...] = ()
+        self.bridge_session: BridgeSession | None = None
 
     @property
     def traj(self) -> Trajectory:
@@ -198,7 +207,8 @@ class _Runner:
 
     async def run(self, *, group_id: str | None, rollout_id: str, sample_id: str | None) -> Episode:
         opening = await self.env.reset()
-        prompt_ids = self.template.encode(opening, self.tools, add_generation_prompt=True, **self.kwargs)
+        self.bridge_session = BridgeSession(self.template, opening, tools=self.tools, **self.kwargs)
+        prompt_ids = self.bridge_session.prompt_ids
         session = group_id if self.config.routing == "group" and group_id else uuid.uuid4().hex
         self.sequences.append(Trajectory.from_prompt(prompt_ids, messages=list(opening), group_id=group_id,
                                                      rollout_id=rollout_id, sample_id=sample_id, session_id=session))
@@ -250,6 +260,7 @@ class _Runner:
             return StopReason.FAILED
         traj.append_model(result.output_ids, result.output_logprobs, weight_version=result.weight_version,
                           finish_reason=result.finish_reason.kind.value, message_index=len(traj.messages))
+        self._last_ids = result.output_ids
         self.metrics["generated_tokens"] += len(result.output_ids)
         self.metrics["turns"] += 1
         if result.finish_reason.kind is FinishKind.ABORT:
@@ -283,8 +294,7 @@ class _Runner:
             traj.info["env_error"] = "step() returned done=False without messages; the model would have no turn to answer"
             return StopReason.FAILED
         try:
-            bridge = self.template.bridge(traj.tokens, traj.messages, step.messages, tools=self.tools,
-                                          audit=self.config.audit, **self.kwargs)
+            bridge = self._bridge(message, step.messages)
         except ValueError as exc:  # ChatTemplateError included: the template rejected the conversation
             traj.info["bridge_error"] = str(exc)
             return StopReason.FAILED
@@ -299,10 +309,19 @@ class _Runner:
         if step.info:
             self.env_info.append(dict(step.info))
 
+    def _bridge(self, message: Message, new: list[Message]) -> BridgeResult:
+        if self.bridge_session is not None:
+            result = self.bridge_session.step(self._last_ids, message, new)
+            if result.outcome is not BridgeOutcome.APPEND:
+                self.bridge_session = None  # the session ends here; later turns use the stateless bridge
+            return result
+        return self.template.bridge(self.traj.tokens, self.traj.messages, new, tools=self.tools,
+                                    audit=self.config.audit, **self.kwargs)
+
     def _append(self, bridge: BridgeResult, new: list[Message]) -> StopReason | None:
         traj = self.traj
-        if bridge.history_matches is False:  # audit mode: the sampled text does not re-render identically
-            self.metrics["bridge/history_mismatch"] += 1
+        if bridge.outcome is BridgeOutcome.SAMPLED_TEXT_DIFFERS or bridge.history_matches is False:
+            self.metrics["bridge/sampled_text_differs"] += 1
         if bridge.outcome is BridgeOutcome.NOT_APPEND_ONLY:
             assert bridge.full_render_ids is not None
             if self.context is not None and len(bridge.full_render_ids) >= self.context:
@@ -314,6 +333,7 @@ class _Runner:
                 rollout_id=traj.rollout_id, sample_id=traj.sample_id, session_id=traj.session_id))
             self.traj.sequence_index = len(self.sequences) - 1
             self.traj.info["forked_because"] = bridge.reason
+            self.bridge_session = BridgeSession(self.template, self.traj.messages, tools=self.tools, **self.kwargs)
             return None
         if self.context is not None and len(traj.tokens) + len(bridge.ids) >= self.context:
             traj.info["unsent_messages"] = [m.to_dict() for m in new]
