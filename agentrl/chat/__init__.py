@@ -11,6 +11,8 @@ from agentrl.chat.bridge import (
     PieceKind,
     bridge_turn,
 )
+from agentrl.chat.parse import parse_token_ids, parse_tool_calls
+from agentrl.chat.schema import convert_xml_value, tool_properties, validate_arguments
 from agentrl.chat.template import (
     TEMPLATE_NAMES,
     ChatTemplate,
@@ -48,5 +50,10 @@ __all__ = [
     "ToolCallFormat",
     "as_message_dicts",
     "bridge_turn",
+    "convert_xml_value",
     "detect_tool_call_format",
+    "parse_token_ids",
+    "parse_tool_calls",
+    "tool_properties",
+    "validate_arguments",
 ]

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.chat.parse import CallFormat, parse_token_ids, parse_tool_calls
+from agentrl.chat import ChatTemplate, parse_token_ids, parse_tool_calls
+from agentrl.chat.parse import CallFormat
 from agentrl.chat.types import FailureKind, ParsedReply
 
 K = FailureKind
@@ -419,8 +420,7 @@ def test_rendered_none_for_a_string_parameter_stays_the_string_none() -> None:
 @pytest.mark.parametrize("template", ["qwen3", "qwen3_coder", "qwen3_5"])
 def test_argument_types_round_trip_through_shipped_templates(template: str) -> None:
     """Renders every argument type with the shipped template and parses the assistant turn back."""
-    template_mod = pytest.importorskip("agentrl.chat.template")
-    chat = template_mod.ChatTemplate.from_name(template)
+    chat = ChatTemplate.from_name(template)
     fmt: CallFormat = "json" if template == "qwen3" else "xml"
     assert chat.tool_call_format == fmt
     for name, case in TYPE_CASES.items():
