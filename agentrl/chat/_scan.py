@@ -9,6 +9,7 @@ with thousands of markers still scan in linear time.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 THINK_OPEN = "<think>"
@@ -69,13 +70,24 @@ def _first(finder: Finder, markers: tuple[str, ...], pos: int) -> int:
     return min(hits, default=-1)
 
 
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 def _region(finder: Finder, kind: str, start: int, opener: str, closer: str,
-            interrupters: tuple[str, ...]) -> Region:
-    """The region opened at ``start``: up to ``closer``, or, unclosed, up to an interrupter or the end."""
+            interrupters: tuple[str, ...], json_body: bool = False) -> Region:
+    """The region opened at ``start``: up to ``closer``, or, unclosed, up to an interrupter or the end.
+
+    With ``json_body``, an interrupter inside a body that is a whole JSON object up to the closer
+    (a ``<tool_call>`` inside a string argument) does not interrupt, as with the engines' regex.
+    """
     body_start = start + len(opener)
     close = finder.next(closer, body_start)
     stop = _first(finder, interrupters, body_start)
-    if close != -1 and (stop == -1 or close < stop):
+    if close != -1 and (stop == -1 or close < stop or (json_body and _is_json_object(finder.text[body_start:close]))):
         return Region(kind, start, close + len(closer), body_start, close, True)
     end = stop if stop != -1 else len(finder.text)
     return Region(kind, start, end, body_start, end, False)
@@ -89,7 +101,8 @@ def scan(text: str, xml: bool) -> list[Region]:
       it is reasoning, tool-call tags included.
     - ``<think>`` opens reasoning up to ``</think>``, or to the end when the block never closes.
     - ``<tool_call>`` opens a call up to ``</tool_call>``; a second ``<tool_call>`` before the
-      closer ends the first one unterminated.
+      closer ends the first one unterminated, unless (JSON format) the whole body up to the closer
+      is a JSON object, i.e. the tag sits inside a string argument.
     - In XML mode, a bare ``<function=`` outside any block opens a wrapper-less call up to
       ``</function>`` (or the next ``<tool_call>``/``<function=``, or the end).
     """
@@ -109,7 +122,7 @@ def scan(text: str, xml: bool) -> list[Region]:
         if text.startswith(THINK_OPEN, start):
             region = _region(finder, "think", start, THINK_OPEN, THINK_CLOSE, ())
         elif text.startswith(CALL_OPEN, start):
-            region = _region(finder, "call", start, CALL_OPEN, CALL_CLOSE, (CALL_OPEN,))
+            region = _region(finder, "call", start, CALL_OPEN, CALL_CLOSE, (CALL_OPEN,), json_body=not xml)
         else:
             region = _region(finder, "function", start, FUNCTION_OPEN, FUNCTION_CLOSE, (CALL_OPEN, FUNCTION_OPEN))
         regions.append(region)

@@ -489,3 +489,30 @@ def test_many_markers_parse_and_every_block_is_accounted_for() -> None:
     text = "<tool_call>{" * 3000
     reply = parse_tool_calls(text, "json", [CALC])
     assert reply.calls == [] and len(reply.failures) == 3000 and set(kinds(reply)) == {"unterminated"}
+
+
+def test_json_tool_call_tag_inside_a_string_argument_does_not_split_the_call() -> None:
+    text = json_call("calc", {"code": "print('<tool_call>')"})
+    reply = parse_tool_calls(text, "json", [CALC])
+    assert [c.arguments for c in reply.calls] == [{"code": "print('<tool_call>')"}] and reply.failures == []
+    hostile = "<tool_call>{" * 2000 + "</tool_call>"
+    reply = parse_tool_calls(hostile, "json", [CALC])
+    assert reply.calls == [] and len(reply.failures) == 2000
+
+
+@pytest.mark.parametrize("template", ["qwen3", "qwen3_coder", "qwen3_5"])
+def test_content_reasoning_and_parallel_calls_round_trip_through_shipped_templates(template: str) -> None:
+    chat = ChatTemplate.from_name(template)
+    calls = [{"type": "function", "function": {"name": "calc", "arguments": {"code": "print(1)"}}},
+             {"type": "function", "function": {"name": "search", "arguments": {"query": "cats", "limit": 3}}}]
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": "Let me check both.", "reasoning_content": "Two tools.",
+                 "tool_calls": calls}]
+    rendered = chat.render(messages, tools=TOOLS)
+    completion = rendered[rendered.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n"):]
+    reply = parse_tool_calls(completion, chat.tool_call_format, TOOLS)
+    assert reply.failures == [] and reply.content == "Let me check both."
+    assert [(c.name, c.arguments, c.id) for c in reply.calls] == [
+        ("calc", {"code": "print(1)"}, "call_0"), ("search", {"query": "cats", "limit": 3}, "call_1")]
+    # Qwen3-Coder has no thinking; the two others render the reasoning of the last turn.
+    assert reply.reasoning == (None if template == "qwen3_coder" else "Two tools.")
