@@ -172,8 +172,10 @@ def xml_function(text: str, finder: Finder, start: int, end: int) -> tuple[Attem
         return att, end
     raw_name = text[name_start:gt]
     if "<" in raw_name or "\n" in raw_name:
+        # Resume right after "<function=" so that a well-formed call further on is still found.
         att.fatal.append((FailureKind.MALFORMED_XML, f"bad function name {raw_name!r:.{_SHOW}}"))
-        return att, after
+        att.span = (start, name_start)
+        return att, name_start
     if not raw_name.strip():
         att.fatal.append((FailureKind.EMPTY_CALL, "call has an empty function name"))
         return att, after

@@ -136,6 +136,14 @@ def _merge(defects: list[tuple[FailureKind, str]]) -> list[tuple[FailureKind, st
     return [(kind, "; ".join(messages)) for kind, messages in merged.items()]
 
 
+def _merge_problems(problems: list[_Problem]) -> list[_Problem]:
+    merged: dict[tuple[FailureKind, str | None], list[str]] = {}
+    for kind, message, argument in problems:
+        if message not in merged.setdefault((kind, argument), []):
+            merged[(kind, argument)].append(message)
+    return [(kind, "; ".join(messages), argument) for (kind, argument), messages in merged.items()]
+
+
 def _settle(text: str, attempts: list[Attempt], specs: dict[str, _ToolSpec] | None, strict: bool,
             max_calls: int | None) -> tuple[list[ToolCall], list[ToolCallFailure]]:
     """Turns attempts into accepted calls (ids ``call_0``...) and typed failures."""
@@ -165,6 +173,9 @@ def _settle(text: str, attempts: list[Attempt], specs: dict[str, _ToolSpec] | No
             else:
                 call_id = f"call_{len(calls)}"
                 calls.append(ToolCall(name=att.name or "", arguments=args, id=call_id, span=att.span))
+        if call_id is None:  # rejected: one failure per kind and argument
+            problems = _merge_problems(problems + [(k, m, None) for k, m in tolerated])
+            tolerated = []
         raw = text[att.span[0]:att.span[1]]
         for kind, message, argument in problems:
             failures.append(ToolCallFailure(kind, message, raw, att.span, att.name, argument))

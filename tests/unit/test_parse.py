@@ -516,3 +516,14 @@ def test_content_reasoning_and_parallel_calls_round_trip_through_shipped_templat
         ("calc", {"code": "print(1)"}, "call_0"), ("search", {"query": "cats", "limit": 3}, "call_1")]
     # Qwen3-Coder has no thinking; the two others render the reasoning of the last turn.
     assert reply.reasoning == (None if template == "qwen3_coder" else "Two tools.")
+
+
+def test_xml_bad_function_does_not_hide_the_next_one() -> None:
+    text = ("<tool_call>\n<function=ca<lc>\n</function>\n<function=calc>\n<parameter=code>\n1\n</parameter>\n"
+            "</function>\n</tool_call>")
+    reply = parse_tool_calls(text, "xml", [CALC])
+    assert [c.arguments for c in reply.calls] == [{"code": "1"}]
+    assert kinds(reply) == ["malformed_xml", "malformed_xml"]  # the bad header; its leftover text
+    assert reply.failures[0].call_id is None and reply.failures[1].call_id == "call_0"
+    assert_well_formed(text, reply)
+    assert parse_tool_calls(text, "xml", [CALC], strict=True).calls == []
