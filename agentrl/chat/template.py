@@ -81,7 +81,7 @@ class ChatTemplate:
         self.source = source
         self.tokenizer = tokenizer
         self.tool_call_format: ToolCallFormat = tool_call_format or detect_tool_call_format(source)
-        self.turn_close = turn_close or self._default_turn_close()
+        self._turn_close = turn_close or self._default_turn_close()
         self.call_close: str | None = _QWEN_CALL_CLOSE if _QWEN_CALL_CLOSE in source else None
         self._compiled = compile_template(source)
         self._special_tokens: dict[str, Any] = {}
@@ -90,7 +90,8 @@ class ChatTemplate:
             # apply_chat_template passes the special tokens (bos_token, eos_token, ...) to the template too.
             self._special_tokens = {k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {})).items()
                                     if v is not None}
-            self._turn_close_id = self.token_id(self.turn_close)
+            if self._turn_close is not None:
+                self._turn_close_id = self.token_id(self._turn_close)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -116,14 +117,19 @@ class ChatTemplate:
         name = str(getattr(tokenizer, "name_or_path", "") or "tokenizer")
         return cls(source, name=name, tokenizer=tokenizer)
 
-    def _default_turn_close(self) -> str:
+    def _default_turn_close(self) -> str | None:
         if _QWEN_TURN_CLOSE in self.source:
             return _QWEN_TURN_CLOSE
         eos = getattr(self.tokenizer, "eos_token", None)
-        if isinstance(eos, str) and eos:
-            return eos
-        raise ValueError(f"ChatTemplate {self.name!r}: cannot tell which token closes a turn "
-                         "(no <|im_end|> in the template and no tokenizer eos_token); pass turn_close=")
+        return eos if isinstance(eos, str) and eos else None
+
+    @property
+    def turn_close(self) -> str:
+        """The string that ends an assistant turn (``<|im_end|>`` for Qwen), needed by stops and the bridge."""
+        if self._turn_close is None:
+            raise ValueError(f"ChatTemplate {self.name!r}: cannot tell which token closes a turn (no <|im_end|> in "
+                             "the template and no tokenizer eos_token); pass turn_close= to the constructor")
+        return self._turn_close
 
     # -- rendering ----------------------------------------------------------------------------
     def render(self, messages: Sequence[Any], tools: Sequence[Any] | None = None,
@@ -180,7 +186,8 @@ class ChatTemplate:
     def turn_close_id(self) -> int:
         """Id of :attr:`turn_close` (EOS of a generation turn). Needs a tokenizer."""
         self._require_tokenizer("turn_close_id")
-        assert self._turn_close_id is not None
+        if self._turn_close_id is None:
+            self._turn_close_id = self.token_id(self.turn_close)
         return self._turn_close_id
 
     def stop_strings(self, *, one_call_per_turn: bool = False) -> tuple[str, ...]:

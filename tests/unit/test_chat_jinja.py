@@ -1,0 +1,76 @@
+"""The Hugging Face-equivalent Jinja environment behind ChatTemplate (any model's own template)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from transformers.utils.chat_template_utils import render_jinja_template
+
+import agentrl.chat
+from agentrl.chat import ChatTemplate, ChatTemplateError
+
+# A template using every environment feature a model's own template may rely on.
+FEATURES = """{%- set ns = namespace(n=0) -%}
+{%- for m in messages -%}
+{%- if m.role == 'skip' %}{% continue %}{% endif -%}
+{%- set ns.n = ns.n + 1 -%}
+{{ ns.n }}:{{ m.role }}:{% generation %}{{ m.content }}{% endgeneration %}|{{ m.meta | tojson }}|{{ m.meta | tojson(indent=1) }}
+{%- if m.role == 'stop' %}{% break %}{% endif %}
+{% endfor -%}
+{{ tools | tojson }}{{ dict(a=1) | tojson }}{% if add_generation_prompt %}<gen>{% endif %}{{ extra }}"""
+MESSAGES = [{"role": "user", "content": "a < b & 'c'", "meta": {"z": 1, "a": "数", "h": "<b>"}},
+            {"role": "skip", "content": "x", "meta": {}},
+            {"role": "stop", "content": "  keep  ", "meta": {"k": [1, 2]}},
+            {"role": "user", "content": "never", "meta": {}}]
+
+
+def _hf(template: str, **kw: Any) -> str:
+    return str(render_jinja_template([MESSAGES], chat_template=template, **kw)[0][0])
+
+
+@pytest.mark.parametrize("gp", [True, False])
+def test_environment_matches_transformers(gp: bool) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "description": "é & <x>"}}]
+    mine = ChatTemplate(FEATURES, name="features", tool_call_format="json")
+    expected = _hf(FEATURES, tools=tools, add_generation_prompt=gp, extra="!")
+    assert mine.render(MESSAGES, tools, add_generation_prompt=gp, extra="!") == expected
+    assert '"z": 1, "a": "数", "h": "<b>"' in expected  # insertion order, no escaping, non-ASCII kept
+
+
+def test_raise_exception_becomes_chat_template_error() -> None:
+    tpl = ChatTemplate("{{ raise_exception('bad conversation: ' ~ messages|length) }}", name="strict")
+    with pytest.raises(ChatTemplateError, match="bad conversation: 1"):
+        tpl.render([{"role": "user", "content": "x"}])
+
+
+def test_namespace_refuses_private_names_and_sandbox_blocks_internals() -> None:
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{% set ns = namespace(a=1) %}{% set ns._x = 2 %}{{ ns._x }}").render([{"role": "user"}])
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}").render([{"role": "user"}])
+    with pytest.raises(ChatTemplateError):  # the environment is immutable: no in-place list/dict changes
+        ChatTemplate("{{ messages.append(1) }}").render([{"role": "user"}])
+
+
+def test_strftime_now_and_trailing_newline() -> None:
+    out = ChatTemplate("{{ strftime_now('%Y') }}\n").render([{"role": "user"}])
+    assert len(out) == 4 and out.isdigit()  # keep_trailing_newline is off, as in transformers
+
+
+def test_from_tokenizer_uses_its_template_and_special_tokens() -> None:
+    from agentrl.testing import build_tokenizer
+
+    tok = build_tokenizer(chat_template="{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    tpl = ChatTemplate.from_tokenizer(tok)
+    assert tpl.render([{"role": "user", "content": "hi"}]) == "hi<|im_end|>"
+    assert tpl.tool_call_format == "json" and tpl.turn_close == "<|im_end|>"
+    assert tpl.encode([{"role": "user", "content": "hi"}]) == tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=True, return_dict=False)
+
+
+def test_public_surface() -> None:
+    for name in agentrl.chat.__all__:
+        assert getattr(agentrl.chat, name) is not None
+    assert {"ChatTemplate", "ChatTemplateError", "BridgeOutcome", "BridgeResult", "BridgePiece", "BridgeSession",
+            "bridge_turn", "TEMPLATE_NAMES", "detect_tool_call_format", "Message", "ToolCall"} <= set(agentrl.chat.__all__)
