@@ -9,7 +9,9 @@ Contract (what the agent loop relies on, and what ``agentrl env check`` verifies
 - **Messages only.** An environment never sees token ids; the agent loop owns the token boundary.
 - **Own copy of the row.** The constructor deep-copies the row (or validates it into
   ``task_type``), so nothing an episode does leaks into the dataset or into another episode.
-- **Picklable before reset.** A fresh instance can be shipped to another process.
+- **Picklable before reset.** A fresh instance can be shipped to another process. Tools declared
+  on the class are not pickled with it (they are shared objects, re-bound from the class when
+  unpickled); tools registered per instance must be picklable themselves.
 - **Tools** are registered declaratively (the ``tools`` class attribute) or per instance with
   :meth:`Environment.register_tool`. The default :meth:`Environment.step` runs the reply's calls
   (concurrently, results in call order), applies the :class:`FailurePolicy` to every parse
@@ -113,7 +115,7 @@ class Environment(ABC):
 
     task_type: ClassVar[type[BaseModel] | None] = None
     tools: ClassVar[Sequence[ToolLike]] = ()
-    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    reward_range: tuple[float, float] = (0.0, 1.0)  # an instance may narrow or widen it (e.g. shaping)
     default_limits: ClassVar[EnvLimits] = EnvLimits()
     default_failure_policy: ClassVar[FailurePolicy] = FailurePolicy()
 
@@ -151,6 +153,19 @@ class Environment(ABC):
             raise ValueError(f"{cls.__name__}: dataset row does not fit {cls.task_type.__name__}: {problems}") from None
         except TypeError:
             raise TypeError(f"{cls.__name__}(task=...): expected a row mapping, got {type(task).__name__}") from None
+
+    # -- pickling: class-level tools are shared objects, re-bound from the class on unpickle ------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        shared = {id(t) for t in type(self).tools}
+        state["_tools"] = {n: t for n, t in self._tools.items() if id(t) not in shared}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        own = state.pop("_tools", {})
+        self.__dict__.update(state)
+        self._tools = {t.name: t for t in type(self).tools}
+        self._tools.update(own)
 
     # -- tools -----------------------------------------------------------------------------
     def register_tool(self, tool: ToolLike) -> None:

@@ -260,7 +260,7 @@ class _Episode:
             self.fail("reward_range" if isinstance(exc, TypeError | ValueError) else "exception",
                       f"reward() failed: {type(exc).__name__}: {str(exc)[:200]}")
             return
-        lo, hi = type(env).reward_range
+        lo, hi = env.reward_range
         if not (lo <= as_reward(reward).value <= hi) or not math.isfinite(reward.value):
             self.fail("reward_range", f"reward {reward.value!r} lies outside the declared reward_range ({lo}, {hi})")
         self.transcript.append(reward.value)

@@ -21,9 +21,11 @@ def _root() -> None:
 
 
 def _register() -> None:
+    from agentrl.cli.env import env_app
     from agentrl.cli.render import render
 
     app.command("render")(render)
+    app.add_typer(env_app, name="env")
 
 
 _register()

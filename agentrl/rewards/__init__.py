@@ -1,6 +1,13 @@
 """Rewards: the :class:`Reward` value, sync/async per-trajectory and per-group reward functions, math answers."""
 
-from agentrl.rewards.math import MathReward, extract_boxed, final_answer_text, math_answer_reward, math_equal
+from agentrl.rewards.math import (
+    MathReward,
+    extract_answer_line,
+    extract_boxed,
+    final_answer_text,
+    math_answer_reward,
+    math_equal,
+)
 from agentrl.rewards.types import GroupRewardFn, Reward, RewardFn, RewardValue, as_reward, score, score_group
 
 __all__ = [
@@ -10,6 +17,7 @@ __all__ = [
     "RewardFn",
     "RewardValue",
     "as_reward",
+    "extract_answer_line",
     "extract_boxed",
     "final_answer_text",
     "math_answer_reward",

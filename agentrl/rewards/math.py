@@ -10,7 +10,9 @@ Equivalence is decided by ``math_verify.verify`` on both sides parsed as LaTeX, 
 
 Shaping (:class:`MathReward`, all off by default):
 
-- ``no_answer``: the value when the text holds no ``\\boxed{}`` at all (a format penalty);
+- ``no_answer``: the value when the text holds no answer at all (a format penalty);
+- ``answer_line``: also accept a last line ``Answer: ...`` when there is no ``\\boxed{}`` (the
+  DAPO-Math prompt asks for that form);
 - ``tool_bonus`` per *successful* tool call, capped at ``max_tool_bonus`` — failed calls never
   count, so spamming broken code cannot earn reward. Keep shaping small next to ``correct``:
   GRPO's group normalisation rescales every difference between rollouts.
@@ -30,7 +32,7 @@ from typing import Any
 from agentrl.chat.types import Message
 from agentrl.rewards.types import Reward
 
-__all__ = ["MathReward", "extract_boxed", "final_answer_text", "math_answer_reward", "math_equal"]
+__all__ = ["MathReward", "extract_answer_line", "extract_boxed", "final_answer_text", "math_answer_reward", "math_equal"]
 
 _BOXED_COMMANDS = ("\\boxed", "\\fbox")
 
@@ -48,6 +50,16 @@ def extract_boxed(text: str) -> str | None:
                 break
             start = text.rfind(cmd + "{", 0, start)
     return None if best is None else best[1].strip()
+
+
+def extract_answer_line(text: str) -> str | None:
+    """The text after ``Answer:`` on the last line that starts with it (``$`` delimiters dropped); None if absent."""
+    for line in reversed(text.splitlines()):
+        stripped = line.strip()
+        if stripped.lower().startswith("answer:"):
+            value = stripped[len("answer:"):].strip().strip("$").strip()
+            return value or None
+    return None
 
 
 def _balanced(text: str, open_pos: int) -> str | None:
@@ -114,6 +126,7 @@ class MathReward:
     correct: float = 1.0
     incorrect: float = 0.0
     no_answer: float | None = None
+    answer_line: bool = False
     tool_bonus: float = 0.0
     max_tool_bonus: float = 0.0
 
@@ -131,6 +144,8 @@ class MathReward:
     def __call__(self, response: str, label: str, *, successful_tool_calls: int = 0) -> Reward:
         """Scores ``response`` (the model's final text) against ``label``."""
         answer = extract_boxed(response)
+        if answer is None and self.answer_line:
+            answer = extract_answer_line(response)
         if answer is None:
             outcome = self.incorrect if self.no_answer is None else self.no_answer
             parts = {"outcome": outcome}

@@ -188,14 +188,14 @@ class _Runner:
                              "ChatTemplate.from_name(name, tokenizer=...)")
         self.env, self.template, self.client, self.config = env, template, client, config
         self.should_abort = should_abort
-        self.tools = env.tool_specs()
+        self.tools: list[dict[str, Any]] = []  # read after reset(): environments may register tools there
         self.kwargs = dict(config.template_kwargs)
         self.stops = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)
         limits = [c for c in (config.context_length, env.limits.max_context_tokens) if c is not None]
         self.context = min(limits) if limits else None
         self.sequences: list[Trajectory] = []
         self.metrics: Counter[str] = Counter()
-        self.reward_parts: Counter[str] = Counter()
+        self.reward_parts: dict[str, float] = {}
         self.env_info: list[dict[str, Any]] = []
         self._pending_failures: list[ToolCallFailure] = []
         self._last_ids: tuple[int, ...] = ()
@@ -207,6 +207,7 @@ class _Runner:
 
     async def run(self, *, group_id: str | None, rollout_id: str, sample_id: str | None) -> Episode:
         opening = await self.env.reset()
+        self.tools = self.env.tool_specs()
         self.bridge_session = BridgeSession(self.template, opening, tools=self.tools, **self.kwargs)
         prompt_ids = self.bridge_session.prompt_ids
         session = group_id if self.config.routing == "group" and group_id else uuid.uuid4().hex
@@ -304,7 +305,7 @@ class _Runner:
         for kind in step.failures:
             self.metrics[f"failures/{kind.value}"] += 1
         for name, value in step.reward_parts.items():
-            self.reward_parts[name] += value
+            self.reward_parts[name] = self.reward_parts.get(name, 0.0) + value
         self.metrics["tool_calls"] += int(step.info.get("tool_calls", 0))
         if step.info:
             self.env_info.append(dict(step.info))

@@ -72,7 +72,7 @@ LEAKED: list[subprocess.Popen[bytes]] = []  # for the test's cleanup only
 
 class LeakyEnv(GoodEnv):
     async def reset(self) -> list[Message]:
-        LEAKED.append(subprocess.Popen(["sleep", "30"]))  # never stopped in close()
+        LEAKED.append(subprocess.Popen(["sleep", "10"]))  # never stopped in close()
         return await super().reset()
 
 

@@ -22,7 +22,7 @@ async def test_a_correct_environment_passes() -> None:
     (b.RowMutatingEnv, "shared_state", "row was modified"),
     (b.StepAfterDoneEnv, "step_after_done", "accepted after the episode was done"),
     (b.UnpicklableEnv, "pickle", "lock ("),
-    (b.LeakyEnv, "leak", "sleep 30"),
+    (b.LeakyEnv, "leak", "sleep 10"),
     (b.OutOfRangeEnv, "reward_range", "reward 5.0 lies outside"),
     (b.RaisingEnv, "exception", "KeyError"),
     (b.EndlessEnv, "contract", "did not end"),

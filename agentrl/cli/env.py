@@ -1,0 +1,87 @@
+"""``agentrl env check``: run an environment through scripted replies and report contract violations.
+
+    agentrl env check my_package.envs:MyEnv --data rows.jsonl [--rows 3]
+
+``module:Class`` names an :class:`~agentrl.environments.Environment` subclass; the module is
+imported with the current directory on ``sys.path`` (as ``python -m`` does). ``--data`` is a JSONL
+file with one dataset row per line. No model is needed: see
+:mod:`agentrl.environments.conformance` for what is checked. Exit status: 0 when every check
+passes, 1 when there are violations, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["check", "env_app", "load_environment_class", "load_rows"]
+
+env_app = typer.Typer(name="env", help="Check environments.", no_args_is_help=True, add_completion=False)
+
+
+def load_environment_class(target: str) -> type[Any]:
+    """Imports ``module:Class`` and checks it is an Environment subclass; errors say what was expected."""
+    from agentrl.environments import Environment
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise typer.BadParameter(f"{target!r}: expected 'module:Class', e.g. 'my_envs.math:MathEnv'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"{target!r}: cannot import module {module_name!r} ({exc})") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise typer.BadParameter(f"{target!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        raise typer.BadParameter(f"{target!r}: expected an Environment subclass, got {obj!r:.120}")
+    return obj
+
+
+def load_rows(path: Path, limit: int) -> list[Any]:
+    """The first ``limit`` JSON rows of a JSONL file; a bad line is reported with its number."""
+    rows: list[Any] = []
+    try:
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise typer.BadParameter(f"{path}:{lineno}: not a JSON row ({exc})") from exc
+                if len(rows) >= limit:
+                    break
+    except OSError as exc:
+        raise typer.BadParameter(f"--data {path}: cannot read it ({exc})") from exc
+    if not rows:
+        raise typer.BadParameter(f"--data {path}: expected at least one JSON row, found none")
+    return rows
+
+
+@env_app.command("check")
+def check(
+    target: Annotated[str, typer.Argument(help="The environment class, as module:Class.")],
+    data: Annotated[Path, typer.Option("--data", help="JSONL file of dataset rows.")],
+    rows: Annotated[int, typer.Option("--rows", min=1, help="How many rows to check.")] = 3,
+) -> None:
+    """Runs scripted episodes (no model) and reports every contract violation."""
+    from agentrl.environments.conformance import check_environment
+
+    env_cls = load_environment_class(target)
+    dataset = load_rows(data, rows)
+    report = asyncio.run(check_environment(env_cls, dataset, max_rows=rows))
+    typer.echo(report.format())
+    if not report.ok:
+        raise typer.Exit(code=1)

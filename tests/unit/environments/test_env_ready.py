@@ -1,0 +1,157 @@
+"""The shipped environments (toy arithmetic with the real calculator; ReTool row handling) and the
+``agentrl env check`` command."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agentrl.chat import ChatTemplate
+from agentrl.cli.main import app
+from agentrl.environments.arithmetic import ArithmeticTask, ToyArithmeticEnv, make_arithmetic_rows
+from agentrl.environments.conformance import check_environment
+from agentrl.environments.retool import MathTask, RetoolMathEnv
+from agentrl.rollout.agent import AgentConfig, run_episode
+from agentrl.rollout.types import SamplingParams
+from agentrl.testing import build_tokenizer
+from agentrl.testing.scripted import ScriptedClient
+from agentrl.trajectory import SegmentKind, Status, StopReason
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return build_tokenizer()
+
+
+def test_arithmetic_rows_are_deterministic_distinct_and_correct() -> None:
+    rows = make_arithmetic_rows(200, seed=3)
+    assert rows == make_arithmetic_rows(200, seed=3) and rows != make_arithmetic_rows(200, seed=4)
+    assert len({r["question"] for r in rows}) == 200
+    for row in rows:
+        a, b = (int(x) for x in row["question"].removeprefix("What is ").removesuffix("?").split(" * "))
+        assert 100 <= a <= 999 and 100 <= b <= 999 and int(row["answer"]) == a * b
+        assert row["answer"] not in row["question"]
+    assert len({r["answer"] for r in rows}) > 190  # answers are spread: guessing one value earns ~nothing
+    with pytest.raises(ValueError, match="n=0"):
+        make_arithmetic_rows(0)
+    with pytest.raises(ValueError, match="exceeds the 81 distinct"):
+        make_arithmetic_rows(82, digits=1)
+    with pytest.raises(ValueError, match=r"field answer: String should match pattern"):
+        ToyArithmeticEnv({"question": "What is 2 * 3?", "answer": "six"})
+
+
+def _call(expression: str) -> str:
+    return ('<think>\nCompute.\n</think>\n\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "'
+            + expression + '"}}\n</tool_call><|im_end|>')
+
+
+def _final(text: str) -> str:
+    return "<think>\nDone.\n</think>\n\n" + text + "<|im_end|>"
+
+
+@pytest.mark.parametrize(("script", "reward"), [
+    ([_call("{a} * {b}"), _final("\\boxed{{ans}}")], 1.0),                   # the tool, then the answer
+    ([_final("\\boxed{{guess}}")], 0.0),                                       # guessing without the tool
+    ([_call("{a} * {b}"), _final("The calculator said so.")], 0.0),          # result only in the tool turn
+])
+async def test_toy_task_with_the_real_calculator(script: list[str], reward: float, tok: Any) -> None:
+    row = make_arithmetic_rows(1, seed=11)[0]
+    a, b = row["question"].removeprefix("What is ").removesuffix("?").split(" * ")
+    guess = str(round(int(a) * int(b), -3))  # a close estimate is still wrong
+    turns = [t.replace("{a}", a).replace("{b}", b).replace("{ans}", row["answer"]).replace("{guess}", guess)
+             for t in script]
+    template = ChatTemplate.from_name("qwen3", tokenizer=tok)
+    env = ToyArithmeticEnv(row)
+    ep = await run_episode(env, template, ScriptedClient(tok, turns),
+                           AgentConfig(sampling=SamplingParams(max_new_tokens=128)))
+    traj = ep.trajectory
+    assert (traj.status, traj.stop_reason, traj.reward) == (Status.COMPLETED, StopReason.NO_TOOL_CALLS, reward)
+    if len(turns) == 2:
+        assert traj.messages[3].role == "tool" and traj.messages[3].content == row["answer"]
+        assert traj.metrics["successful_tool_calls"] == 1
+        assert template.encode(traj.messages, env.tool_specs())[:-1] == traj.tokens  # no drift
+    assert traj.segments[0].kind is SegmentKind.PROMPT
+    assert "calculator" in template.decode(traj.tokens[:traj.prompt_length])
+
+
+async def test_shipped_toy_environment_passes_the_conformance_check() -> None:
+    report = await check_environment(ToyArithmeticEnv, make_arithmetic_rows(3))
+    assert report.ok, report.format()
+
+
+def test_environments_with_class_tools_pickle_and_rebind_them() -> None:
+    env = ToyArithmeticEnv(make_arithmetic_rows(1)[0])
+    clone = pickle.loads(pickle.dumps(env))
+    assert clone.tool_specs() == env.tool_specs() and clone.task == env.task
+    assert clone.tool_map["calculator"] is ToyArithmeticEnv.tools[0]
+
+
+def test_retool_rows_accept_dapo_shapes_and_reject_bad_ones() -> None:
+    assert MathTask.model_validate({"prompt": "2+2?", "label": 4}).label == "4"
+    chat = {"prompt": [{"role": "user", "content": "Solve x."}], "label": "\\frac{1}{2}"}
+    assert MathTask.model_validate(chat).prompt == chat["prompt"]
+    with pytest.raises(ValueError, match="field label"):
+        RetoolMathEnv({"prompt": "2+2?"})
+    with pytest.raises(ValueError, match="field prompt: Value error, expected a chat list with at least one user"):
+        RetoolMathEnv({"prompt": [{"role": "system", "content": "x"}], "label": "1"})
+    with pytest.raises(ValueError, match="non-empty problem"):
+        RetoolMathEnv({"prompt": "  ", "label": "1"})
+    assert ArithmeticTask(question="q", answer="-3").answer == "-3"
+
+
+async def test_retool_opening_adds_the_system_prompt_once() -> None:
+    env = RetoolMathEnv({"prompt": "What is 2+2?", "label": "4"})
+    try:
+        opening = await env.reset()
+        assert [m.role for m in opening] == ["system", "user"] and "python tool" in str(opening[0].content)
+        assert [s["function"]["name"] for s in env.tool_specs()] == ["python"]
+    finally:
+        await env.close()
+    own = RetoolMathEnv({"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
+                         "label": "1"})
+    try:
+        assert [m.content for m in await own.reset()] == ["S", "Q"]
+    finally:
+        await own.close()
+
+
+# -- the command line -----------------------------------------------------------------------------
+def _flat(output: str) -> str:
+    """CLI output without the panel frame and line wrapping that rich adds to usage errors."""
+    return " ".join(output.replace("│", " ").split())
+
+
+def _rows_file(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_env_check_command_passes_the_toy_environment(tmp_path: Path) -> None:
+    data = _rows_file(tmp_path, make_arithmetic_rows(4))
+    result = CliRunner().invoke(app, ["env", "check", "agentrl.environments.arithmetic:ToyArithmeticEnv",
+                                      "--data", str(data), "--rows", "2"])
+    assert result.exit_code == 0, result.output
+    assert "2 rows, 8 episodes, 0 violation(s) — OK" in result.output
+
+
+def test_env_check_command_reports_violations_and_bad_arguments(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(HERE)  # broken_envs.py is importable from here, as a user's module would be
+    data = _rows_file(tmp_path, [{"answer": "3"}])
+    result = CliRunner().invoke(app, ["env", "check", "broken_envs:OutOfRangeEnv", "--data", str(data)])
+    assert result.exit_code == 1 and "[reward_range] row 0" in result.output
+    bad = CliRunner().invoke(app, ["env", "check", "broken_envs:Nope", "--data", str(data)])
+    assert bad.exit_code == 2 and "has no attribute 'Nope'" in _flat(bad.output)
+    not_env = CliRunner().invoke(app, ["env", "check", "broken_envs:EchoTool", "--data", str(data)])
+    assert not_env.exit_code == 2 and "expected an Environment subclass" in _flat(not_env.output)
+    (tmp_path / "bad.jsonl").write_text('{"answer": "3"}\n{oops\n', encoding="utf-8")
+    bad_rows = CliRunner().invoke(app, ["env", "check", "broken_envs:GoodEnv", "--data", str(tmp_path / "bad.jsonl"),
+                                        "--rows", "5"])
+    assert bad_rows.exit_code == 2 and "bad.jsonl:2: not a JSON row" in _flat(bad_rows.output)
