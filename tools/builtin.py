@@ -108,6 +108,8 @@ class PythonTool:
         timeout = self.timeout_s if self.timeout_s is not None else self.sandbox.limits.timeout_s
         try:
             result = await self.sandbox.run(arguments["code"], timeout_s=timeout)
+        except ValueError as exc:  # e.g. more code than the sandbox accepts
+            return ToolResult.error(FailureKind.TOOL_ERROR, f"Error: {exc}")
         except Exception as exc:  # the sandbox is unusable (closed, unavailable): an error value, not a crash
             return ToolResult.error(FailureKind.SANDBOX_ERROR, f"Error: sandbox unavailable: {exc}")
         return render_exec_result(result, self.max_output_chars, timeout)

@@ -46,6 +46,7 @@ MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -174,6 +175,7 @@ def _child(req, fds, private_ns):
     """The forked child: isolates itself, sets limits, wires fds 0-3 and runs the code. Never returns."""
     code = 70
     try:
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         os.setsid()
         if private_ns:
             _enter_private_mounts(int(req.get("tmp_bytes") or 64 << 20))
@@ -227,19 +229,27 @@ class _Capture:
 
 
 def _drain(readers, captures, deadline, pidfd, pid):
-    """Reads the child's pipes until they close or the child exits (then briefly more) or the deadline."""
+    """Reads the child's pipes until the child has exited and its pipes are closed (or 50 ms after
+    its exit, for pipes a killed grandchild held); False when the deadline passed first."""
     exited_at = None
-    while readers:
+    while True:
         now = time.monotonic()
+        if exited_at is None and pidfd is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            exited_at = now
+        if exited_at is not None and (not readers or now >= exited_at + 0.05):
+            return True
         if now >= deadline:
             return False
         wait = deadline - now
         if exited_at is not None:
-            wait = min(wait, max(0.0, exited_at + 0.05 - now))
-            if wait == 0.0:
-                break
+            wait = min(wait, exited_at + 0.05 - now)
+        if pidfd is None:
+            wait = min(wait, 0.02)
         watch = list(readers) + ([pidfd] if pidfd is not None and exited_at is None else [])
-        ready, _, _ = select.select(watch, [], [], min(wait, 0.05 if pidfd is None else wait))
+        if not watch:
+            time.sleep(wait)
+            continue
+        ready, _, _ = select.select(watch, [], [], wait)
         for fd in ready:
             if fd == pidfd:
                 exited_at = time.monotonic()
@@ -249,9 +259,25 @@ def _drain(readers, captures, deadline, pidfd, pid):
                 captures[fd].feed(data)
             else:
                 readers.remove(fd)
-        if pidfd is None and exited_at is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-            exited_at = time.monotonic()
-    return True
+
+
+def _clear_dir(path):
+    """Removes everything in ``path`` (the container's /tmp between executions)."""
+    import shutil
+
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        full = os.path.join(path, name)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            try:
+                os.unlink(full)
+            except OSError:
+                pass
 
 
 def _alive(pid):
@@ -327,6 +353,7 @@ def execute(req, state):
             pass
         if state["sweep"]:
             _sweep()
+            _clear_dir(req.get("workdir") or "/tmp")
     for fd in (out_r, err_r, st_r) + ((pidfd,) if pidfd is not None else ()):
         os.close(fd)
     cpu_s = usage.ru_utime + usage.ru_stime
@@ -396,6 +423,7 @@ def reaper():
     """PID 1 of a sandbox container: reaps orphans (killed leftovers must not stay zombies, which
     would count against the container's process limit)."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # not ptrace-able by the sandboxed code (same uid)
     while True:
         try:
             os.wait()
@@ -404,6 +432,9 @@ def reaper():
 
 
 def _state(sweep):
+    # Non-dumpable: code running as the same uid (the Docker backend) cannot ptrace the worker or
+    # read its memory; the child makes itself dumpable again.
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     namespaces = _probe_namespaces() and _own_pid_namespace()
     state = {"namespaces": namespaces, "sweep": sweep and not namespaces and _owns_pid_namespace(),
              "pidns_fd": None}

@@ -62,6 +62,7 @@ class SandboxLimits:
     tmp_mb: int = 64
     max_open_files: int = 256
     cpu_cores: float = 1.0
+    max_code_bytes: int = 512 * 1024
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -69,7 +70,7 @@ class SandboxLimits:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"SandboxLimits.{f.name}: expected a positive number, got {value!r}")
         for name in ("cpu_s", "memory_mb", "max_processes", "max_output_bytes", "max_file_mb", "tmp_mb",
-                     "max_open_files"):
+                     "max_open_files", "max_code_bytes"):
             if not isinstance(getattr(self, name), int):
                 raise ValueError(f"SandboxLimits.{name}: expected an integer, got {getattr(self, name)!r}")
 
@@ -160,6 +161,10 @@ class Sandbox(abc.ABC):
             raise SandboxClosedError(f"{type(self).__name__}.run: the sandbox is closed")
         if not isinstance(code, str):
             raise TypeError(f"Sandbox.run(code=...): expected a str, got {type(code).__name__}")
+        size = len(code.encode("utf-8", errors="surrogatepass"))
+        if size > self.limits.max_code_bytes:
+            raise ValueError(f"Sandbox.run(code=...): {size} bytes of code, expected at most "
+                             f"max_code_bytes={self.limits.max_code_bytes}")
         if language not in LANGUAGES:
             raise ValueError(f"Sandbox.run(language=...): expected one of {LANGUAGES}, got {language!r}")
         if timeout_s is None:

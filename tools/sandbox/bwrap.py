@@ -104,7 +104,7 @@ class BwrapSandbox(Sandbox):
 
     def bwrap_argv(self) -> list[str]:
         """The bwrap command line of one worker (without the cgroup/uid prefix)."""
-        argv = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+        argv = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                 "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP",
                 "--ro-bind", "/usr", "/usr"]
         for name in ("lib", "lib64", "lib32", "bin", "sbin"):

@@ -201,6 +201,18 @@ class DockerSandbox(Sandbox):
     def container_ids(self) -> list[str]:
         return list(self._all)
 
+    async def container_processes(self) -> dict[str, list[str]]:
+        """The command lines of the processes running in each pool container (``docker top``)."""
+
+        def top() -> dict[str, list[str]]:
+            out: dict[str, list[str]] = {}
+            for cid in list(self._all):
+                titles_procs = self._client.api.top(cid)
+                out[cid] = [row[-1] for row in titles_procs.get("Processes") or []]
+            return out
+
+        return await self._call(top) if self._client is not None else {}
+
     def capabilities(self) -> Capabilities:
         lim = self.limits
         return Capabilities(
