@@ -10,6 +10,7 @@ import itertools
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -80,6 +81,7 @@ OPTIONS: list[dict[str, Any]] = [
 ]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=hostile_text)
 def test_parsers_never_raise_and_are_well_formed(text: str) -> None:

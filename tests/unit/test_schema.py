@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl.chat.schema import (
     convert_xml_value,
@@ -254,3 +256,34 @@ def test_json_value() -> None:
     for bad in [float("nan"), {1: 2}, {1, 2}, b"x", 1j]:
         with pytest.raises(ValueError):
             json_value(bad)
+
+
+# --- properties --------------------------------------------------------------------------------
+
+TYPE_NAMES = ["string", "integer", "int32", "number", "float", "boolean", "object", "array", "dict", "list",
+              "null", "weird", ["integer", "null"], ["integer", "string"]]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=1000, deadline=None, database=None)
+@given(raw=st.text(max_size=30) | st.sampled_from(["inf", "nan", "1e999", "{'a': (1, 2)}", "[1,", "None", "TRUE"]),
+       type_=st.sampled_from(TYPE_NAMES))
+def test_convert_never_raises_and_returns_json_or_the_raw_string(raw: str, type_: Any) -> None:
+    value, err = convert_xml_value(raw, "p", props(type_))
+    if err is not None:
+        assert value == raw and isinstance(err, str)
+    else:
+        assert json_value(value) == value  # plain finite JSON data
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(arguments=st.dictionaries(st.sampled_from(["code", "n", "mode", "opts", "other"]), json_values, max_size=5))
+def test_validate_never_raises_and_names_real_arguments(arguments: dict[str, Any]) -> None:
+    for f in validate_arguments("calc", arguments, SCHEMA):
+        assert f.kind in (FailureKind.MISSING_REQUIRED_ARGUMENT, FailureKind.INVALID_ARGUMENT_TYPE)
+        assert f.argument is not None and f.argument in SCHEMA["properties"]  # type: ignore[operator]
+        assert (f.argument in arguments) == (f.kind is FailureKind.INVALID_ARGUMENT_TYPE)
