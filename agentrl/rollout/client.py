@@ -107,6 +107,15 @@ class ClientConfig:
             raise ValueError(f"ClientConfig.jitter={self.jitter!r}: expected a value in [0, 1)")
 
 
+class _DeadlineState:
+    __slots__ = ("cancelled", "expired", "grace_handle")
+
+    def __init__(self) -> None:
+        self.expired = False
+        self.cancelled = False
+        self.grace_handle: asyncio.TimerHandle | None = None
+
+
 class _Retryable(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -188,6 +197,7 @@ class InferenceClient:
         self._session: aiohttp.ClientSession | None = None
         self._limit: asyncio.Semaphore | None = None
         self._attempt_rid: dict[str, str] = {}
+        self._background: set[asyncio.Future[None]] = set()
 
     async def __aenter__(self) -> InferenceClient:
         self._ensure_session()
@@ -254,26 +264,52 @@ class InferenceClient:
 
     async def _with_deadline(self, payload: dict[str, Any], headers: dict[str, str], rid: str,
                              deadline: float) -> GenerateResult:
-        task = asyncio.ensure_future(self._with_retries(payload, headers, rid))
-        done, _ = await asyncio.wait({task}, timeout=deadline)
-        if not done:
-            # Ask the engine to stop; it then answers the request with the tokens produced so far.
-            await self.abort(rid)
-            done, _ = await asyncio.wait({task}, timeout=self.config.abort_grace_s)
-        if done:
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return self._aborted(rid, f"deadline of {deadline:.1f} s exceeded and the engine did not answer the abort", 0)
+        # Timers instead of a helper task per request: at the deadline the engine is asked to abort
+        # (it then answers with the tokens produced so far); if it has not answered ``abort_grace_s``
+        # later, the request is cancelled and comes back aborted without tokens.
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        state = _DeadlineState()
 
-    async def _with_retries(self, payload: dict[str, Any], headers: dict[str, str], rid: str) -> GenerateResult:
+        def on_grace() -> None:
+            state.cancelled = True
+            task.cancel()
+
+        def on_deadline() -> None:
+            state.expired = True
+            self._background.add(asyncio.ensure_future(self.abort(rid)))
+            state.grace_handle = loop.call_later(self.config.abort_grace_s, on_grace)
+
+        handle = loop.call_later(deadline, on_deadline)
+        try:
+            return await self._with_retries(payload, headers, rid, state)
+        except asyncio.CancelledError:
+            if not state.cancelled:
+                raise
+            if hasattr(task, "uncancel"):
+                task.uncancel()
+            return self._aborted(rid, f"deadline of {deadline:.1f} s exceeded and the engine did not answer "
+                                      "the abort", 0)
+        finally:
+            handle.cancel()
+            if state.grace_handle is not None:
+                state.grace_handle.cancel()
+            self._background = {t for t in self._background if not t.done()}
+
+    async def _with_retries(self, payload: dict[str, Any], headers: dict[str, str], rid: str,
+                            state: _DeadlineState | None = None) -> GenerateResult:
         cfg = self.config
         last: _Retryable | None = None
+        attempts = 0
         try:
             for attempt in range(cfg.max_retries + 1):
+                if state is not None and state.expired:
+                    break
                 attempt_rid = rid if attempt == 0 else f"{rid}-retry{attempt}"
                 self._attempt_rid[rid] = attempt_rid
                 payload["rid"] = attempt_rid
+                attempts += 1
                 try:
                     body = await self._post_generate(payload, headers)
                 except _Retryable as err:
@@ -282,12 +318,12 @@ class InferenceClient:
                         delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**attempt)
                         await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
                     continue
-                return parse_generate_response(body, rid, attempts=attempt + 1)
+                return parse_generate_response(body, rid, attempts=attempts)
         finally:
             self._attempt_rid.pop(rid, None)
         assert last is not None
-        return self._aborted(rid, f"engine unavailable after {cfg.max_retries + 1} attempts: {last}",
-                             cfg.max_retries + 1, last.status)
+        why = "deadline exceeded" if state is not None and state.expired else "engine unavailable"
+        return self._aborted(rid, f"{why} after {attempts} attempts: {last}", attempts, last.status)
 
     async def _post_generate(self, payload: dict[str, Any], headers: dict[str, str]) -> Any:
         session = self._ensure_session()

@@ -156,6 +156,7 @@ class FakeWorker:
         return self.url
 
     async def stop_async(self) -> None:
+        self.state.aborted.update(self.state.running)  # let slow generations end before shutdown
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

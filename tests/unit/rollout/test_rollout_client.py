@@ -134,3 +134,19 @@ async def test_bad_arguments_are_reported() -> None:
             await client.generate([1], {"max_new_tokens": 1})  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="input_ids"):
             await client.generate([], SamplingParams())
+
+
+async def test_deadline_when_the_abort_never_arrives(cluster: FakeCluster) -> None:
+    for w in cluster.workers:
+        w.state.token_delay_s = 0.02
+    # no control URLs: the abort reaches no engine, so the grace timer must end the call
+    config = ClientConfig(base_url=cluster.router.url, abort_grace_s=0.3)
+    async with InferenceClient(config, control_urls=list) as client:
+        t0 = time.monotonic()
+        res = await client.generate([1], SamplingParams(max_new_tokens=1000), deadline_s=0.2)
+        elapsed = time.monotonic() - t0
+        assert res.aborted and res.output_ids == () and "did not answer" in (res.finish_reason.message or "")
+        assert 0.4 < elapsed < 3.0
+        # the client stays usable, and its task was not left cancelled
+        ok = await client.generate([1], SamplingParams(max_new_tokens=2))
+    assert ok.finish_reason.kind is FinishKind.LENGTH

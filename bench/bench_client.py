@@ -1,0 +1,154 @@
+"""Inference client throughput: agentrl's InferenceClient vs a bare aiohttp loop, direct and via router.
+
+One run starts a trivial fake SGLang worker (its own process) and a real sglang-router in front of
+it, then sends the same ``/generate`` requests (8 prompt tokens, ``max_new_tokens`` 4, logprobs on)
+at a fixed concurrency with each client:
+
+- ``bare aiohttp``: one ClientSession, ``session.post(json=...)``, ``await resp.json()`` — the baseline;
+- ``agentrl``: ``InferenceClient.generate`` (typed params, rid, retries, deadline, result parsing);
+- ``httpx`` (reference only): a plain ``httpx.AsyncClient``.
+
+It prints requests/s and p50/p99 latency per (client, path) and the ratio agentrl / bare aiohttp.
+Target on a 2-core machine: agentrl >= 80 % of bare aiohttp and >= 2,000 req/s.
+
+    .venv/bin/python bench/bench_client.py [--requests 5000] [--concurrency 64] [--httpx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+
+from agentrl.rollout import ClientConfig, InferenceClient, Router, RouterConfig, RouterPolicy, SamplingParams
+from agentrl.rollout.process import free_port
+
+PROMPT = list(range(100, 108))
+PARAMS = SamplingParams(max_new_tokens=4)
+Send = Callable[[int], Awaitable[None]]
+
+
+async def run_load(send: Send, n: int, concurrency: int, warmup: int) -> tuple[float, float, float]:
+    """Sends ``n`` requests with ``concurrency`` workers; returns (req/s, p50 ms, p99 ms)."""
+    for i in range(warmup):
+        await send(i)
+    latencies: list[float] = []
+    counter = iter(range(n))
+
+    async def worker() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await send(i)
+            latencies.append(time.perf_counter() - t0)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    q = statistics.quantiles(latencies, n=100)
+    return n / elapsed, q[49] * 1000, q[98] * 1000
+
+
+async def bench_bare(url: str, n: int, c: int, warmup: int) -> tuple[float, float, float]:
+    connector = aiohttp.TCPConnector(limit=c)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def send(i: int) -> None:
+            body = {"input_ids": PROMPT, "sampling_params": PARAMS.to_payload(), "return_logprob": True,
+                    "rid": f"bare-{i}"}
+            headers = {"X-SMG-Routing-Key": f"k{i % 256}"}  # same routing work as the agentrl client
+            async with session.post(url + "/generate", json=body, headers=headers) as resp:
+                data = await resp.json()
+                assert resp.status == 200 and len(data["output_ids"]) == 4
+
+        return await run_load(send, n, c, warmup)
+
+
+async def bench_agentrl(url: str, n: int, c: int, warmup: int) -> tuple[float, float, float]:
+    async with InferenceClient(ClientConfig(base_url=url, max_concurrency=c)) as client:
+        async def send(i: int) -> None:
+            res = await client.generate(PROMPT, PARAMS, routing_key=f"k{i % 256}")
+            assert len(res.output_ids) == 4 and not res.aborted
+
+        return await run_load(send, n, c, warmup)
+
+
+async def bench_httpx(url: str, n: int, c: int, warmup: int) -> tuple[float, float, float]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        async def send(i: int) -> None:
+            body = {"input_ids": PROMPT, "sampling_params": PARAMS.to_payload(), "return_logprob": True}
+            resp = await client.post(url + "/generate", json=body)
+            assert resp.status_code == 200
+
+        return await run_load(send, n, c, warmup)
+
+
+def start_worker() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.testing.fake_worker", "--port", str(port),
+                             "--no-record"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    async def wait() -> None:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(200):
+                try:
+                    async with s.get(url + "/health") as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.05)
+        raise RuntimeError("fake worker did not start")
+
+    asyncio.run(wait())
+    return proc, url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best round is kept")
+    parser.add_argument("--httpx", action="store_true", help="also measure a plain httpx.AsyncClient")
+    args = parser.parse_args()
+
+    worker, worker_url = start_worker()
+    router = asyncio.run(Router.launch(RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING)))
+    try:
+        asyncio.run(router.add_worker(worker_url))
+        rows: dict[tuple[str, str], tuple[float, float, float]] = {}
+        clients: list[tuple[str, Callable[..., Awaitable[tuple[float, float, float]]]]] = [
+            ("bare aiohttp", bench_bare), ("agentrl", bench_agentrl)]
+        if args.httpx:
+            clients.append(("httpx", bench_httpx))
+        for _ in range(args.rounds):
+            for path, url in (("direct", worker_url), ("router", router.url)):
+                for name, fn in clients:
+                    got = asyncio.run(fn(url, args.requests, args.concurrency, args.warmup))
+                    if (name, path) not in rows or got[0] > rows[(name, path)][0]:
+                        rows[(name, path)] = got
+    finally:
+        router.stop()
+        worker.terminate()
+        worker.wait(10)
+
+    print(f"{args.requests} requests, concurrency {args.concurrency}, max_new_tokens 4, logprobs on, "
+          f"best of {args.rounds} interleaved rounds")
+    print(f"{'client':<14}{'path':<8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    for (name, path), (rps, p50, p99) in rows.items():
+        print(f"{name:<14}{path:<8}{rps:>10.0f}{p50:>10.1f}{p99:>10.1f}")
+    for path in ("direct", "router"):
+        ratio = rows[("agentrl", path)][0] / rows[("bare aiohttp", path)][0]
+        print(f"agentrl / bare aiohttp ({path}): {ratio:.2f}")
+    print(f"router / direct (agentrl): {rows[('agentrl', 'router')][0] / rows[('agentrl', 'direct')][0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
