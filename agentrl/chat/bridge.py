@@ -208,7 +208,8 @@ class BridgeSession:
 
     @property
     def text(self) -> str:
-        """What the token buffer decodes to so far (the last verified full render, plus nothing sampled)."""
+        """What the token buffer decodes to after the last successful step: the full render of the conversation
+        so far, ending with the generation prompt (``prompt_ids`` decode to it before the first step)."""
         return self._text
 
     def step(self, sampled_ids: Sequence[int], assistant: Any, new_messages: Sequence[Any]) -> BridgeResult:

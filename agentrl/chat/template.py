@@ -162,14 +162,31 @@ class ChatTemplate:
         return self.tokenize(self.render(messages, tools, add_generation_prompt, **template_kwargs))
 
     def tokenize(self, text: str) -> list[int]:
-        """Ids of ``text`` alone, without special tokens added (special/added tokens in it still match)."""
+        """Ids of ``text`` alone, without special tokens added (special/added tokens in it still match).
+
+        Same ids as ``tokenizer.encode(text, add_special_tokens=False)``; a fast tokenizer's Rust
+        backend is called directly when it has no truncation or padding configured.
+        """
         tok = self._require_tokenizer("tokenize")
+        backend = self._fast_backend()
+        if backend is not None:
+            return list(backend.encode(text, add_special_tokens=False).ids)
         return list(tok.encode(text, add_special_tokens=False))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens kept (what the parser should read)."""
         tok = self._require_tokenizer("decode")
+        backend = self._fast_backend()
+        if backend is not None:
+            return str(backend.decode(list(token_ids), skip_special_tokens=False))
         return str(tok.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    def _fast_backend(self) -> Any:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or getattr(backend, "truncation", None) is not None or \
+                getattr(backend, "padding", None) is not None:
+            return None
+        return backend
 
     # -- tokens and stops ---------------------------------------------------------------------
     def token_id(self, token: str) -> int:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
 import agentrl.chat
 from agentrl.chat import ChatTemplate, ChatTemplateError
+from agentrl.testing import build_tokenizer
 
 # A template using every environment feature a model's own template may rely on.
 FEATURES = """{%- set ns = namespace(n=0) -%}
@@ -19,6 +22,7 @@ FEATURES = """{%- set ns = namespace(n=0) -%}
 {%- if m.role == 'stop' %}{% break %}{% endif %}
 {% endfor -%}
 {{ tools | tojson }}{{ dict(a=1) | tojson }}{% if add_generation_prompt %}<gen>{% endif %}{{ extra }}"""
+_TEMPLATE_WITH_TOKENIZER = ChatTemplate.from_name("qwen3", tokenizer=build_tokenizer())
 MESSAGES = [{"role": "user", "content": "a < b & 'c'", "meta": {"z": 1, "a": "数", "h": "<b>"}},
             {"role": "skip", "content": "x", "meta": {}},
             {"role": "stop", "content": "  keep  ", "meta": {"k": [1, 2]}},
@@ -59,8 +63,6 @@ def test_strftime_now_and_trailing_newline() -> None:
 
 
 def test_from_tokenizer_uses_its_template_and_special_tokens() -> None:
-    from agentrl.testing import build_tokenizer
-
     tok = build_tokenizer(chat_template="{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
     tpl = ChatTemplate.from_tokenizer(tok)
     assert tpl.render([{"role": "user", "content": "hi"}]) == "hi<|im_end|>"
@@ -74,3 +76,13 @@ def test_public_surface() -> None:
         assert getattr(agentrl.chat, name) is not None
     assert {"ChatTemplate", "ChatTemplateError", "BridgeOutcome", "BridgeResult", "BridgePiece", "BridgeSession",
             "bridge_turn", "TEMPLATE_NAMES", "detect_tool_call_format", "Message", "ToolCall"} <= set(agentrl.chat.__all__)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.lists(st.sampled_from([*"ab c\n\t数é<>|_/", "<|im_end|>", "<tool_call>", "</think>"]), max_size=60)
+       .map("".join))
+def test_tokenize_and_decode_match_the_tokenizer(text: str) -> None:
+    tpl = _TEMPLATE_WITH_TOKENIZER
+    assert tpl.tokenize(text) == tpl.tokenizer.encode(text, add_special_tokens=False)
+    ids = tpl.tokenize(text)
+    assert tpl.decode(ids) == tpl.tokenizer.decode(ids, skip_special_tokens=False)
