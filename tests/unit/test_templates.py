@@ -246,3 +246,23 @@ def test_tokenizer_without_the_turn_close_token_is_rejected() -> None:
 
     with pytest.raises(ValueError, match="not a single token"):
         ChatTemplate.from_name("qwen3", tokenizer=_Plain())
+
+
+def test_real_tool_objects_render_like_their_schema() -> None:
+    from agentrl.tools import tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    msgs = [{"role": "user", "content": "1+2?"}]
+    for name in FORMATS:
+        tpl = ChatTemplate.from_name(name)
+        assert tpl.render(msgs, tools=[add]) == tpl.render(msgs, tools=[add.schema()])
+        assert "add" in tpl.render(msgs, tools=[add])
