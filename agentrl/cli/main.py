@@ -21,10 +21,12 @@ def _root() -> None:
 
 
 def _register() -> None:
+    from agentrl.cli.doctor import doctor
     from agentrl.cli.env import env_app
     from agentrl.cli.render import render
 
     app.command("render")(render)
+    app.command("doctor")(doctor)
     app.add_typer(env_app, name="env")
 
 

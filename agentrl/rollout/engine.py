@@ -32,7 +32,9 @@ import aiohttp
 
 from agentrl.rollout.process import ManagedProcess, free_port
 
-__all__ = ["EngineConfig", "EngineError", "SGLangEngine", "default_shim_dir", "detect_device"]
+__all__ = [
+    "EngineConfig", "EngineError", "SGLangEngine", "default_shim_dir", "detect_device", "engine_environment",
+]
 
 PauseMode = Literal["abort", "retract", "in_place"]
 # server_info fields compared on attach when the expected configuration sets them.
@@ -132,16 +134,21 @@ class EngineConfig:
         return out
 
 
-def _engine_env(config: EngineConfig, device: str) -> dict[str, str]:
+def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
+                       shim_dir: Path | None = None) -> dict[str, str]:
+    """The environment of an SGLang server subprocess on ``device``.
+
+    On CPU: ``SGLANG_USE_CPU_ENGINE=1`` and the shim folder in front of ``PYTHONPATH`` (the shims
+    exist for that subprocess only). Raises :class:`EngineError` if the shims are missing.
+    """
     env = dict(os.environ)
-    env.update(config.env)
+    env.update(extra or {})
     if device == "cpu":
-        shims = config.shim_dir or default_shim_dir()
+        shims = shim_dir or default_shim_dir()
         if not (shims / "sgl_kernel" / "__init__.py").exists():
             raise EngineError(f"CPU SGLang shims not found in {shims}: run scripts/setup.sh (stage extra-sglang) "
                               "or set EngineConfig.shim_dir / AGENTRL_SGLANG_SHIM_DIR")
         env["SGLANG_USE_CPU_ENGINE"] = "1"
-        # The shims go on the engine's path only, in front of anything inherited.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shims), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -174,7 +181,7 @@ class SGLangEngine:
         port = port or free_port(config.host)
         log_dir = config.log_dir or Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
         self.url = f"http://{config.host}:{port}"
-        self.process = ManagedProcess(config.command(port, device), env=_engine_env(config, device),
+        self.process = ManagedProcess(config.command(port, device), env=engine_environment(device, extra=config.env, shim_dir=config.shim_dir),
                                       log_path=log_dir / f"sglang-{port}.log", name=f"sglang:{port}")
         try:
             await self.wait_healthy(config.startup_timeout_s)

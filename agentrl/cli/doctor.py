@@ -1,0 +1,135 @@
+"""``agentrl doctor``: what is installed and usable for rollouts on this machine.
+
+Checks the pinned core libraries, the accelerator, SGLang and sglang-router, the CPU shims SGLang's
+CPU path needs, and (with ``--engine``) starts the tiny model on a real SGLang server behind the real
+router and generates a few tokens through them. Each check is a :class:`Check` with a status
+(``ok``, ``warn``, ``fail``) and a one-line detail; ``--strict`` exits 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Literal
+
+import typer
+
+__all__ = ["Check", "collect_checks", "doctor"]
+
+Status = Literal["ok", "warn", "fail"]
+PINS = {"torch": "2.13.0", "transformers": "5.19.0", "tokenizers": "0.23.2", "sglang": "0.5.23",
+        "sglang-router": "0.3.2"}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _pin_check(dist: str, pin: str) -> Check:
+    got = _installed(dist)
+    if got is None:
+        return Check(dist, "fail", f"not installed (expected {pin}; run scripts/setup.sh)")
+    if got.split("+")[0] != pin:
+        return Check(dist, "warn", f"{got} installed, project pins {pin}")
+    return Check(dist, "ok", got)
+
+
+def _engine_import_check(device: str) -> Check:
+    """Imports SGLang's server module in a subprocess with the engine's environment."""
+    from agentrl.rollout.engine import EngineError, engine_environment
+
+    code = "import sglang.srt.entrypoints.http_server"
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=engine_environment(device),
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError, EngineError) as err:
+        return Check("sglang server import", "fail", str(err))
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return Check("sglang server import", "fail", f"{device}: {last}")
+    return Check("sglang server import", "ok", f"{device} engine environment, {time.monotonic() - t0:.1f} s")
+
+
+def _engine_check() -> Check:
+    """Starts the tiny model behind the router and generates 8 tokens."""
+    from agentrl.rollout import EngineConfig, EngineGroup, SamplingParams
+    from agentrl.testing import build_tiny_model
+
+    async def run() -> str:
+        config = EngineConfig(model_path=str(build_tiny_model()), context_length=512, max_total_tokens=4096)
+        group = await EngineGroup.launch([config])
+        try:
+            async with group.client() as client:
+                res = await client.generate([101, 102, 103], SamplingParams(max_new_tokens=8))
+            return f"{len(res.output_ids)} tokens via {group.router.url}, finish {res.finish_reason.kind.value}"
+        finally:
+            await group.shutdown()
+
+    t0 = time.monotonic()
+    try:
+        detail = asyncio.run(run())
+    except Exception as err:  # a doctor reports every failure instead of crashing
+        return Check("tiny model engine", "fail", f"{type(err).__name__}: {str(err)[:300]}")
+    return Check("tiny model engine", "ok", f"{detail} ({time.monotonic() - t0:.0f} s)")
+
+
+def collect_checks(*, import_sglang: bool = True, engine: bool = False) -> list[Check]:
+    """Runs the checks; ``import_sglang`` imports the SGLang server (seconds), ``engine`` starts one (~30 s)."""
+    from agentrl.rollout.engine import default_shim_dir, detect_device
+
+    checks = [Check("python", "ok", sys.version.split()[0])]
+    checks += [_pin_check(dist, pin) for dist, pin in PINS.items()]
+    device = detect_device()
+    checks.append(Check("device", "ok", device))
+    if device == "cpu":
+        shims = default_shim_dir()
+        ok = (shims / "sgl_kernel" / "__init__.py").exists() and (shims / "torchvision" / "__init__.py").exists()
+        checks.append(Check("sglang cpu shims", "ok" if ok else "fail",
+                            str(shims) if ok else f"missing in {shims} (run scripts/setup.sh)"))
+    router_ok = importlib.util.find_spec("sglang_router") is not None
+    checks.append(Check("sglang-router binary", "ok" if router_ok else "fail",
+                        "sglang_router importable" if router_ok else "sglang_router not importable"))
+    checks.append(Check("orjson (client codec)", "ok" if _installed("orjson") else "warn",
+                        _installed("orjson") or "missing: the client falls back to the slower json module"))
+    if import_sglang and _installed("sglang"):
+        checks.append(_engine_import_check(device))
+    if engine:
+        checks.append(_engine_check())
+    return checks
+
+
+def doctor(
+    engine: bool = typer.Option(False, "--engine", help="also start the tiny model on SGLang behind the router"),
+    quick: bool = typer.Option(False, "--quick", help="skip importing the SGLang server (a few seconds)"),
+    strict: bool = typer.Option(False, "--strict", help="exit 1 when any check failed"),
+) -> None:
+    """Report what is installed and usable: pinned libraries, device, SGLang, router, CPU shims."""
+    from rich.console import Console
+    from rich.table import Table
+
+    checks = collect_checks(import_sglang=not quick, engine=engine)
+    table = Table(title="agentrl doctor")
+    for col in ("check", "status", "detail"):
+        table.add_column(col)
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for c in checks:
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail)
+    Console().print(table)
+    if strict and any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
