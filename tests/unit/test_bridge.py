@@ -137,7 +137,7 @@ def _opening(draw_system: bool) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.filter_too_much])
 @given(episode=turns(), system=st.booleans())
 def test_bridged_ids_equal_full_render(templates: dict[str, ChatTemplate], name: str,
