@@ -361,7 +361,8 @@ def execute(req, state):
     reason = None
     if timed_out:
         reason = "timeout"
-    elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and req.get("cpu_s") and cpu_s >= float(req["cpu_s"]) - 0.05):
+    elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and req.get("cpu_s") and cpu_s >= 0.85 * float(req["cpu_s"])):
+        # (rusage can read a little below the kernel's RLIMIT_CPU clock, hence the tolerance)
         reason = "cpu_time"
     elif sig is not None:
         reason = "signal"
