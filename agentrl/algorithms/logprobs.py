@@ -58,10 +58,13 @@ class _ChunkedLogprob(torch.autograd.Function):
         lse = torch.empty(n, dtype=dtype, device=logits.device)
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
+            # One [chunk, vocab] buffer, reused in place: scale, shift by the row max, exponentiate.
             z = logits[start:stop].to(dtype) / temperature
-            lse_c = torch.logsumexp(z, dim=-1)
+            picked = z.gather(1, targets[start:stop, None]).squeeze(1)
+            row_max = z.amax(dim=-1, keepdim=True)
+            lse_c = row_max.squeeze(1) + z.sub_(row_max).exp_().sum(dim=-1).log()
             lse[start:stop] = lse_c
-            out[start:stop] = z.gather(1, targets[start:stop, None]).squeeze(1) - lse_c
+            out[start:stop] = picked - lse_c
             del z
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
@@ -77,12 +80,12 @@ class _ChunkedLogprob(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], chunk_size):
             stop = min(start + chunk_size, logits.shape[0])
-            g = grad_out[start:stop].to(dtype)
-            # d(z_y/T - lse)/dz_v = (1[v = y] - p_v) / T
-            p = torch.exp(logits[start:stop].to(dtype) / temperature - lse[start:stop, None])
-            p.mul_(-g[:, None])
+            g = grad_out[start:stop].to(dtype) / temperature
+            # d(z_y/T - lse)/dz_v = (1[v = y] - p_v) / T, built in one buffer.
+            p = logits[start:stop].to(dtype) / temperature
+            p.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
             p.scatter_add_(1, targets[start:stop, None], g[:, None])
-            grad[start:stop] = (p / temperature).to(grad.dtype)
+            grad[start:stop] = p
             del p
         return grad, None, None, None
 

@@ -1,0 +1,143 @@
+"""Chunked token log-probs vs the naive full ``log_softmax``, measured in the same run.
+
+Both methods score the same ``[tokens, vocab]`` float32 logits (default 2,048 × 151,936, the Qwen3
+vocabulary: 1.2 GB). Each method runs in a fresh child process so its peak memory can be read on
+its own: on CPU the growth of the peak resident set size over the level reached once the logits
+exist; on an accelerator the device allocator's peak over the same level. Prints the peak *extra*
+memory of each, their ratio (target ≤ 25%), the max absolute difference of the values (target
+≤ 1e-5) and the time ratio.
+
+    .venv/bin/python bench/bench_logprobs.py                        # CPU, forward only
+    .venv/bin/python bench/bench_logprobs.py --backward             # forward + backward
+    .venv/bin/python bench/bench_logprobs.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agentrl.algorithms import logprobs_from_logits
+from agentrl.train import device_module, resolve_device
+
+
+def _naive(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, targets[:, None]).squeeze(1)
+
+
+def _inputs(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits with std 3 (in place: no second [tokens, vocab] temporary inflates the baseline peak)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(args.tokens, args.vocab, generator=gen).mul_(3.0).to(device)
+    targets = torch.randint(0, args.vocab, (args.tokens,), generator=gen).to(device)
+    return logits, targets
+
+
+def _float64_reference(args: argparse.Namespace) -> torch.Tensor:
+    """Exact (float64) log-probs, computed 64 rows at a time on CPU."""
+    logits, targets = _inputs(args, torch.device("cpu"))
+    out = torch.empty(args.tokens, dtype=torch.float64)
+    for start in range(0, args.tokens, 64):
+        z = logits[start:start + 64].double() / args.temperature
+        out[start:start + 64] = z.gather(1, targets[start:start + 64, None])[:, 0] - torch.logsumexp(z, -1)
+    return out
+
+
+def _peak_bytes(device: torch.device) -> int:
+    module = device_module(device)
+    if module is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return int(module.max_memory_allocated(device))
+
+
+def _child(args: argparse.Namespace) -> None:
+    device = resolve_device(args.device)
+    logits, targets = _inputs(args, device)
+    logits.requires_grad_(args.backward)
+    warm = logits.detach()[:8].clone().requires_grad_(args.backward)
+    fn = _naive if args.method == "naive" else (
+        lambda z, t, temp: logprobs_from_logits(z, t, temperature=temp, chunk_size=args.chunk_size))
+    out = fn(warm, targets[:8], args.temperature)  # warm-up: lazy initialisation is not the method's cost
+    if args.backward:
+        out.sum().backward()
+    module = device_module(device)
+    if module is not None:
+        module.synchronize(device)
+        module.reset_peak_memory_stats(device)
+    base = _peak_bytes(device)
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        out = fn(logits, targets, args.temperature)
+        if args.backward:
+            out.sum().backward()
+            logits.grad = None
+        if module is not None:
+            module.synchronize(device)
+        times.append(time.perf_counter() - start)
+    extra = _peak_bytes(device) - base
+    torch.save(out.detach().cpu(), args.out)
+    print(json.dumps({"extra_bytes": extra, "seconds": min(times)}))
+
+
+def _run_child(method: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--child", "--method", method, "--out", str(out),
+           "--tokens", str(args.tokens), "--vocab", str(args.vocab), "--device", args.device,
+           "--chunk-size", str(args.chunk_size), "--temperature", str(args.temperature), "--repeat", str(args.repeat)]
+    if args.backward:
+        cmd.append("--backward")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--chunk-size", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backward", action="store_true", help="time and measure forward + backward")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--method", choices=["naive", "chunked"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        naive = _run_child("naive", args, Path(tmp) / "naive.pt")
+        chunked = _run_child("chunked", args, Path(tmp) / "chunked.pt")
+        naive_out = torch.load(Path(tmp) / "naive.pt").double()
+        chunked_out = torch.load(Path(tmp) / "chunked.pt").double()
+    exact = _float64_reference(args)
+    diff = float((naive_out - chunked_out).abs().max())
+    err_naive = float((naive_out - exact).abs().max())
+    err_chunked = float((chunked_out - exact).abs().max())
+    mib = 1024 * 1024
+    mode = "forward+backward" if args.backward else "forward"
+    print(f"logprobs of [{args.tokens} x {args.vocab}] float32 logits, T={args.temperature}, {mode}, "
+          f"device={args.device}, chunk={args.chunk_size}")
+    print(f"  naive log_softmax : peak extra {naive['extra_bytes'] / mib:9.1f} MiB, {naive['seconds'] * 1e3:8.1f} ms")
+    print(f"  chunked           : peak extra {chunked['extra_bytes'] / mib:9.1f} MiB, {chunked['seconds'] * 1e3:8.1f} ms")
+    ratio = chunked["extra_bytes"] / max(naive["extra_bytes"], 1)
+    print(f"  memory ratio chunked/naive = {ratio:.3f} (target <= 0.25): {'PASS' if ratio <= 0.25 else 'FAIL'}")
+    print(f"  max |chunked - float64 exact| = {err_chunked:.2e} (target <= 1e-5): "
+          f"{'PASS' if err_chunked <= 1e-5 else 'FAIL'}")
+    print(f"  max |naive   - float64 exact| = {err_naive:.2e}")
+    print(f"  max |chunked - naive|         = {diff:.2e} (target <= 1e-5): {'PASS' if diff <= 1e-5 else 'FAIL'}")
+    print(f"  time ratio chunked/naive = {chunked['seconds'] / naive['seconds']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
