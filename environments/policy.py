@@ -47,8 +47,8 @@ def _coerce(enum: type[Enum], value: Any, where: str) -> Any:
 class FailurePolicy:
     """Action per failure kind: ``overrides`` first, then ``default``. Strings are accepted and validated."""
 
-    default: FailureAction = FailureAction.FEEDBACK
-    overrides: Mapping[FailureKind, FailureAction] = field(default_factory=dict)
+    default: FailureAction | str = FailureAction.FEEDBACK
+    overrides: Mapping[FailureKind | str, FailureAction | str] = field(default_factory=dict)
     penalty: float = -0.1
 
     def __post_init__(self) -> None:
@@ -62,7 +62,7 @@ class FailurePolicy:
             raise ValueError(f"FailurePolicy.penalty: got {self.penalty}; expected a value <= 0")
 
     def action_for(self, kind: FailureKind) -> FailureAction:
-        return self.overrides.get(kind, self.default)
+        return FailureAction(self.overrides.get(kind, self.default))
 
 
 @dataclass(frozen=True)

@@ -98,3 +98,13 @@ async def test_score_group_needs_one_value_per_member() -> None:
         await score_group(lambda items: [1.0, 2.0], [1, 2, 3])
     with pytest.raises(TypeError, match="sequence"):
         await score_group(lambda items: 1.0, [1])  # type: ignore[arg-type,return-value]
+
+
+def test_answer_line_is_accepted_only_when_asked_and_only_without_a_box() -> None:
+    from agentrl.rewards import extract_answer_line
+
+    text = "Work...\nAnswer: $34$\n"
+    assert extract_answer_line(text) == "34" and extract_answer_line("no line") is None
+    assert MathReward()(text, "34").value == 0.0
+    assert MathReward(answer_line=True)(text, "34").value == 1.0
+    assert MathReward(answer_line=True)("Answer: 34\nso \\boxed{35}", "34").value == 0.0  # the box wins
