@@ -11,6 +11,7 @@ from agentrl.algorithms import (
     cispo_loss,
     gspo_loss,
     kl,
+    masked_whiten,
     mis_weights,
     mismatch_metrics,
     ppo_clip_loss,
@@ -18,6 +19,7 @@ from agentrl.algorithms import (
     rollout_denominators,
     sequence_tis_weights,
     tis_weights,
+    value_loss,
 )
 
 D = torch.float64
@@ -232,3 +234,29 @@ def test_reduce_token_mean_and_constant_modes() -> None:
         reduce_loss(loss, mask, torch.ones(3))
     with pytest.raises(ValueError, match="denominators: required"):
         reduce_loss(loss, mask)
+
+
+def test_value_loss_matches_loop() -> None:
+    values = torch.tensor([0.5, 1.0, -0.3, 2.0], dtype=D, requires_grad=True)
+    old = torch.tensor([0.0, 1.1, 0.0, 1.0], dtype=D)
+    returns = torch.tensor([1.0, 0.0, 0.1, 2.5], dtype=D)
+    got = value_loss(values, old, returns, clip=0.2)
+    for i in range(4):
+        v, o, r = float(values.detach()[i]), float(old[i]), float(returns[i])
+        clipped = o + min(max(v - o, -0.2), 0.2)
+        assert float(got.detach()[i]) == pytest.approx(max((v - r) ** 2, (clipped - r) ** 2))
+    got.sum().backward()
+    assert values.grad is not None
+    assert float(values.grad[0]) == 0.0  # the clipped branch won: no gradient through V
+    assert float(values.grad[1]) == pytest.approx(2 * (1.0 - 0.0))
+
+
+def test_masked_whiten_with_given_stats() -> None:
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=D)
+    mask = torch.tensor([[1, 0, 1], [0, 1, 0]])
+    out = masked_whiten(x, mask, stats=(3.0, 2.0), eps=0.0)
+    assert out.tolist() == [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    own = masked_whiten(x, mask)
+    picked = [1.0, 3.0, 5.0]
+    assert own[0, 0].item() == pytest.approx((1.0 - 3.0) / 2.0, abs=1e-6)
+    assert sorted(own[mask.bool()].tolist()) == pytest.approx([(p - 3.0) / 2.0 for p in picked], abs=1e-6)

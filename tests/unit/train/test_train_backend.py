@@ -90,11 +90,14 @@ def test_ratio_one_gradient_is_the_policy_gradient() -> None:
     backend = TorchTrainBackend(copy.deepcopy(model), _config(old_logprobs="recompute"))
     metrics = backend.forward_backward(batch)
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-12) and metrics["clipfrac"] == 0.0
+    scored = TorchTrainBackend(copy.deepcopy(model), _config()).compute_logprobs(batch)
     # -(1/B) Σ_s (1/D_s) Σ_t m A ∇ℓ, through unpacked forwards.
     total = torch.zeros((), dtype=torch.float64)
-    for seq in batch.sequences:
+    for seq, packed_lp in zip(batch.sequences, scored, strict=True):
         logp = torch.log_softmax(model(input_ids=torch.tensor(seq.tokens)[None]).logits[0, :-1], dim=-1)
         lp = logp.gather(1, torch.tensor(seq.tokens[1:])[:, None]).squeeze(1)
+        assert packed_lp[0] == 0.0
+        assert torch.allclose(torch.tensor(packed_lp[1:], dtype=torch.float64), lp.detach(), atol=1e-12, rtol=0)
         weights = torch.tensor([a * m for a, m in zip(seq.advantages[1:], seq.loss_mask[1:], strict=True)],
                                dtype=torch.float64)
         total = total - (weights * lp).sum() / seq.denominator
