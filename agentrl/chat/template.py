@@ -36,6 +36,7 @@ from agentrl.chat._jinja import compile_template, normalize_messages, normalize_
 
 if TYPE_CHECKING:
     from agentrl.chat.bridge import BridgeResult
+    from agentrl.chat.types import ParsedReply
 
 __all__ = ["TEMPLATE_NAMES", "ChatTemplate", "ChatTemplateError", "ToolCallFormat", "detect_tool_call_format"]
 
@@ -222,6 +223,16 @@ class ChatTemplate:
     def stop_token_ids(self, *, one_call_per_turn: bool = False) -> tuple[int, ...]:
         """Ids of :meth:`stop_strings`, resolved by string from the tokenizer (each must be one token)."""
         return tuple(self.token_id(s) for s in self.stop_strings(one_call_per_turn=one_call_per_turn))
+
+    # -- parsing ------------------------------------------------------------------------------
+    def parse(self, completion: str | Sequence[int], tools: Sequence[Any] | None = None, *, strict: bool = False,
+              max_calls: int | None = None) -> ParsedReply:
+        """Parses a sampled turn (text, or ids decoded with special tokens kept) in this template's
+        tool-call format; see :func:`agentrl.chat.parse.parse_tool_calls`. Never raises on model output."""
+        from agentrl.chat.parse import parse_tool_calls
+
+        text = completion if isinstance(completion, str) else self.decode(completion)
+        return parse_tool_calls(text, self.tool_call_format, tools, strict=strict, max_calls=max_calls)
 
     # -- multi-turn ---------------------------------------------------------------------------
     def bridge(self, token_ids: Sequence[int], messages: Sequence[Any], new_messages: Sequence[Any], *,

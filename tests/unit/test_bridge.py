@@ -190,3 +190,17 @@ def test_non_append_only_cases_are_reported(templates: dict[str, ChatTemplate], 
         assert list(result.full_render_ids or ()) == expected
     else:
         assert result.outcome is BridgeOutcome.APPEND and ids + sampled + result.ids == expected
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parse_then_bridge_round_trip(templates: dict[str, ChatTemplate], name: str) -> None:
+    """The agent loop's path: sample, parse with the template's own format, bridge the tool result."""
+    tpl, x = templates[name], PREFIX[name]
+    session = BridgeSession(tpl, g.MSGS[:1], tools=[g.CALC])
+    sampled = tpl.tokenize(getattr(g, f"{x}_TARGET"))
+    reply = tpl.parse(sampled, tools=[g.CALC])
+    assert reply.ok and [(c.name, c.arguments) for c in reply.calls] == [("calc", {"code": "print(2**10)"})]
+    result = session.step(sampled, reply.to_message(), g.MSGS[2:3])
+    assert result.outcome is BridgeOutcome.APPEND, result.reason
+    assert session.prompt_ids + sampled + result.ids == tpl.encode(g.MSGS[:3], tools=[g.CALC],
+                                                                   add_generation_prompt=True)
