@@ -74,7 +74,7 @@ from agentrl.rollout.types import (
     PromptTooLongError,
     SamplingParams,
 )
-from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
+from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory, TrajectoryError
 
 __all__ = ["AgentConfig", "Episode", "GenerateClient", "run_episode", "status_for"]
 
@@ -167,8 +167,9 @@ async def run_episode(env: Environment, template: ChatTemplate, client: Generate
                       should_abort: Callable[[], bool] | None = None) -> Episode:
     """Runs ``env`` to the end and returns its :class:`Episode`; always closes ``env``.
 
-    Errors become values: an environment exception, a bad engine answer or a reward failure ends
-    the episode as documented and is recorded in ``trajectory.info``. A cancelled task aborts its
+    Errors become values: an environment exception in ``step``, a bad engine answer or a reward
+    failure ends the episode as documented and is recorded in ``trajectory.info``. An exception in
+    ``reset()`` or in rendering the opening propagates (there is no trajectory without a prompt). A cancelled task aborts its
     in-flight request (when the client has ``abort``) and re-raises ``CancelledError``.
     """
     runner = _Runner(env, template, client, config or AgentConfig(), should_abort or (lambda: False))
@@ -259,8 +260,12 @@ class _Runner:
             traj.info["engine_error"] = (f"the engine returned {len(result.output_ids)} ids but "
                                          f"{len(result.output_logprobs)} logprobs; nothing was appended")
             return StopReason.FAILED
-        traj.append_model(result.output_ids, result.output_logprobs, weight_version=result.weight_version,
-                          finish_reason=result.finish_reason.kind.value, message_index=len(traj.messages))
+        try:
+            traj.append_model(result.output_ids, result.output_logprobs, weight_version=result.weight_version,
+                              finish_reason=result.finish_reason.kind.value, message_index=len(traj.messages))
+        except TrajectoryError as exc:  # e.g. a positive logprob or an id outside the vocabulary
+            traj.info["engine_error"] = f"the engine's answer breaks a trajectory invariant; nothing was appended: {exc}"
+            return StopReason.FAILED
         self._last_ids = result.output_ids
         self.metrics["generated_tokens"] += len(result.output_ids)
         self.metrics["turns"] += 1
@@ -306,7 +311,6 @@ class _Runner:
             self.metrics[f"failures/{kind.value}"] += 1
         for name, value in step.reward_parts.items():
             self.reward_parts[name] = self.reward_parts.get(name, 0.0) + value
-        self.metrics["tool_calls"] += int(step.info.get("tool_calls", 0))
         if step.info:
             self.env_info.append(dict(step.info))
 
@@ -355,6 +359,7 @@ class _Runner:
         last = self.traj
         last.metrics.update({k: float(v) for k, v in self.metrics.items()})
         last.metrics["sequences"] = float(len(self.sequences))
+        last.metrics["tool_calls"] = float(self.env.tool_calls)
         last.metrics["successful_tool_calls"] = float(self.env.successful_tool_calls)
 
     async def _score(self) -> None:

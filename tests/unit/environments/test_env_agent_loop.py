@@ -407,3 +407,21 @@ async def test_sampled_text_that_re_renders_differently_is_kept_and_counted(tok:
     assert qwen3.decode(traj.tokens) != full[:-1]
     assert qwen3.decode(traj.tokens).replace(sampled, canonical, 1) + "\n" == full
     assert_aligned(ep, tok, script)
+
+
+async def test_an_engine_answer_breaking_an_invariant_fails_without_appending(tok: Any, qwen3: ChatTemplate) -> None:
+    ep = await run(env(), qwen3, ScriptedClient(tok, [ScriptedTurn(json_call(), logprob=0.5)]))
+    assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED)
+    assert ep.trajectory.response_length == 0 and "logprobs[0] = 0.5" in ep.trajectory.info["engine_error"]
+
+
+async def test_routing_key_scope(tok: Any, qwen3: ChatTemplate) -> None:
+    per_group = ScriptedClient(tok, [json_call(), answer("qwen3")])
+    await run(env(), qwen3, per_group, routing="group")
+    assert {r.routing_key for r in per_group.requests} == {"g"}
+    a, b = ScriptedClient(tok, [answer("qwen3")]), ScriptedClient(tok, [answer("qwen3")])
+    await run(env(), qwen3, a)
+    await run(env(), qwen3, b)
+    assert a.requests[0].routing_key != b.requests[0].routing_key  # per episode by default
+    with pytest.raises(ValueError, match=r"AgentConfig\.routing: got 'node'"):
+        AgentConfig(routing="node")
