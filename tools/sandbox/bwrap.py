@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shlex
 import shutil
@@ -215,6 +216,7 @@ class BwrapSandbox(Sandbox):
         return Capabilities("bwrap", enforced, not_enforced, details)
 
 
+@functools.lru_cache(maxsize=8)
 def _bwrap_version(path: str) -> str:
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=5, check=False)

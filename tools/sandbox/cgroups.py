@@ -182,8 +182,9 @@ class CgroupSet:
         """Creates the group of worker ``index`` with its limits written."""
         group = WorkerCgroup(self.support)
         v1 = self.support.version == 1
+        name = f"w{index}-{uuid.uuid4().hex[:6]}"  # one group; on v2 all controllers share its directory
         for ctrl, parent in self._parents.items():
-            path = parent / f"w{index}-{uuid.uuid4().hex[:6]}"
+            path = parent / name
             path.mkdir(exist_ok=True)
             group.paths[ctrl] = path
             if ctrl == "memory":

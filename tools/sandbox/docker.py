@@ -145,7 +145,7 @@ class DockerSandbox(Sandbox):
         request = worker_request(code, language, timeout, self.limits, memory_rlimit=False, nproc_rlimit=False)
         await self.start()
         async with self._sem:
-            container = self._idle.pop()
+            container = self._idle.pop() if self._idle else await self._fresh_container()
             started = time.monotonic()
             oom_start = self._oom_kills(container)
             try:
@@ -168,13 +168,15 @@ class DockerSandbox(Sandbox):
             result.killed_reason = "memory"
         return result
 
+    async def _fresh_container(self) -> Any:
+        fresh = await self._call(self._create_container)
+        self._all[fresh.id] = fresh
+        return fresh
+
     async def _replace(self, container: Any) -> None:
+        """Removes a container that misbehaved; its replacement is created on demand by ``run``."""
         self._all.pop(container.id, None)
         await self._call(self._remove, container)
-        if not self._closed:
-            fresh = await self._call(self._create_container)
-            self._all[fresh.id] = fresh
-            self._idle.append(fresh)
 
     @staticmethod
     def _remove(container: Any) -> None:
