@@ -248,3 +248,21 @@ def test_from_pretrained_tiny_model_trains_in_float32() -> None:
     assert not torch.equal(before, backend.model.get_input_embeddings().weight)
     lps = backend.compute_logprobs(batch, reference=True)
     assert [len(x) for x in lps] == [len(s.tokens) for s in batch.sequences]
+
+
+def test_steps_move_logprobs_in_the_direction_of_the_advantage() -> None:
+    batch = build_training_batch(trajectories(2, 4, seed=13))
+    cfg = TorchBackendConfig(device="cpu", dtype="float64", loss=LossConfig(old_logprobs="detached"),
+                             optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.0, grad_clip=1.0))
+    backend = TorchTrainBackend(tiny_model(0), cfg)
+
+    def mean_logprob(sign: float) -> float:
+        values = [lp for seq, lps in zip(batch.sequences, backend.compute_logprobs(batch), strict=True)
+                  for lp, a, m in zip(lps, seq.advantages, seq.loss_mask, strict=True) if m and a * sign > 0]
+        return sum(values) / len(values)
+
+    up, down = mean_logprob(+1), mean_logprob(-1)
+    for _ in range(5):
+        backend.train_step(batch)
+    assert mean_logprob(+1) > up + 0.05
+    assert mean_logprob(-1) < down - 0.05
