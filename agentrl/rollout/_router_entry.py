@@ -2,7 +2,8 @@
 
 ``consistent_hashing`` and ``prefix_hash`` exist in sglang-router 0.3.2's core but are not choices of
 its command line, so this entry parses the ordinary router arguments and sets the policy through
-the Python launch API. Usage (by :class:`agentrl.rollout.router.Router`)::
+the Python API. It also avoids ``sglang_router.launch_router``, whose module imports all of SGLang
+(about 12 s of start-up) when SGLang is installed. Usage (by :class:`agentrl.rollout.router.Router`)::
 
     python -m agentrl.rollout._router_entry --policy-override consistent_hashing <router cli args>
 """
@@ -13,17 +14,23 @@ import sys
 
 
 def main(argv: list[str]) -> None:
-    from sglang_router.launch_router import launch_router, parse_router_args
+    import argparse
+
+    from sglang_router.router import Router
+    from sglang_router.router_args import RouterArgs
 
     policy: str | None = None
     if "--policy-override" in argv:
         i = argv.index("--policy-override")
         policy = argv[i + 1]
         argv = argv[:i] + argv[i + 2:]
-    args = parse_router_args(argv)
+    parser = argparse.ArgumentParser(prog="agentrl-router")
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    args = RouterArgs.from_cli_args(parser.parse_args(argv), use_router_prefix=False)
     if policy is not None:
         args.policy = policy
-    launch_router(args)
+    args._validate_router_args()
+    Router.from_args(args).start()
 
 
 if __name__ == "__main__":
