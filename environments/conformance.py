@@ -123,7 +123,8 @@ def _containers() -> set[str] | None:
     if shutil.which("docker") is None:
         return None
     try:
-        out = subprocess.run(["docker", "ps", "-q", "--no-trunc"], capture_output=True, text=True, timeout=10)
+        # -a: a created or stopped container left behind is a leak too (it holds its filesystem and name)
+        out = subprocess.run(["docker", "ps", "-a", "-q", "--no-trunc"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return set(out.stdout.split()) if out.returncode == 0 else None
@@ -277,8 +278,8 @@ class _Episode:
                       + ", ".join(_describe(pid) for pid, _ in sorted(leaked)[:5]))
         containers1 = _containers() if containers0 is not None else None
         if containers0 is not None and containers1 is not None and containers1 - containers0:
-            self.fail("leak", f"{len(containers1 - containers0)} Docker container(s) started during the episode "
-                      "are still running after close()")
+            self.fail("leak", f"{len(containers1 - containers0)} Docker container(s) created during the episode "
+                      "still exist after close()")
 
 
 def _not_picklable(obj: Any) -> bool:

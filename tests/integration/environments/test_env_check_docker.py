@@ -1,0 +1,74 @@
+"""The conformance checker's container-leak check against a real (private) Docker daemon."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentrl.chat import Message
+from agentrl.environments import Environment, check_environment
+from agentrl.tools.sandbox.dockerd import PrivateDockerDaemon, daemon_unavailable_reason
+from agentrl.trajectory import Trajectory
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+IMAGE = "agentrl-empty-check:test"  # an image with no files: containers can be created, never started
+
+
+@pytest.fixture(scope="module")
+def docker_host() -> Iterator[str]:
+    reason = daemon_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no private Docker daemon here: {reason}")
+    daemon = PrivateDockerDaemon()
+    try:
+        host = daemon.start()
+    except RuntimeError as exc:
+        daemon.stop()
+        pytest.skip(f"no private Docker daemon here: {exc}")
+    try:
+        empty = subprocess.run(["tar", "cf", "-", "--files-from", "/dev/null"], capture_output=True, check=True).stdout
+        subprocess.run(["docker", "-H", host, "import", "-", IMAGE], input=empty, capture_output=True, check=True,
+                       timeout=60)
+        yield host
+    finally:
+        daemon.stop()
+        assert daemon.proc is None
+
+
+def docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+
+class ContainerEnv(Environment):
+    """Creates a container per episode and removes it in close()."""
+
+    async def reset(self) -> list[Message]:
+        self.container = docker("create", IMAGE, "/none")
+        return [Message(role="user", content="hi")]
+
+    def reward(self, trajectory: Trajectory) -> float:
+        return 0.0
+
+    async def close(self) -> None:
+        if getattr(self, "container", None):
+            docker("rm", "-f", self.container)
+
+
+class LeakyContainerEnv(ContainerEnv):
+    async def close(self) -> None:
+        pass  # forgets the container
+
+
+async def test_leaked_containers_are_reported(docker_host: str, monkeypatch: Any) -> None:
+    monkeypatch.setenv("DOCKER_HOST", docker_host)  # the checker's `docker ps` asks the private daemon
+    clean = await check_environment(ContainerEnv, [{}], max_rows=1)
+    assert clean.ok, clean.format()
+    leaky = await check_environment(LeakyContainerEnv, [{}], max_rows=1)
+    leaks = [v for v in leaky.violations if v.check == "leak"]
+    assert len(leaks) == 4 and all("Docker container(s) created during the episode" in str(v) for v in leaks)
+    assert leaky.checks_failed == {"leak"}, leaky.format()
+    assert len(docker("ps", "-a", "-q").split()) == 4
