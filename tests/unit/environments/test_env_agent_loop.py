@@ -425,3 +425,16 @@ async def test_routing_key_scope(tok: Any, qwen3: ChatTemplate) -> None:
     assert a.requests[0].routing_key != b.requests[0].routing_key  # per episode by default
     with pytest.raises(ValueError, match=r"AgentConfig\.routing: got 'node'"):
         AgentConfig(routing="node")
+
+
+async def test_environment_ending_for_its_own_reasons_is_env_done(tok: Any, qwen3: ChatTemplate) -> None:
+    class OneShot(MathEnv):
+        async def step(self, reply: Message, failures: Any = ()) -> StepResult:
+            self._begin_step()
+            self.done = True
+            return StepResult(messages=[Message(role="user", content="Thanks, bye.")], done=True)
+
+    ep = await run(OneShot({"q": "2**10?", "a": "1024"}), qwen3, ScriptedClient(tok, [json_call()]))
+    assert (ep.status, ep.stop_reason) == (Status.COMPLETED, StopReason.ENV_DONE)
+    assert ep.trajectory.info["unsent_messages"] == [{"role": "user", "content": "Thanks, bye."}]
+    assert_aligned(ep, tok, [json_call()])
