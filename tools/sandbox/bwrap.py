@@ -91,7 +91,7 @@ class BwrapSandbox(Sandbox):
             raise SandboxUnavailableError("running as root needs setpriv (util-linux) to drop to uid 65534")
         support = detect_cgroups() if use_cgroups else CgroupSupport(None, frozenset(), reason="disabled")
         self._cgroup_support = support
-        self._cgroups = CgroupSet(support) if support.version is not None else None
+        self._cgroups: CgroupSet | None = None  # created with the first worker, removed by close()
         size = pool_size or default_pool_size()
         self._pool = WorkerPool(self._launch, size=size, max_concurrency=max_concurrency or size,
                                 recycle_after=recycle_after, on_release=self._release_cgroup)
@@ -124,6 +124,8 @@ class BwrapSandbox(Sandbox):
         if self._setpriv is not None:
             argv = [self._setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
         cgroup = None
+        if self._cgroups is None and self._cgroup_support.version is not None:
+            self._cgroups = CgroupSet(self._cgroup_support)
         if self._cgroups is not None:
             lim = self.limits
             cgroup = self._cgroups.worker(index, (lim.memory_mb + WORKER_MEMORY_OVERHEAD_MB) << 20,
@@ -171,6 +173,7 @@ class BwrapSandbox(Sandbox):
         await self._pool.close()
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.close)
+            self._cgroups = None
 
     def memory_usage(self) -> dict[str, int]:
         """RSS/PSS of the whole warm pool (every worker's process tree), in bytes."""
@@ -178,6 +181,10 @@ class BwrapSandbox(Sandbox):
 
     def worker_pids(self) -> list[int]:
         return self._pool.pids()
+
+    def cgroup_dirs(self) -> list[str]:
+        """The parent cgroup directories this sandbox created (empty once closed)."""
+        return [str(p) for p in self._cgroups.parents()] if self._cgroups is not None else []
 
     def capabilities(self) -> Capabilities:
         cg = self._cgroup_support

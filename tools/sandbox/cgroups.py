@@ -16,6 +16,7 @@ does not block it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -156,6 +157,23 @@ def _rmdir(path: Path) -> None:
             time.sleep(0.01)
 
 
+def _remove_stale(hierarchy: Path) -> None:
+    """Removes empty groups left by sandbox processes that died without closing (their PID is gone)."""
+    try:
+        entries = list(hierarchy.glob("agentrl-sandbox-*-*"))
+    except OSError:
+        return
+    for parent in entries:
+        pid = parent.name.split("-")[2]
+        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        for child in parent.glob("w*"):
+            with contextlib.suppress(OSError):
+                child.rmdir()
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+
+
 class CgroupSet:
     """A sandbox's parent group (``agentrl-<id>``) under which each worker gets its own group."""
 
@@ -167,6 +185,7 @@ class CgroupSet:
         self._parents: dict[str, Path] = {}
         self._workers: list[WorkerCgroup] = []
         for ctrl in sorted(support.controllers):
+            _remove_stale(self._hierarchy(ctrl))
             parent = self._hierarchy(ctrl) / self.name
             parent.mkdir(exist_ok=True)
             self._parents[ctrl] = parent
@@ -207,6 +226,9 @@ class CgroupSet:
                     (path / "cpu.max").write_text(f"{quota} {CFS_PERIOD_US}")
         self._workers.append(group)
         return group
+
+    def parents(self) -> list[Path]:
+        return list(self._parents.values())
 
     def release(self, group: WorkerCgroup) -> None:
         group.remove()

@@ -116,6 +116,9 @@ class PrivateDockerDaemon:
         # --bridge=none and --iptables=false: the daemon created no bridge and no netfilter rules, so there
         # is nothing to delete (deleting links by name here could remove another program's).
         self.new_links = sorted(_links() - self._links_before)
+        for ctrl in os.listdir("/sys/fs/cgroup") if os.path.isdir("/sys/fs/cgroup") else []:
+            with contextlib.suppress(OSError):  # runc's parent group; the kernel refuses while it is in use
+                os.rmdir(f"/sys/fs/cgroup/{ctrl}/docker")
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> PrivateDockerDaemon:

@@ -112,7 +112,10 @@ async def test_cancellation_replaces_the_worker_and_close_kills_everything() -> 
     assert [r.stdout for r in both] == ["1\n", "2\n"]
     assert len(sb.worker_pids()) == 2 and set(sb.worker_pids()) != set(pids)
     all_pids = sb.worker_pids() + pids
+    cgroup_dirs = sb.cgroup_dirs()
+    assert len(cgroup_dirs) == len(detect_cgroups().controllers)
     await sb.close()
+    assert [d for d in cgroup_dirs if os.path.exists(d)] == []
     await sb.close()  # idempotent
     assert sb.worker_pids() == []
     for pid in all_pids:
@@ -132,8 +135,10 @@ async def test_worker_crash_is_a_sandbox_error_then_recovers() -> None:
         assert (await sb.run("print(2)")).stdout == "2\n"
 
 
-def test_capabilities_report_what_is_enforced() -> None:
-    caps = BwrapSandbox(pool_size=1).capabilities()
+async def test_capabilities_report_what_is_enforced() -> None:
+    sb = BwrapSandbox(pool_size=1)
+    caps = sb.capabilities()
+    await sb.close()
     assert caps.backend == "bwrap"
     for key in ("network", "filesystem", "environment", "wall_time", "cpu_time", "memory", "processes", "output"):
         assert key in caps.enforced

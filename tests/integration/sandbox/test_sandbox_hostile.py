@@ -230,16 +230,16 @@ async def hostile_sandbox(request: pytest.FixtureRequest) -> AsyncIterator[Sandb
     sandbox = create_sandbox(request.param, pool_size=1, timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=256,
                              max_processes=32, max_output_bytes=OUTPUT_CAP, tmp_mb=16, **options)
     await sandbox.start()
+    cgroup_dirs = sandbox.cgroup_dirs() if isinstance(sandbox, BwrapSandbox) else []
     yield sandbox
     await sandbox.close()
-    await assert_nothing_left(sandbox)
+    await assert_nothing_left(sandbox, cgroup_dirs)
 
 
-async def assert_nothing_left(sandbox: Sandbox) -> None:
+async def assert_nothing_left(sandbox: Sandbox, cgroup_dirs: list[str]) -> None:
     if isinstance(sandbox, BwrapSandbox):
         assert sandbox.worker_pids() == []
-        assert not [p for p in os.listdir("/sys/fs/cgroup/pids") if p.startswith(f"agentrl-sandbox-{os.getpid()}-")] \
-            if os.path.isdir("/sys/fs/cgroup/pids") else True
+        assert [d for d in cgroup_dirs if os.path.exists(d)] == []
     elif isinstance(sandbox, DockerSandbox):
         assert sandbox.container_ids() == []
 
