@@ -34,8 +34,14 @@ PARAMS = SamplingParams(max_new_tokens=4)
 Send = Callable[[int], Awaitable[None]]
 
 
-async def run_load(send: Send, n: int, concurrency: int, warmup: int) -> tuple[float, float, float]:
-    """Sends ``n`` requests with ``concurrency`` workers; returns (req/s, p50 ms, p99 ms)."""
+Row = tuple[float, float, float, float]
+
+
+async def run_load(send: Send, n: int, concurrency: int, warmup: int) -> Row:
+    """Sends ``n`` requests with ``concurrency`` workers; returns (req/s, p50 ms, p99 ms, client CPU us/req).
+
+    The client's CPU time per request (this process only; worker and router run in their own
+    processes) is the figure least disturbed by other load on the machine."""
     for i in range(warmup):
         await send(i)
     latencies: list[float] = []
@@ -47,14 +53,14 @@ async def run_load(send: Send, n: int, concurrency: int, warmup: int) -> tuple[f
             await send(i)
             latencies.append(time.perf_counter() - t0)
 
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
     q = statistics.quantiles(latencies, n=100)
-    return n / elapsed, q[49] * 1000, q[98] * 1000
+    return n / elapsed, q[49] * 1000, q[98] * 1000, cpu / n * 1e6
 
 
-async def bench_bare(url: str, n: int, c: int, warmup: int) -> tuple[float, float, float]:
+async def bench_bare(url: str, n: int, c: int, warmup: int) -> Row:
     connector = aiohttp.TCPConnector(limit=c)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def send(i: int) -> None:
@@ -68,7 +74,7 @@ async def bench_bare(url: str, n: int, c: int, warmup: int) -> tuple[float, floa
         return await run_load(send, n, c, warmup)
 
 
-async def bench_agentrl(url: str, n: int, c: int, warmup: int) -> tuple[float, float, float]:
+async def bench_agentrl(url: str, n: int, c: int, warmup: int) -> Row:
     async with InferenceClient(ClientConfig(base_url=url, max_concurrency=c)) as client:
         async def send(i: int) -> None:
             res = await client.generate(PROMPT, PARAMS, routing_key=f"k{i % 256}")
@@ -77,7 +83,7 @@ async def bench_agentrl(url: str, n: int, c: int, warmup: int) -> tuple[float, f
         return await run_load(send, n, c, warmup)
 
 
-async def bench_httpx(url: str, n: int, c: int, warmup: int) -> tuple[float, float, float]:
+async def bench_httpx(url: str, n: int, c: int, warmup: int) -> Row:
     import httpx
 
     async with httpx.AsyncClient(timeout=60.0) as client:
@@ -123,8 +129,8 @@ def main() -> None:
     router = asyncio.run(Router.launch(RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING)))
     try:
         asyncio.run(router.add_worker(worker_url))
-        rows: dict[tuple[str, str], tuple[float, float, float]] = {}
-        clients: list[tuple[str, Callable[..., Awaitable[tuple[float, float, float]]]]] = [
+        rows: dict[tuple[str, str], Row] = {}
+        clients: list[tuple[str, Callable[..., Awaitable[Row]]]] = [
             ("bare aiohttp", bench_bare), ("agentrl", bench_agentrl)]
         if args.httpx:
             clients.append(("httpx", bench_httpx))
@@ -141,12 +147,13 @@ def main() -> None:
 
     print(f"{args.requests} requests, concurrency {args.concurrency}, max_new_tokens 4, logprobs on, "
           f"best of {args.rounds} interleaved rounds")
-    print(f"{'client':<14}{'path':<8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
-    for (name, path), (rps, p50, p99) in rows.items():
-        print(f"{name:<14}{path:<8}{rps:>10.0f}{p50:>10.1f}{p99:>10.1f}")
+    print(f"{'client':<14}{'path':<8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}")
+    for (name, path), (rps, p50, p99, cpu) in rows.items():
+        print(f"{name:<14}{path:<8}{rps:>10.0f}{p50:>10.1f}{p99:>10.1f}{cpu:>12.0f}")
     for path in ("direct", "router"):
-        ratio = rows[("agentrl", path)][0] / rows[("bare aiohttp", path)][0]
-        print(f"agentrl / bare aiohttp ({path}): {ratio:.2f}")
+        agentrl, bare = rows[("agentrl", path)], rows[("bare aiohttp", path)]
+        print(f"agentrl / bare aiohttp ({path}): rate {agentrl[0] / bare[0]:.2f}, "
+              f"client CPU per request {agentrl[3] / bare[3]:.2f}")
     print(f"router / direct (agentrl): {rows[('agentrl', 'router')][0] / rows[('agentrl', 'direct')][0]:.2f}")
 
 
