@@ -104,7 +104,8 @@ class AgentConfig:
     """Settings of the agent loop.
 
     - ``sampling``: per-request sampling; its ``max_new_tokens`` is the per-turn cap. The loop
-      sets ``max_new_tokens`` (budget) and ``stop_token_ids`` (the template's) on each request.
+      sets ``max_new_tokens`` (the budget) on each request and adds the template's stop ids to
+      ``stop_token_ids``.
     - ``context_length``: the engine's context window (None: only the environment's budget).
     - ``one_call_per_turn``: also stop on ``</tool_call>`` (the bridge then adds a synthetic turn close).
     - ``strict_parsing`` / ``max_calls_per_turn``: passed to the tool-call parser.
@@ -191,7 +192,8 @@ class _Runner:
         self.should_abort = should_abort
         self.tools: list[dict[str, Any]] = []  # read after reset(): environments may register tools there
         self.kwargs = dict(config.template_kwargs)
-        self.stops = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)
+        own = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)
+        self.stops = tuple(dict.fromkeys((*own, *config.sampling.stop_token_ids)))  # the template's, plus the user's
         limits = [c for c in (config.context_length, env.limits.max_context_tokens) if c is not None]
         self.context = min(limits) if limits else None
         self.sequences: list[Trajectory] = []

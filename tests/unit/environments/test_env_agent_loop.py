@@ -426,6 +426,9 @@ async def test_routing_key_scope(tok: Any, qwen3: ChatTemplate) -> None:
     await run(env(), qwen3, a)
     await run(env(), qwen3, b)
     assert a.requests[0].routing_key != b.requests[0].routing_key  # per episode by default
+    extra = ScriptedClient(tok, [answer("qwen3")])
+    await run(env(), qwen3, extra, sampling=SamplingParams(max_new_tokens=64, stop_token_ids=(7,)))
+    assert extra.requests[0].sampling.stop_token_ids == (qwen3.turn_close_id, 7)
     with pytest.raises(ValueError, match=r"AgentConfig\.routing: got 'node'"):
         AgentConfig(routing="node")
 
