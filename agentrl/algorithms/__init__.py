@@ -24,7 +24,14 @@ from agentrl.algorithms.estimators import (
 )
 from agentrl.algorithms.kl import KLKind, kl
 from agentrl.algorithms.logprobs import DEFAULT_CHUNK_SIZE, entropy_from_logits, logprobs_from_logits
-from agentrl.algorithms.losses import cispo_loss, gspo_loss, ppo_clip_loss, sequence_mean, value_loss
+from agentrl.algorithms.losses import (
+    cispo_loss,
+    gspo_loss,
+    opsm_mask,
+    ppo_clip_loss,
+    sequence_mean,
+    value_loss,
+)
 from agentrl.algorithms.reduce import LossAggregation, reduce_loss, rollout_denominators
 
 __all__ = [
@@ -45,6 +52,7 @@ __all__ = [
     "masked_whiten",
     "mis_weights",
     "mismatch_metrics",
+    "opsm_mask",
     "policy_loss_for",
     "ppo_clip_loss",
     "reduce_loss",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cispo_loss", "gspo_loss", "ppo_clip_loss", "sequence_mean", "value_loss"]
+__all__ = ["cispo_loss", "gspo_loss", "opsm_mask", "ppo_clip_loss", "sequence_mean", "value_loss"]
 
 
 def _same_shape(name: str, tensor: torch.Tensor, like: torch.Tensor) -> None:
@@ -136,6 +136,29 @@ def cispo_loss(
     weight = torch.clamp(ratio, low, high)
     clipped = (ratio < low) | (ratio > high)
     return -weight * advantages.detach() * logprobs, clipped
+
+
+def opsm_mask(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    sequence_ids: torch.Tensor | None = None,
+    delta: float = 1e-4,
+) -> torch.Tensor:
+    """Off-policy sequence mask (OPSM): 0 for every token of a sequence with ``A < 0`` whose masked
+    mean ``ℓold - ℓ`` exceeds ``delta``, else 1. Detached; multiply the per-token loss by it.
+
+    The advantage of a sequence is read from its trainable tokens (``A`` is constant per sequence).
+    """
+    _same_shape("old_logprobs", old_logprobs, logprobs)
+    _same_shape("advantages", advantages, logprobs)
+    _same_shape("loss_mask", loss_mask, logprobs)
+    drift = sequence_mean((old_logprobs - logprobs).detach(), loss_mask, sequence_ids)
+    seq_adv = sequence_mean(advantages.detach(), loss_mask, sequence_ids)
+    drop = (seq_adv < 0) & (drift > delta)
+    return (~drop).to(logprobs.dtype)
 
 
 def value_loss(

@@ -64,7 +64,8 @@ class LossConfig:
     ``temperature`` must equal the rollout sampling temperature (engine logprobs are reported after
     temperature scaling). ``old_logprobs``: ``"recompute"`` (a no-grad forward at the start of the
     step), ``"rollout"`` (use the engine's), or ``"detached"`` (``sg[ℓθ]``: ratio 1, one forward
-    saved; valid for one optimiser step per rollout).
+    saved; valid for one optimiser step per rollout). ``opsm_delta``: mask sequences with negative
+    advantage whose policy drifted by more than this (off-policy sequence mask); None disables it.
     """
 
     policy_loss: PolicyLossKind = PolicyLossKind.PPO
@@ -81,6 +82,7 @@ class LossConfig:
     tis_clip_low: float = 0.0
     mis_low: float = 0.5
     mis_high: float = 2.0
+    opsm_delta: float | None = None
     temperature: float = 1.0
     old_logprobs: Literal["recompute", "rollout", "detached"] = "recompute"
 
@@ -96,6 +98,7 @@ class LossConfig:
                  "'recompute', 'rollout' or 'detached'")
         _require(not (self.correction != "none" and self.old_logprobs == "rollout"), "correction", self.correction,
                  "'none' when old_logprobs='rollout' (the correction would always be 1)")
+        _require(self.opsm_delta is None or self.opsm_delta >= 0, "opsm_delta", self.opsm_delta, "None or >= 0")
         _require(self.dual_clip_c is None or self.dual_clip_c > 1, "dual_clip_c", self.dual_clip_c, "None or > 1")
         if self.aggregation is LossAggregation.SEQ_MEAN_TOKEN_SUM_NORM:
             _require(self.constant_normalizer is not None and self.constant_normalizer > 0, "constant_normalizer",

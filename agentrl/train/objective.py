@@ -20,6 +20,7 @@ from agentrl.algorithms import (
     gspo_loss,
     kl,
     mis_weights,
+    opsm_mask,
     ppo_clip_loss,
     reduce_loss,
     tis_weights,
@@ -89,6 +90,9 @@ def micro_batch_objective(
         per_token = per_token * tis_weights(old, rollout_lp, clip=config.tis_clip, clip_low=config.tis_clip_low)
     elif config.correction == "mis":
         per_token = per_token * mis_weights(old, rollout_lp, low=config.mis_low, high=config.mis_high)
+    if config.opsm_delta is not None:
+        per_token = per_token * opsm_mask(logprobs, old, mb.advantages, mask, sequence_ids=mb.sequence_ids,
+                                          delta=config.opsm_delta)
     pg_loss = reduce(per_token)
     loss = pg_loss
     metrics: dict[str, torch.Tensor] = {

@@ -146,11 +146,22 @@ class TorchTrainBackend:
                 out[idx] = [0.0, *piece.tolist()]
         return out
 
+    def fill_old_logprobs(self, batch: TrainingBatch) -> None:
+        """Score the batch under the current weights and store the result as every sequence's
+        ``old_logprobs``. With ``old_logprobs="recompute"``, sequences that carry them are not
+        re-scored, so several optimiser steps on one rollout batch (PPO epochs, mini-batches) keep
+        the ratio relative to the policy that started them."""
+        for seq, lps in zip(batch.sequences, self.compute_logprobs(batch), strict=True):
+            seq.old_logprobs = lps
+
     # -- the step ------------------------------------------------------------------------------
     def forward_backward(
         self, batch: TrainingBatch, *, micro_batches: list[list[int]] | None = None
     ) -> dict[str, float]:
         """Accumulate this rank's share of the step gradient, then sum gradients over ranks.
+
+        In ``old_logprobs="recompute"`` mode, sequences without ``old_logprobs`` are scored first
+        (no gradient); see :meth:`fill_old_logprobs` for several steps on one batch.
 
         ``micro_batches`` overrides the packing plan (lists of batch indices for this rank).
         Returns step metrics (summed over ranks). Raises :class:`NonFiniteLossError` on NaN/inf.
@@ -158,7 +169,7 @@ class TorchTrainBackend:
         mbs = self._plan(batch, micro_batches)
         cfg = self.config.loss
         for mb in mbs:
-            if cfg.old_logprobs == "recompute":
+            if cfg.old_logprobs == "recompute" and mb.old_logprobs is None:
                 mb.old_logprobs = self._score(self.model, mb)
             if cfg.kl_loss_coef > 0 and self.ref_model is not None:
                 mb.ref_logprobs = self._score(self.ref_model, mb)

@@ -14,6 +14,7 @@ from agentrl.algorithms import (
     masked_whiten,
     mis_weights,
     mismatch_metrics,
+    opsm_mask,
     ppo_clip_loss,
     reduce_loss,
     rollout_denominators,
@@ -260,3 +261,15 @@ def test_masked_whiten_with_given_stats() -> None:
     picked = [1.0, 3.0, 5.0]
     assert own[0, 0].item() == pytest.approx((1.0 - 3.0) / 2.0, abs=1e-6)
     assert sorted(own[mask.bool()].tolist()) == pytest.approx([(p - 3.0) / 2.0 for p in picked], abs=1e-6)
+
+
+def test_opsm_masks_drifted_negative_sequences_only() -> None:
+    lp = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]], dtype=D)
+    old = torch.tensor([[-0.5, -0.5, 0.0], [-0.5, -0.5, 0.0], [-1.0, -1.0, -1.0]], dtype=D)
+    adv = torch.tensor([-1.0, 1.0, -1.0], dtype=D)[:, None].expand(3, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    got = opsm_mask(lp, old, adv, mask, delta=1e-4)
+    for i in range(3):
+        drift = sum(float(old[i, t] - lp[i, t]) for t in range(3) if mask[i, t]) / sum(mask[i].tolist())
+        keep = not (float(adv[i, 0]) < 0 and drift > 1e-4)
+        assert got[i].tolist() == [float(keep)] * 3

@@ -108,7 +108,8 @@ def test_ratio_one_gradient_is_the_policy_gradient() -> None:
 
 
 @pytest.mark.parametrize("loss", [
-    {"old_logprobs": "rollout", "dual_clip_c": 3.0, "kl_loss_coef": 0.1, "kl_loss_type": "k2", "entropy_coef": 0.01},
+    {"old_logprobs": "rollout", "dual_clip_c": 3.0, "kl_loss_coef": 0.1, "kl_loss_type": "k2", "entropy_coef": 0.01,
+     "opsm_delta": 0.05},
     {"policy_loss": "gspo", "old_logprobs": "rollout", "eps_clip": 0.05, "eps_clip_high": 0.06},
     {"policy_loss": "cispo", "old_logprobs": "recompute", "correction": "tis", "tis_clip": 1.2},
 ])
@@ -266,3 +267,19 @@ def test_steps_move_logprobs_in_the_direction_of_the_advantage() -> None:
         backend.train_step(batch)
     assert mean_logprob(+1) > up + 0.05
     assert mean_logprob(-1) < down - 0.05
+
+
+def test_two_steps_on_one_batch_keep_the_first_policy_as_old() -> None:
+    batch = build_training_batch(trajectories(2, 3, seed=14))
+    cfg = TorchBackendConfig(device="cpu", dtype="float64", loss=LossConfig(old_logprobs="recompute"),
+                             optimizer=OptimizerConfig(lr=1e-2, grad_clip=None))
+    backend = TorchTrainBackend(tiny_model(0), cfg)
+    backend.fill_old_logprobs(batch)
+    first = backend.train_step(batch)
+    second = backend.train_step(batch)
+    assert first["ppo_kl"] == pytest.approx(0.0, abs=1e-12)
+    assert abs(second["ppo_kl"]) > 1e-4  # ratio relative to the policy before the first step
+    # Without stored old logprobs every step starts again from ratio 1.
+    fresh = build_training_batch(trajectories(2, 3, seed=14))
+    backend.train_step(fresh)
+    assert backend.train_step(fresh)["ppo_kl"] == pytest.approx(0.0, abs=1e-12)
