@@ -197,7 +197,7 @@ class InferenceClient:
         self._session: aiohttp.ClientSession | None = None
         self._limit: asyncio.Semaphore | None = None
         self._attempt_rid: dict[str, str] = {}
-        self._background: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[int]] = set()
 
     async def __aenter__(self) -> InferenceClient:
         self._ensure_session()
@@ -358,24 +358,29 @@ class InferenceClient:
         urls = list(self._control_urls()) if self._control_urls is not None else [self.config.base_url]
         return [u.rstrip("/") for u in urls]
 
-    async def _broadcast(self, path: str, body: dict[str, Any]) -> None:
+    async def _broadcast(self, path: str, body: dict[str, Any]) -> int:
         session = self._ensure_session()
         timeout = aiohttp.ClientTimeout(total=self.config.control_timeout_s)
 
-        async def one(url: str) -> None:
+        async def one(url: str) -> bool:
             try:
                 async with session.post(url + path, data=_dumps(body), headers=_JSON_HEADERS,
                                         timeout=timeout) as resp:
                     await resp.read()
+                    return resp.status < 300
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                pass  # an engine that is gone has nothing left to abort
+                return False  # an engine that is gone has nothing left to abort
 
-        await asyncio.gather(*(one(u) for u in self._targets()))
+        return sum(await asyncio.gather(*(one(u) for u in self._targets())))
 
-    async def abort(self, rid: str) -> None:
-        """Aborts request ``rid`` (its current attempt) wherever it runs; unknown ids are a no-op."""
-        await self._broadcast("/abort_request", {"rid": self._attempt_rid.get(rid, rid)})
+    async def abort(self, rid: str) -> int:
+        """Aborts request ``rid`` (its current attempt) wherever it runs; unknown ids are a no-op.
 
-    async def abort_all(self) -> None:
-        """Aborts every request on every engine of the group (also other clients' requests)."""
-        await self._broadcast("/abort_request", {"abort_all": True})
+        Returns how many engines accepted the abort (0 means it reached none: sglang-router does not
+        serve ``/abort_request``, so a client of a router needs ``control_urls``)."""
+        return await self._broadcast("/abort_request", {"rid": self._attempt_rid.get(rid, rid)})
+
+    async def abort_all(self) -> int:
+        """Aborts every request on every engine of the group (also other clients' requests); returns
+        how many engines accepted it."""
+        return await self._broadcast("/abort_request", {"abort_all": True})

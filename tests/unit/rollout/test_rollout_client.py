@@ -110,7 +110,10 @@ async def test_abort_by_rid_mid_generation(cluster: FakeCluster) -> None:
         task = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=2000), rid="victim"))
         other = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=20), rid="bystander"))
         await asyncio.sleep(0.3)
-        await client.abort("victim")
+        assert await client.abort("victim") == 2  # broadcast to both engines
+        # sglang-router itself does not serve /abort_request: without control URLs nothing is reached
+        async with InferenceClient(ClientConfig(base_url=cluster.router.url)) as bare:
+            assert await bare.abort("victim") == 0
         res, ok = await asyncio.wait_for(asyncio.gather(task, other), 10)
     assert res.aborted and 0 < res.completion_tokens < 2000
     assert ok.finish_reason.kind is FinishKind.LENGTH and ok.completion_tokens == 20
