@@ -1,0 +1,62 @@
+"""ManagedProcess stops exactly the tree it started (children included), nothing else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from agentrl.rollout.process import ManagedProcess
+
+SPAWNER = """
+import subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]) for _ in range(2)]
+print(" ".join(str(k.pid) for k in kids), flush=True)
+time.sleep(300)
+"""
+
+
+def _wait_for_children(proc: ManagedProcess) -> list[psutil.Process]:
+    for _ in range(100):
+        tree = proc.tree()
+        if len(tree) == 3:
+            return tree
+        time.sleep(0.05)
+    raise AssertionError(f"expected a root and 2 children, got {proc.tree()}")
+
+
+def test_stop_ends_the_whole_tree_and_spares_others(tmp_path: Path) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        proc = ManagedProcess([sys.executable, "-c", SPAWNER], env={"PATH": "/usr/bin:/bin"},
+                              log_path=tmp_path / "p.log", name="spawner")
+        tree = _wait_for_children(proc)
+        proc.stop(grace_s=2.0)
+        assert not proc.alive() and proc.tree() == []
+        assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in tree)
+        assert bystander.poll() is None  # not ours, still running
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_kill_now_and_log_tail(tmp_path: Path) -> None:
+    proc = ManagedProcess([sys.executable, "-c", SPAWNER], env={"PATH": "/usr/bin:/bin"},
+                          log_path=tmp_path / "k.log", name="spawner")
+    tree = _wait_for_children(proc)
+    for _ in range(100):
+        if proc.log_tail().strip():
+            break
+        time.sleep(0.05)
+    proc.kill_now()
+    assert proc.returncode() == -9
+    for p in tree[1:]:
+        try:
+            p.wait(timeout=5)
+        except psutil.NoSuchProcess:
+            pass
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in tree)
+    assert sorted(int(x) for x in proc.log_tail().split()) == sorted(p.pid for p in tree[1:])
