@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -55,6 +56,14 @@ async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engin
 async def client(group: EngineGroup) -> AsyncIterator[InferenceClient]:
     async with group.client(backoff_initial_s=0.1, max_retries=6) as c:
         yield c
+
+
+async def test_engine_that_cannot_start_fails_fast(tmp_path: Path) -> None:
+    config = EngineConfig(model_path=str(tmp_path / "no-such-model"), device="cpu", log_dir=tmp_path,
+                          startup_timeout_s=300)
+    with pytest.raises(EngineError, match="exited with code") as info:
+        await SGLangEngine.launch(config)
+    assert "no-such-model" in str(info.value)  # the log tail says what went wrong
 
 
 async def test_generate_with_logprobs_and_rescore(client: InferenceClient) -> None:
