@@ -62,7 +62,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
-from agentrl.chat.parse import parse_token_ids
 from agentrl.chat.template import ChatTemplate
 from agentrl.chat.types import Message, ToolCallFailure
 from agentrl.environments.base import Environment, StepResult
@@ -273,9 +272,8 @@ class _Runner:
         self.metrics["turns"] += 1
         if result.finish_reason.kind is FinishKind.ABORT:
             return StopReason.ABORTED
-        parsed = parse_token_ids(result.output_ids, self.template.tokenizer, self.template.tool_call_format,
-                                 self.tools, strict=self.config.strict_parsing,
-                                 max_calls=self.config.max_calls_per_turn)
+        parsed = self.template.parse(result.output_ids, self.tools, strict=self.config.strict_parsing,
+                                     max_calls=self.config.max_calls_per_turn)
         message = parsed.to_message()
         traj.messages.append(message)
         if result.finish_reason.kind is FinishKind.LENGTH:
