@@ -11,9 +11,10 @@ library only and is not imported by the host. Two modes:
     One request read from the base64 JSON arguments, one result written to stdout.
 
 Per execution the child, when the worker holds capabilities in its user namespace (bwrap), becomes
-PID 1 of a fresh PID namespace (so every process it starts dies with it and it cannot see or signal
-the worker), gets a fresh mount namespace with a private, size-capped tmpfs ``/tmp`` and its own
-``/proc``, then drops every capability before running user code. Without capabilities it falls back
+PID 1 of a fresh PID namespace (so every process the program starts dies with it and nothing in it
+can see or signal the worker), gets a fresh mount namespace with a private, size-capped tmpfs
+``/tmp`` and its own ``/proc``, drops every capability and forks the program's process, whose
+wait status it reports. Without capabilities it falls back
 to a new session plus a sweep of leftover processes, which is only done where the worker owns its
 PID namespace (never in ``local`` mode). Limits on CPU time, address space, processes and file size
 are rlimits set in the child; wall time and output size are enforced here by the parent.
@@ -171,6 +172,30 @@ def _close_other_fds():
                 pass
 
 
+def _supervise(wait_fd):
+    """Forks the program's process; this process stays PID 1 of the execution's namespace.
+
+    The program then behaves like an ordinary process (default signal actions apply to it, which
+    the kernel would ignore for a namespace's init; ``getpid()`` is not 1). PID 1 waits for it,
+    writes its wait status to ``wait_fd`` and exits, which kills whatever the program left behind.
+    """
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program (same uid, no capabilities) cannot ptrace PID 1
+    pid = os.fork()
+    if pid == 0:
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        os.close(wait_fd)
+        return
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in (0, 1, 2, wait_fd):
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+    _, status = os.waitpid(pid, 0)
+    os.write(wait_fd, str(status).encode())
+    os._exit(0)
+
+
 def _child(req, fds, private_ns):
     """The forked child: isolates itself, sets limits, wires fds 0-3 and runs the code. Never returns."""
     code = 70
@@ -180,6 +205,7 @@ def _child(req, fds, private_ns):
         if private_ns:
             _enter_private_mounts(int(req.get("tmp_bytes") or 64 << 20))
             _drop_capabilities()
+            _supervise(fds["wait"])  # returns in the program's process only
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("1000")
@@ -280,6 +306,23 @@ def _clear_dir(path):
                 pass
 
 
+def _tree_cpu(pid):
+    """CPU seconds used so far by ``pid`` and its descendants (from /proc)."""
+    total, stack, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -316,15 +359,16 @@ def execute(req, state):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     st_r, st_w = os.pipe()
+    wait_r, wait_w = os.pipe()
     private_ns = state["namespaces"]
     if private_ns:
         _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
     pid = os.fork()
     if pid == 0:
-        _child(req, {"out": out_w, "err": err_w, "status": st_w}, private_ns)
+        _child(req, {"out": out_w, "err": err_w, "status": st_w, "wait": wait_w}, private_ns)
     if private_ns:  # the worker's next fork must again start from its own PID namespace
         _check(_libc.setns(state["pidns_fd"], CLONE_NEWPID), "setns(CLONE_NEWPID)")
-    for fd in (out_w, err_w, st_w):
+    for fd in (out_w, err_w, st_w, wait_w):
         os.close(fd)
     captures = {out_r: _Capture(cap), err_r: _Capture(cap), st_r: _Capture(256)}
     pidfd = None
@@ -336,6 +380,7 @@ def execute(req, state):
     deadline = start + float(req.get("timeout_s") or 10.0)
     finished = _drain([out_r, err_r, st_r], captures, deadline, pidfd, pid)
     timed_out = not finished
+    tree_cpu = _tree_cpu(pid) if timed_out else 0.0  # before the kill: the program's own CPU time
     if timed_out:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -346,6 +391,9 @@ def execute(req, state):
         except OSError:
             pass
     _, status, usage = os.wait4(pid, 0)
+    waited = os.read(wait_r, 64) if private_ns and not timed_out else b""
+    if waited:  # the program's own status, reported by the namespace's PID 1
+        status = int(waited)
     if not private_ns:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -354,9 +402,9 @@ def execute(req, state):
         if state["sweep"]:
             _sweep()
             _clear_dir(req.get("workdir") or "/tmp")
-    for fd in (out_r, err_r, st_r) + ((pidfd,) if pidfd is not None else ()):
+    for fd in (out_r, err_r, st_r, wait_r) + ((pidfd,) if pidfd is not None else ()):
         os.close(fd)
-    cpu_s = usage.ru_utime + usage.ru_stime
+    cpu_s = max(usage.ru_utime + usage.ru_stime, tree_cpu)
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     reason = None
     if timed_out:
