@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import shlex
 import shutil
@@ -44,6 +45,8 @@ from agentrl.tools.sandbox.cgroups import CgroupSet, CgroupSupport, detect_cgrou
 from agentrl.tools.sandbox.pool import WorkerError, WorkerLaunch, WorkerPool, process_tree_memory
 
 __all__ = ["WORKER_SOURCE", "BwrapSandbox"]
+
+log = logging.getLogger(__name__)
 
 WORKER_SOURCE = Path(__file__).with_name("_worker.py")
 WORKER_IN_SANDBOX = "/opt/agentrl/worker.py"
@@ -91,6 +94,7 @@ class BwrapSandbox(Sandbox):
             raise SandboxUnavailableError("running as root needs setpriv (util-linux) to drop to uid 65534")
         support = detect_cgroups() if use_cgroups else CgroupSupport(None, frozenset(), reason="disabled")
         self._cgroup_support = support
+        _warn_missing_controllers(support, use_cgroups)
         self._cgroups: CgroupSet | None = None  # created with the first worker, removed by close()
         size = pool_size or default_pool_size()
         self._pool = WorkerPool(self._launch, size=size, max_concurrency=max_concurrency or size,
@@ -221,6 +225,16 @@ class BwrapSandbox(Sandbox):
             "bwrap_version": self._bwrap_version,
         }
         return Capabilities("bwrap", enforced, not_enforced, details)
+
+
+@functools.lru_cache(maxsize=4)
+def _warn_missing_controllers(support: CgroupSupport, use_cgroups: bool) -> None:
+    """Says once per process which limits fall back to rlimits or are not enforced at all."""
+    missing = sorted({"memory", "pids", "cpu"} - set(support.controllers))
+    if missing:
+        log.warning("bwrap sandbox: no cgroup for %s (%s); memory falls back to RLIMIT_AS, processes to "
+                    "RLIMIT_NPROC, and the per-worker CPU share is not enforced. See sandbox.capabilities().",
+                    ", ".join(missing), support.reason if use_cgroups else "cgroups disabled by use_cgroups=False")
 
 
 @functools.lru_cache(maxsize=8)

@@ -181,3 +181,12 @@ async def test_local_backend_warns_and_runs() -> None:
         r = await sb.run("import time\ntime.sleep(10)", timeout_s=0.3)
         assert r.timed_out
         assert sb.capabilities().not_enforced["network"].startswith("not isolated")
+
+
+async def test_workers_are_recycled_after_n_executions() -> None:
+    async with BwrapSandbox(pool_size=1, recycle_after=3) as sb:
+        seen = set()
+        for i in range(7):
+            assert (await sb.run(f"print({i})")).stdout == f"{i}\n"
+            seen.update(sb.worker_pids())
+        assert len(seen) == 3  # a fresh worker after every third execution
