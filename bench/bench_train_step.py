@@ -12,12 +12,13 @@ shape, 28 layers, 151,936 vocabulary) trains on a synthetic batch of packed sequ
 Prints tokens/s of both and their ratio. Nothing is asserted; run it where the device is.
 
     .venv/bin/python bench/bench_train_step.py --device cpu --model tiny
-    .venv/bin/python bench/bench_train_step.py --device cuda --model 0.6b --dtype bfloat16
+    .venv/bin/python bench/bench_train_step.py --device cuda --model 0.6b     # float32 params, bf16 autocast
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import time
 from typing import Any
@@ -90,14 +91,20 @@ def time_agentrl(backend: TorchTrainBackend, batch: TrainingBatch, steps: int) -
 def time_baseline(model: torch.nn.Module, batch: TrainingBatch, cfg: TorchBackendConfig, device: torch.device,
                   steps: int) -> float:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr)
+
+    def autocast_ctx() -> Any:
+        if cfg.autocast == "none":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=getattr(torch, cfg.autocast))
     lengths = [len(s.tokens) - 1 for s in batch.sequences]
     mbs = [collate(batch.sequences, idx, device=device) for idx in plan_micro_batches(lengths, cfg.packing)]
 
     def step() -> None:
         for mb in mbs:
             labels = torch.cat([mb.input_ids[1:], mb.input_ids[:1]])  # any targets: the cost is what counts
-            out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], labels=labels[None],
-                        use_cache=False)
+            with autocast_ctx():
+                out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], labels=labels[None],
+                            use_cache=False)
             out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -116,17 +123,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--model", choices=["tiny", "0.6b"], default="tiny")
-    parser.add_argument("--dtype", default=None, help="float32 (default on CPU) or bfloat16 (default elsewhere)")
+    parser.add_argument("--dtype", default="float32", help="parameter dtype")
+    parser.add_argument("--autocast", default=None,
+                        help="mixed-precision forward: none (default on CPU) or bfloat16 (default elsewhere)")
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=None, help="max tokens per sequence (tiny 512, 0.6b 2048)")
     parser.add_argument("--max-tokens", type=int, default=8192, help="micro-batch token budget")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     device = resolve_device(args.device)
-    dtype = args.dtype or ("float32" if device.type == "cpu" else "bfloat16")
+    dtype = args.dtype
+    autocast = args.autocast or ("none" if device.type == "cpu" else "bfloat16")
     seq_len = args.seq_len or (512 if args.model == "tiny" else 2048)
     cfg = TorchBackendConfig(
-        device=str(device), dtype=dtype, packing=PackingConfig(max_tokens=args.max_tokens),
+        device=str(device), dtype=dtype, autocast=autocast, packing=PackingConfig(max_tokens=args.max_tokens),
         loss=LossConfig(old_logprobs="recompute", eps_clip_high=0.28), optimizer=OptimizerConfig(lr=1e-6),
     )
     model = build_model(args.model, seed=0)
@@ -138,8 +148,8 @@ def main() -> None:
     baseline_model = build_model(args.model, seed=0).to(device=device, dtype=backend.dtype)
     del backend, model
     base = time_baseline(baseline_model, batch, cfg, device, args.steps)
-    print(f"model {args.model}, device {device}, dtype {dtype}, {args.sequences} sequences, {tokens} tokens/step, "
-          f"budget {args.max_tokens}")
+    print(f"model {args.model}, device {device}, params {dtype}, autocast {autocast}, {args.sequences} sequences, "
+          f"{tokens} tokens/step, budget {args.max_tokens}")
     print(f"  agentrl train_step   : {tokens / ours:10.1f} tokens/s ({ours * 1e3:.0f} ms/step)")
     print(f"  plain HF CE step     : {tokens / base:10.1f} tokens/s ({base * 1e3:.0f} ms/step)")
     print(f"  ratio agentrl / plain: {base / ours:.2f} (includes the no-grad old-logprob forward)")

@@ -126,13 +126,17 @@ class TorchBackendConfig:
     """The plain PyTorch train backend.
 
     ``device``: ``"auto"``, ``"cpu"``, ``"cuda[:i]"`` or ``"npu[:i]"``. ``dtype``: the parameter
-    dtype (``"float32"``, ``"bfloat16"``, ``"float64"`` for exact tests). ``logprob_chunk_size``:
+    (and optimiser state) dtype, ``"float32"`` by default, ``"float64"`` for exact tests.
+    ``autocast``: run forward passes in ``"bfloat16"``/``"float16"`` (mixed precision) while
+    parameters stay in ``dtype``. Prefer it to ``dtype="bfloat16"`` on accelerators: RL learning
+    rates (~1e-6) are below bfloat16's resolution, so pure-bfloat16 weights would barely move. ``logprob_chunk_size``:
     rows per chunk of the log-softmax. ``verify_packing``: on start, check that the model attends
     within packed sequences only (a model without packed-sequence support would silently mix them).
     """
 
     device: str = "auto"
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    autocast: Literal["none", "bfloat16", "float16"] = "none"
     packing: PackingConfig = field(default_factory=PackingConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -143,4 +147,6 @@ class TorchBackendConfig:
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16", "float64"), "dtype", self.dtype,
                  "'float32', 'bfloat16', 'float16' or 'float64'")
+        _require(self.autocast in ("none", "bfloat16", "float16"), "autocast", self.autocast,
+                 "'none', 'bfloat16' or 'float16'")
         _require(self.logprob_chunk_size > 0, "logprob_chunk_size", self.logprob_chunk_size, "a positive integer")

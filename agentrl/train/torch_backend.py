@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,8 +105,14 @@ class TorchTrainBackend:
         return cls(model, cfg, ref_model=ref, vocab_size=vocab_size)
 
     # -- forward passes ------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        if self.config.autocast == "none":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=_DTYPES[self.config.autocast])
+
     def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False)
+        with self._autocast():
+            out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False)
         logits: torch.Tensor = out.logits[0]
         return logits
 

@@ -283,3 +283,15 @@ def test_two_steps_on_one_batch_keep_the_first_policy_as_old() -> None:
     fresh = build_training_batch(trajectories(2, 3, seed=14))
     backend.train_step(fresh)
     assert backend.train_step(fresh)["ppo_kl"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_bfloat16_autocast_keeps_float32_parameters() -> None:
+    cfg = TorchBackendConfig(device="cpu", dtype="float32", autocast="bfloat16",
+                             optimizer=OptimizerConfig(lr=1e-6, grad_clip=None))
+    backend = TorchTrainBackend(tiny_model(0, torch.float32), cfg)
+    before = backend.model.get_input_embeddings().weight.detach().clone()
+    metrics = backend.train_step(build_training_batch(trajectories(1, 3, seed=15)))
+    after = backend.model.get_input_embeddings().weight.detach()
+    assert after.dtype == torch.float32 and metrics["grad_norm"] > 0
+    # An update of lr 1e-6 is visible in float32 (it would round away in bfloat16 weights).
+    assert 0 < float((after - before).abs().max()) < 1e-5
