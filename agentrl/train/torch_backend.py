@@ -137,7 +137,9 @@ class TorchTrainBackend:
             micro_batches = plan_micro_batches(lengths, self.config.packing, world_size=self.dist.world_size,
                                                rank=self.dist.rank)
         float_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        return [collate(batch.sequences, idx, dtype=float_dtype, device=self.device) for idx in micro_batches if idx]
+        # A one-token sequence has nothing to score (and nothing to train); it only counts as a rollout.
+        scored = [[i for i in idx if len(batch.sequences[i].tokens) > 1] for idx in micro_batches]
+        return [collate(batch.sequences, idx, dtype=float_dtype, device=self.device) for idx in scored if idx]
 
     def compute_logprobs(self, batch: TrainingBatch, *, reference: bool = False) -> list[list[float]]:
         """Per sequence, position-aligned logprobs of its tokens (entry 0 is 0.0) under the current

@@ -295,3 +295,19 @@ def test_bfloat16_autocast_keeps_float32_parameters() -> None:
     assert after.dtype == torch.float32 and metrics["grad_norm"] > 0
     # An update of lr 1e-6 is visible in float32 (it would round away in bfloat16 weights).
     assert 0 < float((after - before).abs().max()) < 1e-5
+
+
+def test_prompt_only_rollouts_count_but_are_not_run() -> None:
+    from agentrl.trajectory import Status, Trajectory
+
+    trajs = trajectories(1, 2, seed=16)
+    empty = Trajectory.from_prompt([7], group_id="g0", rollout_id="empty")
+    empty.finish(Status.TRUNCATED)
+    empty.reward = 0.0
+    batch = build_training_batch([*trajs, empty])
+    assert batch.num_rollouts == 3
+    backend = TorchTrainBackend(tiny_model(0), _config())
+    # The one-token sequence alone in a micro-batch: that micro-batch is skipped, not run empty.
+    metrics = backend.forward_backward(batch, micro_batches=[[0, 1], [2]])
+    assert metrics["micro_batches"] == 1
+    assert backend.compute_logprobs(batch)[2] == [0.0]
