@@ -53,6 +53,7 @@ class NonFiniteLossError(RuntimeError):
 class TorchTrainBackend:
     """Trains a Hugging Face causal LM with the GRPO-family objective of ``config.loss``.
 
+    The model is kept in eval mode (no dropout), so scoring and training forwards agree.
     Not thread-safe. In data parallel, construct one per rank after ``torch.distributed`` is
     initialised, with identical weights, and call every method on every rank with the same batch.
     """
@@ -69,7 +70,9 @@ class TorchTrainBackend:
         self.device = resolve_device(self.config.device)
         self.dtype = _DTYPES[self.config.dtype]
         self.dist = DistInfo.current()
-        self.model = model.to(device=self.device, dtype=self.dtype)
+        # Eval mode for good: dropout would make the training forward differ from the scoring
+        # forward, so the PPO ratio would not be 1 on-policy. Gradients flow the same in eval mode.
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.vocab_rows = _embedding_rows(self.model)
         if vocab_size is not None and vocab_size > self.vocab_rows:
             raise ValueError(
@@ -320,16 +323,11 @@ class TorchTrainBackend:
         b = torch.randint(0, self.vocab_rows, (5,), generator=gen).to(self.device)
         both = torch.cat([a, b])[None]
         positions = torch.cat([torch.arange(7), torch.arange(5)]).to(self.device)[None]
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                alone = self.model(input_ids=b[None], use_cache=False).logits[0].double()
-                packed = self.model(input_ids=both, position_ids=positions, use_cache=False).logits[0, 7:].double()
-                leaked = self.model(input_ids=both, position_ids=positions, attention_mask=torch.ones_like(both),
-                                    use_cache=False).logits[0, 7:].double()
-        finally:
-            self.model.train(was_training)
+        with torch.no_grad():
+            alone = self.model(input_ids=b[None], use_cache=False).logits[0].double()
+            packed = self.model(input_ids=both, position_ids=positions, use_cache=False).logits[0, 7:].double()
+            leaked = self.model(input_ids=both, position_ids=positions, attention_mask=torch.ones_like(both),
+                                use_cache=False).logits[0, 7:].double()
         err = float((packed - alone).abs().max())
         leak = float((leaked - alone).abs().max())
         if err > 0.5 * leak + 1e-6 * (1 + float(alone.abs().max())):

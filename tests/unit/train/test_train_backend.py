@@ -311,3 +311,26 @@ def test_prompt_only_rollouts_count_but_are_not_run() -> None:
     metrics = backend.forward_backward(batch, micro_batches=[[0, 1], [2]])
     assert metrics["micro_batches"] == 1
     assert backend.compute_logprobs(batch)[2] == [0.0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_other_causal_lms_train_and_dropout_is_off(arch: str) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    vocab = vocab_size()
+    torch.manual_seed(0)
+    if arch == "llama":
+        model: torch.nn.Module = LlamaForCausalLM(LlamaConfig(
+            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    else:  # learned absolute positions and dropout 0.1 everywhere
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4,
+                                           bos_token_id=0, eos_token_id=0))
+    model.train()
+    backend = TorchTrainBackend(model, _config(old_logprobs="recompute"), vocab_size=vocab)
+    batch = build_training_batch(trajectories(2, 3, seed=17))
+    metrics = backend.forward_backward(batch, micro_batches=[[0, 1, 2], [3, 4, 5]])
+    # Full GRPO groups at ratio 1: the loss is minus the mean advantage (0) and no drift from dropout.
+    assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-12)
+    assert metrics["loss"] == pytest.approx(0.0, abs=1e-12)
+    assert backend.optim_step()["grad_norm"] > 0
