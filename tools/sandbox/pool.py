@@ -92,10 +92,13 @@ class _Worker:
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:  # the worker leads its own session: this reaches it and nothing else
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+            except (ProcessLookupError, PermissionError):
+                # Not proc.kill() in general: Popen.send_signal polls first and would reap the child
+                # behind asyncio's child watcher.
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
         await self.proc.wait()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(self._stderr_task, 1.0)

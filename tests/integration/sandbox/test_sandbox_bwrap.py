@@ -95,6 +95,8 @@ async def test_state_does_not_leak_between_executions() -> None:
         await sb.run("open('/tmp/f', 'w').write('x')\nimport builtins\nbuiltins.leak = 1")
         r = await sb.run("import os, builtins\nprint(os.listdir('/tmp'), hasattr(builtins, 'leak'))")
         assert r.stdout == "[] False\n"
+        draws = {(await sb.run("import random\nrandom.random()")).stdout for _ in range(3)}
+        assert len(draws) == 3  # forked executions do not share a random state
 
 
 async def test_cancellation_replaces_the_worker_and_close_kills_everything() -> None:
