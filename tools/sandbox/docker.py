@@ -114,7 +114,13 @@ class DockerSandbox(Sandbox):
             if self._closed:
                 raise RuntimeError("DockerSandbox.start: the sandbox is closed")
             self._client = await self._call(self._connect)
-            containers = await asyncio.gather(*(self._call(self._create_container) for _ in range(self.pool_size)))
+            created = await asyncio.gather(*(self._call(self._create_container) for _ in range(self.pool_size)),
+                                           return_exceptions=True)
+            containers = [c for c in created if not isinstance(c, BaseException)]
+            errors = [c for c in created if isinstance(c, BaseException)]
+            if errors:
+                await asyncio.gather(*(self._call(self._remove, c) for c in containers))
+                raise SandboxUnavailableError(f"cannot start sandbox containers from {self.image!r}: {errors[0]!r}")
             for c in containers:
                 self._all[c.id] = c
             self._idle.extend(containers)
