@@ -22,6 +22,7 @@ from agentrl.algorithms.estimators import (
     default_aggregation,
     policy_loss_for,
 )
+from agentrl.algorithms.fused_logprobs import entropy_from_hidden, logprobs_from_hidden
 from agentrl.algorithms.kl import KLKind, kl
 from agentrl.algorithms.logprobs import DEFAULT_CHUNK_SIZE, entropy_from_logits, logprobs_from_logits
 from agentrl.algorithms.losses import (
@@ -43,11 +44,13 @@ __all__ = [
     "cispo_loss",
     "compute_advantages",
     "default_aggregation",
+    "entropy_from_hidden",
     "entropy_from_logits",
     "gae_advantages",
     "group_advantages",
     "gspo_loss",
     "kl",
+    "logprobs_from_hidden",
     "logprobs_from_logits",
     "masked_whiten",
     "mis_weights",

@@ -130,7 +130,9 @@ class TorchBackendConfig:
     ``autocast``: run forward passes in ``"bfloat16"``/``"float16"`` (mixed precision) while
     parameters stay in ``dtype``. Prefer it to ``dtype="bfloat16"`` on accelerators: RL learning
     rates (~1e-6) are below bfloat16's resolution, so pure-bfloat16 weights would barely move. ``logprob_chunk_size``:
-    rows per chunk of the log-softmax. ``verify_packing``: on start, check that the model attends
+    rows per chunk of the log-softmax. ``fused_lm_head``: score tokens from the decoder's hidden
+    states and the output embedding, never building the ``[tokens, vocab]`` logits (checked against
+    the model's own logits on start; entropy is then a metric only). ``verify_packing``: on start, check that the model attends
     within packed sequences only (a model without packed-sequence support would silently mix them).
     """
 
@@ -141,6 +143,7 @@ class TorchBackendConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     logprob_chunk_size: int = 128
+    fused_lm_head: bool = False
     verify_packing: bool = True
     seed: int = 0
 
@@ -149,4 +152,6 @@ class TorchBackendConfig:
                  "'float32', 'bfloat16', 'float16' or 'float64'")
         _require(self.autocast in ("none", "bfloat16", "float16"), "autocast", self.autocast,
                  "'none', 'bfloat16' or 'float16'")
+        _require(not (self.fused_lm_head and self.loss.entropy_coef > 0), "fused_lm_head", self.fused_lm_head,
+                 "False when loss.entropy_coef > 0 (the fused path has no entropy gradient)")
         _require(self.logprob_chunk_size > 0, "logprob_chunk_size", self.logprob_chunk_size, "a positive integer")

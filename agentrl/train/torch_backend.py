@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,6 @@ from typing import Any
 
 import torch
 
-from agentrl.algorithms import entropy_from_logits, logprobs_from_logits
 from agentrl.train.batching import TrainingBatch
 from agentrl.train.checkpoint import capture_rng_state, restore_rng_state, rng_path, trainer_path
 from agentrl.train.config import TorchBackendConfig
@@ -36,6 +34,7 @@ from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum, barrier
 from agentrl.train.objective import StepCounts, micro_batch_objective
 from agentrl.train.packing import MicroBatch, collate, pack_indices, plan_micro_batches
+from agentrl.train.scoring import TokenScorer
 
 __all__ = ["NonFiniteLossError", "TorchTrainBackend"]
 
@@ -91,8 +90,11 @@ class TorchTrainBackend:
         )
         self.step = 0
         torch.manual_seed(self.config.seed)
+        self.scorer = TokenScorer(self.config, self.device)
         if self.config.verify_packing:
-            self._verify_packing()
+            self.scorer.verify_packing(self.model, self.vocab_rows)
+        if self.config.fused_lm_head:
+            self.scorer.verify_fused(self.model, self.vocab_rows)
 
     @classmethod
     def from_pretrained(
@@ -108,23 +110,6 @@ class TorchTrainBackend:
         return cls(model, cfg, ref_model=ref, vocab_size=vocab_size)
 
     # -- forward passes ------------------------------------------------------------------------
-    def _autocast(self) -> Any:
-        if self.config.autocast == "none":
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=_DTYPES[self.config.autocast])
-
-    def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        with self._autocast():
-            out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False)
-        logits: torch.Tensor = out.logits[0]
-        return logits
-
-    def _score(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        with torch.no_grad():
-            logits = self._logits(model, mb)
-            return logprobs_from_logits(logits, mb.target_ids, temperature=self.config.loss.temperature,
-                                        chunk_size=self.config.logprob_chunk_size)
-
     def _plan(self, batch: TrainingBatch, micro_batches: list[list[int]] | None) -> list[MicroBatch]:
         if not batch.sequences:
             raise ValueError("batch: expected at least one training sequence, got an empty batch")
@@ -154,7 +139,7 @@ class TorchTrainBackend:
         plan = pack_indices(lengths, self.config.packing.max_tokens, self.config.packing.algorithm)
         out: list[list[float]] = [[0.0] for _ in batch.sequences]
         for mb in self._plan(batch, plan):
-            for idx, piece in zip(mb.indices, mb.split(self._score(model, mb)), strict=True):
+            for idx, piece in zip(mb.indices, mb.split(self.scorer.logprobs(model, mb)), strict=True):
                 out[idx] = [0.0, *piece.tolist()]
         return out
 
@@ -182,9 +167,9 @@ class TorchTrainBackend:
         cfg = self.config.loss
         for mb in mbs:
             if cfg.old_logprobs == "recompute" and mb.old_logprobs is None:
-                mb.old_logprobs = self._score(self.model, mb)
+                mb.old_logprobs = self.scorer.logprobs(self.model, mb)
             if cfg.kl_loss_coef > 0 and self.ref_model is not None:
-                mb.ref_logprobs = self._score(self.ref_model, mb)
+                mb.ref_logprobs = self.scorer.logprobs(self.ref_model, mb)
         counts = StepCounts(num_rollouts=batch.num_rollouts, num_tokens=batch.num_trainable_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = {}
@@ -201,25 +186,18 @@ class TorchTrainBackend:
 
     def _micro_batch(self, mb: MicroBatch, counts: StepCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config.loss
-        logits = self._logits(self.model, mb)
-        logprobs = logprobs_from_logits(logits, mb.target_ids, temperature=cfg.temperature,
-                                        chunk_size=self.config.logprob_chunk_size)
-        if cfg.entropy_coef > 0:
-            entropy = entropy_from_logits(logits, temperature=cfg.temperature, chunk_size=self.config.logprob_chunk_size)
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach(), temperature=cfg.temperature,
-                                              chunk_size=self.config.logprob_chunk_size)
+        logprobs, entropy, anchor = self.scorer.scores(
+            self.model, mb, entropy="grad" if cfg.entropy_coef > 0 else "metric")
         loss, metrics = micro_batch_objective(mb, logprobs, entropy, cfg, counts)
         if float(mb.loss_mask.sum()) == 0:
             # Keep the graph connected to every parameter used, so backward runs the same on all ranks.
-            loss = loss + 0.0 * logits.sum()
+            loss = loss + 0.0 * anchor.sum()
         loss.backward()
         return loss, metrics
 
     def _diagnose(self, batch: TrainingBatch, mb: MicroBatch, index: int, loss: torch.Tensor) -> dict[str, Any]:
         with torch.no_grad():
-            logprobs = self._score(self.model, mb)
+            logprobs = self.scorer.logprobs(self.model, mb)
         return {
             "step": self.step, "rank": self.dist.rank, "micro_batch": index, "loss": float(loss.detach()),
             "rollout_ids": [batch.sequences[i].rollout_id for i in mb.indices],
@@ -314,28 +292,6 @@ class TorchTrainBackend:
         """``(name, tensor)`` of the current weights, detached, for syncing inference engines."""
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach()
-
-    # -- checks ----------------------------------------------------------------------------------
-    def _verify_packing(self) -> None:
-        """Check the model attends within packed sequences only (block-diagonal from position ids)."""
-        gen = torch.Generator().manual_seed(1234)
-        a = torch.randint(0, self.vocab_rows, (7,), generator=gen).to(self.device)
-        b = torch.randint(0, self.vocab_rows, (5,), generator=gen).to(self.device)
-        both = torch.cat([a, b])[None]
-        positions = torch.cat([torch.arange(7), torch.arange(5)]).to(self.device)[None]
-        with torch.no_grad():
-            alone = self.model(input_ids=b[None], use_cache=False).logits[0].double()
-            packed = self.model(input_ids=both, position_ids=positions, use_cache=False).logits[0, 7:].double()
-            leaked = self.model(input_ids=both, position_ids=positions, attention_mask=torch.ones_like(both),
-                                use_cache=False).logits[0, 7:].double()
-        err = float((packed - alone).abs().max())
-        leak = float((leaked - alone).abs().max())
-        if err > 0.5 * leak + 1e-6 * (1 + float(alone.abs().max())):
-            raise RuntimeError(
-                f"model: packed sequences leak attention into each other (max logit error {err:.3g} vs {leak:.3g} "
-                "for full attention); use a model whose attention masks by position_ids (Hugging Face models built "
-                "on masking_utils, or flash-attention varlen) or set verify_packing=False at your own risk"
-            )
 
 
 def _embedding_rows(model: torch.nn.Module) -> int:

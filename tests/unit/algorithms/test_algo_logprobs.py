@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.algorithms import entropy_from_logits, logprobs_from_logits
+from agentrl.algorithms import (
+    entropy_from_hidden,
+    entropy_from_logits,
+    logprobs_from_hidden,
+    logprobs_from_logits,
+)
 
 
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 3), (0.7, 4), (1.3, 1000)])
@@ -67,3 +72,38 @@ def test_bad_inputs_name_the_field() -> None:
         logprobs_from_logits(logits, torch.tensor([0, 1, 2]), temperature=0)
     with pytest.raises(ValueError, match=r"logits: expected a 2-D"):
         entropy_from_logits(torch.zeros(5))
+
+
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 3), (0.6, 64)])
+def test_logprobs_from_hidden_match_the_logits_path(temperature: float, chunk: int) -> None:
+    torch.manual_seed(4)
+    hidden = torch.randn(10, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(41, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 41, (10,))
+    got = logprobs_from_hidden(hidden, weight, targets, temperature=temperature, chunk_size=chunk)
+    h2 = hidden.detach().clone().requires_grad_(True)
+    w2 = weight.detach().clone().requires_grad_(True)
+    ref = torch.log_softmax((h2 @ w2.T) / temperature, dim=-1).gather(1, targets[:, None]).squeeze(1)
+    assert torch.allclose(got, ref, atol=1e-12, rtol=0)
+    g = torch.randn(10, dtype=torch.float64)
+    (got * g).sum().backward()
+    (ref * g).sum().backward()
+    assert hidden.grad is not None and weight.grad is not None and h2.grad is not None and w2.grad is not None
+    assert torch.allclose(hidden.grad, h2.grad, atol=1e-12, rtol=0)
+    assert torch.allclose(weight.grad, w2.grad, atol=1e-12, rtol=0)
+    ent = entropy_from_hidden(hidden.detach(), weight.detach(), temperature=temperature, chunk_size=chunk)
+    logp = torch.log_softmax((hidden.detach() @ weight.detach().T) / temperature, dim=-1)
+    assert torch.allclose(ent, -(logp.exp() * logp).sum(-1), atol=1e-12, rtol=0)
+
+
+def test_logprobs_from_hidden_gradcheck_and_errors() -> None:
+    torch.manual_seed(5)
+    hidden = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 6, (4,))
+    assert torch.autograd.gradcheck(
+        lambda h, w: logprobs_from_hidden(h, w, targets, temperature=0.9, chunk_size=3), (hidden, weight))
+    with pytest.raises(ValueError, match=r"hidden/weight: expected \[tokens, hidden\] and \[vocab, hidden\]"):
+        logprobs_from_hidden(hidden, weight.T, targets)
+    with pytest.raises(ValueError, match=r"targets: ids must lie in \[0, 6\)"):
+        logprobs_from_hidden(hidden, weight, torch.tensor([0, 1, 2, 6]))

@@ -334,3 +334,45 @@ def test_other_causal_lms_train_and_dropout_is_off(arch: str) -> None:
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-12)
     assert metrics["loss"] == pytest.approx(0.0, abs=1e-12)
     assert backend.optim_step()["grad_norm"] > 0
+
+
+def test_fused_lm_head_matches_the_logits_path() -> None:
+    model = tiny_model(0)
+    batch = _batch_near_policy(model, seed=18)
+    results = []
+    for fused in (False, True):
+        cfg = TorchBackendConfig(device="cpu", dtype="float64", fused_lm_head=fused,
+                                 loss=LossConfig(old_logprobs="recompute", eps_clip_high=0.28),
+                                 optimizer=OptimizerConfig(grad_clip=None))
+        backend = TorchTrainBackend(copy.deepcopy(model), cfg)
+        metrics = backend.forward_backward(batch, micro_batches=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11, 12]])
+        results.append((metrics, _grads(backend.model), backend.compute_logprobs(batch)))
+    (m0, g0, lp0), (m1, g1, lp1) = results
+    for key in ("loss", "pg_loss", "entropy"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-10), key
+    for name, g in g0.items():
+        assert torch.allclose(g1[name], g, atol=1e-10, rtol=0), name
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-10) for a, b in zip(lp0, lp1, strict=True))
+
+
+def test_fused_lm_head_refuses_models_it_cannot_reproduce() -> None:
+    from transformers import Qwen3ForCausalLM
+
+    class ScaledLogits(Qwen3ForCausalLM):  # logit scaling the fused path does not know about
+        def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 2.0
+            return out
+
+    base = tiny_model(0)
+    scaled = ScaledLogits(base.config).to(torch.float64)
+    scaled.load_state_dict(base.state_dict())
+    cfg = TorchBackendConfig(device="cpu", dtype="float64", fused_lm_head=True)
+    with pytest.raises(ValueError, match="fused_lm_head: log-probs from hidden states differ"):
+        TorchTrainBackend(scaled, cfg)
+    biased = tiny_model(0)
+    biased.lm_head = torch.nn.Linear(64, biased.lm_head.out_features, bias=True).to(torch.float64)
+    with pytest.raises(ValueError, match="fused_lm_head: the model's output embedding is not a bias-free"):
+        TorchTrainBackend(biased, cfg)
+    with pytest.raises(ValueError, match=r"fused_lm_head: expected False when loss\.entropy_coef > 0"):
+        TorchBackendConfig(fused_lm_head=True, loss=LossConfig(entropy_coef=0.01))
