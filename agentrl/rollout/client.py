@@ -198,6 +198,7 @@ class InferenceClient:
         self._limit: asyncio.Semaphore | None = None
         self._attempt_rid: dict[str, str] = {}
         self._background: set[asyncio.Future[int]] = set()
+        self._client_aborted: set[str] = set()
 
     async def __aenter__(self) -> InferenceClient:
         self._ensure_session()
@@ -255,12 +256,19 @@ class InferenceClient:
         if routing_key is not None:
             headers[ROUTING_KEY_HEADER] = routing_key
         deadline = self.config.deadline_s if deadline_s is None else deadline_s
+        if rid in self._attempt_rid:
+            raise ValueError(f"generate(rid={rid!r}): a request with this rid is already in flight")
+        self._attempt_rid[rid] = rid
         self._ensure_session()
         assert self._limit is not None
-        async with self._limit:
-            if deadline is None:
-                return await self._with_retries(payload, headers, rid)
-            return await self._with_deadline(payload, headers, rid, deadline)
+        try:
+            async with self._limit:
+                if deadline is None:
+                    return await self._with_retries(payload, headers, rid)
+                return await self._with_deadline(payload, headers, rid, deadline)
+        finally:
+            self._attempt_rid.pop(rid, None)
+            self._client_aborted.discard(rid)
 
     async def _with_deadline(self, payload: dict[str, Any], headers: dict[str, str], rid: str,
                              deadline: float) -> GenerateResult:
@@ -302,26 +310,24 @@ class InferenceClient:
         cfg = self.config
         last: _Retryable | None = None
         attempts = 0
-        try:
-            for attempt in range(cfg.max_retries + 1):
-                if state is not None and state.expired:
-                    break
-                attempt_rid = rid if attempt == 0 else f"{rid}-retry{attempt}"
-                self._attempt_rid[rid] = attempt_rid
-                payload["rid"] = attempt_rid
-                attempts += 1
-                try:
-                    body = await self._post_generate(payload, headers)
-                except _Retryable as err:
-                    last = err
-                    if attempt < cfg.max_retries:
-                        delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**attempt)
-                        await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
-                    continue
-                return parse_generate_response(body, rid, attempts=attempts)
-        finally:
-            self._attempt_rid.pop(rid, None)
-        assert last is not None
+        for attempt in range(cfg.max_retries + 1):
+            if (state is not None and state.expired) or rid in self._client_aborted:
+                break
+            attempt_rid = rid if attempt == 0 else f"{rid}-retry{attempt}"
+            self._attempt_rid[rid] = attempt_rid
+            payload["rid"] = attempt_rid
+            attempts += 1
+            try:
+                body = await self._post_generate(payload, headers)
+            except _Retryable as err:
+                last = err
+                if attempt < cfg.max_retries:
+                    delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**attempt)
+                    await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
+                continue
+            return parse_generate_response(body, rid, attempts=attempts)
+        if last is None:  # aborted by the client before anything was sent
+            return self._aborted(rid, "aborted by the client before the request was sent", 0)
         why = "deadline exceeded" if state is not None and state.expired else "engine unavailable"
         return self._aborted(rid, f"{why} after {attempts} attempts: {last}", attempts, last.status)
 
@@ -376,11 +382,16 @@ class InferenceClient:
     async def abort(self, rid: str) -> int:
         """Aborts request ``rid`` (its current attempt) wherever it runs; unknown ids are a no-op.
 
-        Returns how many engines accepted the abort (0 means it reached none: sglang-router does not
-        serve ``/abort_request``, so a client of a router needs ``control_urls``)."""
+        A request of this client that is still waiting for a slot, or backing off before a retry, is
+        not sent (again) and comes back aborted. Returns how many engines accepted the abort (0 means
+        it reached none: sglang-router does not serve ``/abort_request``, so a client of a router
+        needs ``control_urls``)."""
+        if rid in self._attempt_rid:
+            self._client_aborted.add(rid)  # no (further) attempts: covers waiting and backing-off requests
         return await self._broadcast("/abort_request", {"rid": self._attempt_rid.get(rid, rid)})
 
     async def abort_all(self) -> int:
         """Aborts every request on every engine of the group (also other clients' requests); returns
         how many engines accepted it."""
+        self._client_aborted.update(self._attempt_rid)
         return await self._broadcast("/abort_request", {"abort_all": True})

@@ -153,3 +153,22 @@ async def test_deadline_when_the_abort_never_arrives(cluster: FakeCluster) -> No
         # the client stays usable, and its task was not left cancelled
         ok = await client.generate([1], SamplingParams(max_new_tokens=2))
     assert ok.finish_reason.kind is FinishKind.LENGTH
+
+
+async def test_abort_of_a_waiting_request_and_duplicate_rids(cluster: FakeCluster) -> None:
+    import asyncio
+
+    for w in cluster.workers:
+        w.state.token_delay_s = 0.01
+    async with _client(cluster, max_concurrency=1) as client:
+        first = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=30), rid="first"))
+        waiting = asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=30), rid="waiting"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(ValueError, match="rid='first'"):
+            await client.generate([1], SamplingParams(max_new_tokens=1), rid="first")
+        await client.abort("waiting")  # still queued behind the concurrency limit
+        done_first, done_waiting = await asyncio.wait_for(asyncio.gather(first, waiting), 10)
+    assert done_first.finish_reason.kind is FinishKind.LENGTH
+    assert done_waiting.aborted and done_waiting.attempts == 0 and "before the request was sent" in (
+        done_waiting.finish_reason.message or "")
+    assert [r["rid"] for w in cluster.workers for r in w.state.requests] == ["first"]
