@@ -332,12 +332,18 @@ def _alive(pid):
 
 
 def _sweep():
-    """Kills every process of this PID namespace except PID 1 and this worker (isolated modes only)."""
+    """Kills every process of this PID namespace except PID 1 and this worker (isolated modes only),
+    and waits (up to 2 s) until PID 1 has reaped them all."""
     me = os.getpid()
-    for _ in range(50):
-        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me) and _alive(p)]
-        if not others:
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        present = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        if not present:
             return
+        others = [p for p in present if _alive(p)]
+        if not others:
+            time.sleep(0.002)  # zombies: PID 1 reaps them
+            continue
         for pid in others:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -473,11 +479,15 @@ def reaper():
     would count against the container's process limit)."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # not ptrace-able by the sandboxed code (same uid)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # pending until sigtimedwait: no lost wakeup
     while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            time.sleep(0.05)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        signal.sigtimedwait([signal.SIGCHLD], 1.0)
 
 
 def _state(sweep):
