@@ -10,6 +10,11 @@ memory of each, their ratio (target ≤ 25%), the max absolute difference of the
     .venv/bin/python bench/bench_logprobs.py                        # CPU, forward only
     .venv/bin/python bench/bench_logprobs.py --backward             # forward + backward
     .venv/bin/python bench/bench_logprobs.py --device cuda
+    .venv/bin/python bench/bench_logprobs.py --from-hidden 1024   # hidden @ W.T + log_softmax vs fused
+
+With ``--from-hidden H`` the inputs are hidden states ``[tokens, H]`` and an output embedding
+``[vocab, H]``: the naive method builds the logits and their log-softmax, the chunked one is
+:func:`agentrl.algorithms.logprobs_from_hidden`, which builds neither.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.algorithms import logprobs_from_logits
+from agentrl.algorithms import logprobs_from_hidden, logprobs_from_logits
 from agentrl.train import device_module, resolve_device
 
 
@@ -41,12 +46,26 @@ def _inputs(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tenso
     return logits, targets
 
 
+def _hidden_inputs(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Hidden states and an output embedding whose products have logits of std ~3."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(args.tokens, args.from_hidden, generator=gen).to(device)
+    weight = torch.randn(args.vocab, args.from_hidden, generator=gen).mul_(3.0 / args.from_hidden**0.5).to(device)
+    targets = torch.randint(0, args.vocab, (args.tokens,), generator=gen).to(device)
+    return hidden, weight, targets
+
+
 def _float64_reference(args: argparse.Namespace) -> torch.Tensor:
     """Exact (float64) log-probs, computed 64 rows at a time on CPU."""
-    logits, targets = _inputs(args, torch.device("cpu"))
+    if args.from_hidden:
+        hidden, weight, targets = _hidden_inputs(args, torch.device("cpu"))
+        logits = None
+    else:
+        logits, targets = _inputs(args, torch.device("cpu"))
     out = torch.empty(args.tokens, dtype=torch.float64)
     for start in range(0, args.tokens, 64):
-        z = logits[start:start + 64].double() / args.temperature
+        rows = (hidden[start:start + 64].double() @ weight.double().T) if logits is None else logits[start:start + 64]
+        z = rows.double() / args.temperature
         out[start:start + 64] = z.gather(1, targets[start:start + 64, None])[:, 0] - torch.logsumexp(z, -1)
     return out
 
@@ -60,14 +79,31 @@ def _peak_bytes(device: torch.device) -> int:
 
 def _child(args: argparse.Namespace) -> None:
     device = resolve_device(args.device)
-    logits, targets = _inputs(args, device)
-    logits.requires_grad_(args.backward)
+    if args.from_hidden:
+        hidden, weight, targets = _hidden_inputs(args, device)
+        hidden.requires_grad_(args.backward)
+        weight.requires_grad_(args.backward)
+        logits = hidden
+        if args.method == "naive":
+            def fn(h: torch.Tensor, t: torch.Tensor, temp: float) -> torch.Tensor:
+                return _naive(h @ weight.T, t, temp)
+        else:
+            def fn(h: torch.Tensor, t: torch.Tensor, temp: float) -> torch.Tensor:
+                return logprobs_from_hidden(h, weight, t, temperature=temp, chunk_size=args.chunk_size)
+    else:
+        logits, targets = _inputs(args, device)
+        logits.requires_grad_(args.backward)
+        if args.method == "naive":
+            fn = _naive
+        else:
+            def fn(z: torch.Tensor, t: torch.Tensor, temp: float) -> torch.Tensor:
+                return logprobs_from_logits(z, t, temperature=temp, chunk_size=args.chunk_size)
     warm = logits.detach()[:8].clone().requires_grad_(args.backward)
-    fn = _naive if args.method == "naive" else (
-        lambda z, t, temp: logprobs_from_logits(z, t, temperature=temp, chunk_size=args.chunk_size))
     out = fn(warm, targets[:8], args.temperature)  # warm-up: lazy initialisation is not the method's cost
     if args.backward:
         out.sum().backward()
+        if args.from_hidden:
+            weight.grad = None
     module = device_module(device)
     if module is not None:
         module.synchronize(device)
@@ -80,6 +116,8 @@ def _child(args: argparse.Namespace) -> None:
         if args.backward:
             out.sum().backward()
             logits.grad = None
+            if args.from_hidden:
+                weight.grad = None
         if module is not None:
             module.synchronize(device)
         times.append(time.perf_counter() - start)
@@ -94,6 +132,8 @@ def _run_child(method: str, args: argparse.Namespace, out: Path) -> dict[str, fl
            "--chunk-size", str(args.chunk_size), "--temperature", str(args.temperature), "--repeat", str(args.repeat)]
     if args.backward:
         cmd.append("--backward")
+    if args.from_hidden:
+        cmd += ["--from-hidden", str(args.from_hidden)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -108,6 +148,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--backward", action="store_true", help="time and measure forward + backward")
+    parser.add_argument("--from-hidden", type=int, default=0, metavar="H",
+                        help="score from hidden states of size H and an output embedding (fused path)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -126,7 +168,8 @@ def main() -> None:
     err_chunked = float((chunked_out - exact).abs().max())
     mib = 1024 * 1024
     mode = "forward+backward" if args.backward else "forward"
-    print(f"logprobs of [{args.tokens} x {args.vocab}] float32 logits, T={args.temperature}, {mode}, "
+    source = f"hidden [{args.tokens} x {args.from_hidden}] @ W.T" if args.from_hidden else "float32 logits"
+    print(f"logprobs of [{args.tokens} x {args.vocab}] from {source}, T={args.temperature}, {mode}, "
           f"device={args.device}, chunk={args.chunk_size}")
     print(f"  naive log_softmax : peak extra {naive['extra_bytes'] / mib:9.1f} MiB, {naive['seconds'] * 1e3:8.1f} ms")
     print(f"  chunked           : peak extra {chunked['extra_bytes'] / mib:9.1f} MiB, {chunked['seconds'] * 1e3:8.1f} ms")

@@ -13,6 +13,7 @@ Prints tokens/s of both and their ratio. Nothing is asserted; run it where the d
 
     .venv/bin/python bench/bench_train_step.py --device cpu --model tiny
     .venv/bin/python bench/bench_train_step.py --device cuda --model 0.6b     # float32 params, bf16 autocast
+    .venv/bin/python bench/bench_train_step.py --device cuda --model 0.6b --fused-lm-head --chunk-size 1024
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="max tokens per sequence (tiny 512, 0.6b 2048)")
     parser.add_argument("--max-tokens", type=int, default=8192, help="micro-batch token budget")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--fused-lm-head", action="store_true", help="score from hidden states (no logits)")
+    parser.add_argument("--chunk-size", type=int, default=128, help="rows per log-softmax chunk")
     args = parser.parse_args()
     device = resolve_device(args.device)
     dtype = args.dtype
@@ -137,6 +140,7 @@ def main() -> None:
     seq_len = args.seq_len or (512 if args.model == "tiny" else 2048)
     cfg = TorchBackendConfig(
         device=str(device), dtype=dtype, autocast=autocast, packing=PackingConfig(max_tokens=args.max_tokens),
+        fused_lm_head=args.fused_lm_head, logprob_chunk_size=args.chunk_size,
         loss=LossConfig(old_logprobs="recompute", eps_clip_high=0.28), optimizer=OptimizerConfig(lr=1e-6),
     )
     model = build_model(args.model, seed=0)
@@ -148,7 +152,8 @@ def main() -> None:
     baseline_model = build_model(args.model, seed=0).to(device=device, dtype=backend.dtype)
     del backend, model
     base = time_baseline(baseline_model, batch, cfg, device, args.steps)
-    print(f"model {args.model}, device {device}, params {dtype}, autocast {autocast}, {args.sequences} sequences, "
+    print(f"model {args.model}, device {device}, params {dtype}, autocast {autocast}, fused {args.fused_lm_head}, "
+          f"{args.sequences} sequences, "
           f"{tokens} tokens/step, budget {args.max_tokens}")
     print(f"  agentrl train_step   : {tokens / ours:10.1f} tokens/s ({ours * 1e3:.0f} ms/step)")
     print(f"  plain HF CE step     : {tokens / base:10.1f} tokens/s ({base * 1e3:.0f} ms/step)")
