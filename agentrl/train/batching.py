@@ -50,9 +50,10 @@ class TrainSequence:
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        for name in ("loss_mask", "rollout_logprobs", "advantages"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"{name}: expected {n} entries (one per token), got {len(getattr(self, name))}")
+        for name in ("loss_mask", "rollout_logprobs", "advantages", "old_logprobs", "ref_logprobs"):
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise ValueError(f"{name}: expected {n} entries (one per token), got {len(values)}")
         if n < 1:
             raise ValueError("tokens: expected at least one token, got an empty sequence")
         if self.loss_mask[0]:

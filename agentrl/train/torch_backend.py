@@ -157,8 +157,9 @@ class TorchTrainBackend:
     ) -> dict[str, float]:
         """Accumulate this rank's share of the step gradient, then sum gradients over ranks.
 
-        In ``old_logprobs="recompute"`` mode, sequences without ``old_logprobs`` are scored first
-        (no gradient); see :meth:`fill_old_logprobs` for several steps on one batch.
+        In ``old_logprobs="recompute"`` mode, a micro-batch whose sequences all carry
+        ``old_logprobs`` uses them; others are scored first (no gradient). See
+        :meth:`fill_old_logprobs` for several steps on one batch.
 
         ``micro_batches`` overrides the packing plan (lists of batch indices for this rank).
         Returns step metrics (summed over ranks). Raises :class:`NonFiniteLossError` on NaN/inf.

@@ -72,3 +72,17 @@ def test_from_sequences_counts_rollouts() -> None:
     again = TrainingBatch.from_sequences(batch.sequences)
     assert again.num_rollouts == batch.num_rollouts == 4
     assert vocab_size() > max(max(s.tokens) for s in batch.sequences)
+
+
+def test_train_sequence_checks_lengths() -> None:
+    from agentrl.train import TrainSequence
+
+    with pytest.raises(ValueError, match="advantages: expected 3 entries"):
+        TrainSequence(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1], advantages=[0, 1],
+                      rollout_id="r", group_id="g", reward=1.0, denominator=2)
+    with pytest.raises(ValueError, match="old_logprobs: expected 3 entries"):
+        TrainSequence(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1], advantages=[0, 1, 1],
+                      rollout_id="r", group_id="g", reward=1.0, denominator=2, old_logprobs=[0.0])
+    with pytest.raises(ValueError, match=r"loss_mask\[0\]: the first token has no context"):
+        TrainSequence(tokens=[1, 2], loss_mask=[1, 1], rollout_logprobs=[0, -1], advantages=[1, 1],
+                      rollout_id="r", group_id="g", reward=1.0, denominator=2)
