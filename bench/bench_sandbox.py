@@ -170,7 +170,11 @@ async def main() -> None:
     parser.add_argument("--docker", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    report: dict[str, Any] = {"latency": await latency(args.n), "concurrency": await concurrency(args.concurrency)}
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} "
+          "(latencies scale with load; the baselines below are measured in the same run)")
+    report: dict[str, Any] = {"load_average": load, "latency": await latency(args.n),
+                              "concurrency": await concurrency(args.concurrency)}
     async with create_sandbox("bwrap") as default_pool:
         await default_pool.run("print(1)")
         assert isinstance(default_pool, BwrapSandbox)
