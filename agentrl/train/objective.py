@@ -73,8 +73,8 @@ def micro_batch_objective(
 
     ``logprobs`` (``[N]``, with gradient) score ``mb.target_ids``; ``entropy`` (``[N]``) is needed
     when ``config.entropy_coef > 0`` (with gradient) and is otherwise only reported. Metric shares
-    are detached scalars: ``pg_loss``, ``clipfrac``, ``ppo_kl``, ``entropy``, ``kl``,
-    ``train_rollout_abs_diff``.
+    are detached scalars: ``pg_loss`` (in the loss's aggregation), and per-rollout token means of
+    ``clipfrac``, ``ppo_kl``, ``entropy``, ``kl``, ``train_rollout_abs_diff``.
     """
     mask = mb.loss_mask.to(logprobs.dtype)
     den = mb.denominators.to(logprobs.dtype)
@@ -82,6 +82,11 @@ def micro_batch_objective(
     def reduce(values: torch.Tensor) -> torch.Tensor:
         return reduce_loss(values, mask, den, mode=config.aggregation, num_rollouts=counts.num_rollouts,
                            num_tokens=max(counts.num_tokens, 1), constant=config.constant_normalizer)
+
+    def mean(values: torch.Tensor) -> torch.Tensor:
+        # Metrics are per-rollout token means whatever the loss aggregation: comparable across runs
+        # and, like the loss, independent of the packing.
+        return reduce_loss(values.detach(), mask, den, num_rollouts=counts.num_rollouts)
 
     old = old_logprobs_for(mb, logprobs, config).to(logprobs.dtype)
     per_token, clipped = _policy_loss(mb, logprobs, old, config)
@@ -97,21 +102,20 @@ def micro_batch_objective(
     loss = pg_loss
     metrics: dict[str, torch.Tensor] = {
         "pg_loss": pg_loss.detach(),
-        "clipfrac": reduce(clipped.to(logprobs.dtype)).detach(),
-        "ppo_kl": reduce((old - logprobs).detach()),
-        "train_rollout_abs_diff": reduce((old - rollout_lp).abs().detach()),
+        "clipfrac": mean(clipped.to(logprobs.dtype)),
+        "ppo_kl": mean(old - logprobs),
+        "train_rollout_abs_diff": mean((old - rollout_lp).abs()),
     }
     if config.kl_loss_coef > 0:
         if mb.ref_logprobs is None:
             raise ValueError("ref_logprobs: kl_loss_coef > 0 needs reference logprobs; none were computed")
-        kl_term = reduce(kl(logprobs, mb.ref_logprobs.to(logprobs.dtype), config.kl_loss_type))
-        loss = loss + config.kl_loss_coef * kl_term
-        metrics["kl"] = kl_term.detach()
+        kl_tokens = kl(logprobs, mb.ref_logprobs.to(logprobs.dtype), config.kl_loss_type)
+        loss = loss + config.kl_loss_coef * reduce(kl_tokens)
+        metrics["kl"] = mean(kl_tokens)
     if entropy is not None:
-        ent = reduce(entropy)
-        metrics["entropy"] = ent.detach()
+        metrics["entropy"] = mean(entropy)
         if config.entropy_coef > 0:
-            loss = loss - config.entropy_coef * ent
+            loss = loss - config.entropy_coef * reduce(entropy)
     elif config.entropy_coef > 0:
         raise ValueError("entropy: entropy_coef > 0 needs the per-token entropy with gradient")
     return loss, metrics

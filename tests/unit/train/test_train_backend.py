@@ -112,6 +112,8 @@ def test_ratio_one_gradient_is_the_policy_gradient() -> None:
      "opsm_delta": 0.05},
     {"policy_loss": "gspo", "old_logprobs": "rollout", "eps_clip": 0.05, "eps_clip_high": 0.06},
     {"policy_loss": "cispo", "old_logprobs": "recompute", "correction": "tis", "tis_clip": 1.2},
+    {"aggregation": "seq_mean_token_sum_norm", "constant_normalizer": 64.0, "old_logprobs": "rollout"},
+    {"aggregation": "token_mean", "old_logprobs": "rollout", "correction": "none"},
 ])
 def test_packing_invariance_three_packings(loss: dict[str, object]) -> None:
     model, ref = tiny_model(0), tiny_model(1)
