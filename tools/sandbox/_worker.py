@@ -14,10 +14,10 @@ Per execution the child, when the worker holds capabilities in its user namespac
 PID 1 of a fresh PID namespace (so every process the program starts dies with it and nothing in it
 can see or signal the worker), gets a fresh mount namespace with a private, size-capped tmpfs
 ``/tmp`` and its own ``/proc``, drops every capability and forks the program's process, whose
-wait status it reports. Without capabilities it falls back
-to a new session plus a sweep of leftover processes, which is only done where the worker owns its
-PID namespace (never in ``local`` mode). Limits on CPU time, address space, processes and file size
-are rlimits set in the child; wall time and output size are enforced here by the parent.
+wait status it reports. Without capabilities (Docker, local) it falls back to a new session plus,
+where the worker owns its PID namespace (never in ``local`` mode), a sweep of leftover processes.
+Limits on CPU time, address space, processes and file size are rlimits set in the program's
+process; wall time and output size are enforced here by the parent.
 
 Result fields: ``stdout``/``stderr`` (base64 of the first ``max_output_bytes`` of each stream),
 ``stdout_bytes``/``stderr_bytes`` (total sizes), ``exit_code`` (``None`` when killed by a signal),

@@ -6,10 +6,11 @@ PID, network (loopback only), IPC, UTS and cgroup namespaces, an empty environme
 host process is root it first drops to uid/gid 65534 with ``setpriv`` and, where cgroups are
 usable, puts itself into a per-worker cgroup (memory, pids, CPU bandwidth) before exec'ing bwrap.
 
-Per execution the worker forks a child that becomes PID 1 of a new PID namespace (so it cannot see
-or signal the worker, and every process it starts dies with it), mounts a fresh size-capped tmpfs
-on ``/tmp``, drops all capabilities, sets rlimits (CPU time, file size, open files, and address
-space / process count where cgroups are missing) and runs the code unmodified as ``<cell>``.
+Per execution the worker forks a child that becomes PID 1 of a new PID namespace (nothing inside can
+see or signal the worker, and every process the program starts dies with it), mounts a fresh
+size-capped tmpfs on ``/tmp`` and its own ``/proc``, drops all capabilities and forks the program's
+process, which sets rlimits (CPU time, file size, open files, and address space / process count
+where cgroups are missing) and runs the code unmodified as ``<cell>``.
 
 Example::
 
