@@ -89,7 +89,7 @@ def group_advantages(
         constant = len(members[g]) == 1 or min(members[g]) == max(members[g])
         centred = 0.0 if constant else val - mean
         out[i] = centred / (std + eps) if std_normalize else centred
-    return out.to(device=r.device, dtype=r.dtype if r.dtype != torch.float64 else torch.float64)
+    return out.to(device=r.device, dtype=r.dtype)
 
 
 def masked_whiten(
