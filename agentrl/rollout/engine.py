@@ -277,6 +277,22 @@ class SGLangEngine:
     async def loads(self) -> Any:
         return await self._call("GET", "/v1/loads?include=core", timeout_s=30.0)
 
+    async def active_requests(self) -> int:
+        """Running plus waiting requests over all DP ranks (``/v1/loads``)."""
+        body = await self.loads()
+        loads = body.get("loads") if isinstance(body, dict) else None
+        if not isinstance(loads, list):
+            raise EngineError(f"GET {self.url}/v1/loads: expected an object with a 'loads' list, got {body!r:.200}")
+        return sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0)) for x in loads)
+
+    async def wait_idle(self, timeout_s: float = 60.0, poll_s: float = 0.2) -> None:
+        """Waits until no request runs or waits; raises :class:`EngineError` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (active := await self.active_requests()) > 0:
+            if time.monotonic() > deadline:
+                raise EngineError(f"{self.url} still has {active} active requests after {timeout_s} s")
+            await asyncio.sleep(poll_s)
+
     # ----- generation control ----------------------------------------------------------------------
 
     async def abort_all(self) -> None:

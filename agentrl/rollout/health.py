@@ -196,6 +196,16 @@ class EngineGroup:
         engines = [t.engine for t in self._tracked if t.in_rotation]
         await asyncio.gather(*(e.update_weights_from_disk(model_path, weight_version) for e in engines))
 
+    async def drain(self, timeout_s: float = 60.0) -> None:
+        """Aborts every request on every engine in rotation, then waits until all are idle.
+
+        Aborted requests come back to their callers with finish reason ``ABORT`` and the tokens
+        produced so far. Callers should stop submitting new requests first (cancel the episode tasks).
+        """
+        engines = [t.engine for t in self._tracked if t.in_rotation]
+        await asyncio.gather(*(e.abort_all() for e in engines))
+        await asyncio.gather(*(e.wait_idle(timeout_s) for e in engines))
+
     async def shutdown(self) -> None:
         """Stops monitoring, deregisters and stops every launched engine, then stops the router."""
         await self.stop_monitor()

@@ -2,7 +2,7 @@
 
 It answers the routes the real sglang-router probes (``/health``, ``/server_info``, ``/model_info``)
 and the SGLang routes the client uses (``/generate``, ``/abort_request``, ``/flush_cache``,
-``/update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``), in SGLang 0.5.23's
+``/update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``, ``/v1/loads``), in SGLang 0.5.23's
 response shape. Generation is deterministic: output token ``i`` is ``(last_input_id + 1 + i) % vocab``
 with log-probability ``-0.1 * (i + 1)``; ``token_delay_s`` makes each token take time so aborts and
 deadlines can be exercised. ``meta_info.worker`` names the worker that answered (the router passes
@@ -72,6 +72,7 @@ class FakeWorker:
         app.router.add_post("/pause_generation", self._ok)
         app.router.add_post("/continue_generation", self._ok)
         app.router.add_post("/update_weights_from_disk", self._update_weights)
+        app.router.add_get("/v1/loads", self._loads)
         return app
 
     async def _ok(self, request: web.Request) -> web.Response:
@@ -84,6 +85,9 @@ class FakeWorker:
     async def _model_info(self, request: web.Request) -> web.Response:
         return _json({"model_path": f"fake/{self.state.name}", "model_type": "qwen3",
                       "architectures": ["Qwen3ForCausalLM"], "weight_version": self.state.weight_version})
+
+    async def _loads(self, request: web.Request) -> web.Response:
+        return _json({"loads": [{"dp_rank": 0, "num_running_reqs": len(self.state.running), "num_waiting_reqs": 0}]})
 
     async def _update_weights(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -103,6 +103,17 @@ async def test_abort_mid_generation_returns_partial_result(client: InferenceClie
     assert len(res.output_logprobs) == len(res.output_ids)
 
 
+async def test_drain_aborts_everything_and_engines_go_idle(group: EngineGroup, client: InferenceClient) -> None:
+    params = SamplingParams(max_new_tokens=CONTEXT - len(PROMPT) - 4, ignore_eos=True)
+    tasks = [asyncio.ensure_future(client.generate(PROMPT, params, routing_key=f"drain-{i}")) for i in range(4)]
+    await asyncio.sleep(1.5)
+    assert sum([await e.active_requests() for e in group.engines]) == 4
+    await group.drain(timeout_s=60)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert all(r.aborted and len(r.output_ids) == len(r.output_logprobs) < params.max_new_tokens for r in results)
+    assert [await e.active_requests() for e in group.engines] == [0, 0]
+
+
 async def test_too_long_prompt_is_rejected_not_retried(client: InferenceClient) -> None:
     with pytest.raises(PromptTooLongError, match="context length"):
         await client.generate([5] * (CONTEXT + 10), SamplingParams(max_new_tokens=4))

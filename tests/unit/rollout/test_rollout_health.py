@@ -80,3 +80,27 @@ async def test_monitor_takes_a_dead_engine_out_of_rotation() -> None:
         await group.shutdown()
         workers[1].stop()
     assert not router.process.alive()
+
+
+async def test_drain_aborts_running_requests_and_waits_idle() -> None:
+    workers = [FakeWorker(FakeWorkerState(name=f"d{i}", token_delay_s=0.01)) for i in range(2)]
+    for w in workers:
+        w.start()
+    router = await Router.launch(RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING))
+    group = EngineGroup(router, [])
+    try:
+        for w in workers:
+            await group.add_engine(await SGLangEngine.attach(w.url))
+        async with group.client() as client:
+            tasks = [asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=3000),
+                                                           routing_key=f"k{i}")) for i in range(6)]
+            await asyncio.sleep(0.3)
+            assert sum([await e.active_requests() for e in group.engines]) == 6
+            await group.drain(timeout_s=10)
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert all(r.aborted and 0 < r.completion_tokens < 3000 for r in results)
+        assert [await e.active_requests() for e in group.engines] == [0, 0]
+    finally:
+        await group.shutdown()
+        for w in workers:
+            w.stop()
