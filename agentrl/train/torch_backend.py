@@ -33,7 +33,7 @@ from agentrl.train.config import TorchBackendConfig
 from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum, barrier
 from agentrl.train.objective import StepCounts, micro_batch_objective
-from agentrl.train.packing import MicroBatch, collate, pack_indices, plan_micro_batches
+from agentrl.train.packing import MicroBatch, collate, plan_micro_batches
 from agentrl.train.scoring import TokenScorer
 
 __all__ = ["NonFiniteLossError", "TorchTrainBackend"]
@@ -131,17 +131,22 @@ class TorchTrainBackend:
 
     def compute_logprobs(self, batch: TrainingBatch, *, reference: bool = False) -> list[list[float]]:
         """Per sequence, position-aligned logprobs of its tokens (entry 0 is 0.0) under the current
-        (or the reference) model, without gradient. Runs every sequence on this rank."""
+        (or the reference) model, without gradient. In data parallel each rank scores its share
+        and one summing all-reduce gives every rank the whole batch's logprobs."""
         model = self.ref_model if reference else self.model
         if model is None:
             raise ValueError("reference: no reference model was given to this backend")
         lengths = [len(s.tokens) - 1 for s in batch.sequences]
-        plan = pack_indices(lengths, self.config.packing.max_tokens, self.config.packing.algorithm)
-        out: list[list[float]] = [[0.0] for _ in batch.sequences]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + max(n, 0))
+        flat = torch.zeros(offsets[-1], dtype=torch.float64, device=self.device)
+        plan = plan_micro_batches(lengths, self.config.packing, world_size=self.dist.world_size, rank=self.dist.rank)
         for mb in self._plan(batch, plan):
             for idx, piece in zip(mb.indices, mb.split(self.scorer.logprobs(model, mb)), strict=True):
-                out[idx] = [0.0, *piece.tolist()]
-        return out
+                flat[offsets[idx]: offsets[idx + 1]] = piece.double()
+        flat = all_reduce_sum(flat).cpu()
+        return [[0.0, *flat[offsets[i]: offsets[i + 1]].tolist()] for i in range(len(batch.sequences))]
 
     def fill_old_logprobs(self, batch: TrainingBatch) -> None:
         """Score the batch under the current weights and store the result as every sequence's

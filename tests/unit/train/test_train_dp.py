@@ -46,9 +46,11 @@ def _batches() -> dict[str, TrainingBatch]:
 
 
 def _step(backend: TorchTrainBackend, batch: TrainingBatch) -> dict[str, torch.Tensor]:
+    scored = backend.compute_logprobs(batch)  # each rank scores its share; all ranks get everything
     metrics = backend.forward_backward(batch)
     out = {f"grad/{n}": p.grad.detach().clone() for n, p in backend.model.named_parameters() if p.grad is not None}
     out["loss"] = torch.tensor(metrics["loss"], dtype=torch.float64)
+    out["logprobs"] = torch.tensor([v for row in scored for v in row], dtype=torch.float64)
     backend.optim_step()
     out.update({f"param/{n}": p.detach().clone() for n, p in backend.model.named_parameters()})
     return out
