@@ -378,3 +378,15 @@ def test_fused_lm_head_refuses_models_it_cannot_reproduce() -> None:
         TorchTrainBackend(biased, cfg)
     with pytest.raises(ValueError, match=r"fused_lm_head: expected False when loss\.entropy_coef > 0"):
         TorchBackendConfig(fused_lm_head=True, loss=LossConfig(entropy_coef=0.01))
+
+
+def test_non_finite_gradient_stops_before_the_update() -> None:
+    backend = TorchTrainBackend(tiny_model(0), _config())
+    norm = backend.model.model.norm.weight
+    norm.register_hook(lambda g: g * float("inf"))
+    before = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
+    with pytest.raises(NonFiniteLossError, match="non-finite gradient norm at step 0"):
+        backend.train_step(build_training_batch(trajectories(1, 3, seed=19)))
+    assert backend.step == 0
+    for n, p in backend.model.named_parameters():
+        assert torch.equal(p, before[n]), n
