@@ -99,12 +99,16 @@ class _ChunkedEntropy(torch.autograd.Function):
         lse = torch.empty(n, dtype=dtype, device=logits.device)
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
-            y = logits[start:stop].to(dtype) / temperature
-            lse_c = torch.logsumexp(y, dim=-1)
-            p = torch.exp(y - lse_c[:, None])
-            lse[start:stop] = lse_c
-            out[start:stop] = lse_c - (p * y).sum(-1)  # H = lse - E_p[y]
-            del y, p
+            # With s = y - max(y) and e = exp(s): H = log Σe - Σ e·s / Σe (two buffers, in place).
+            s = logits[start:stop].to(dtype) / temperature
+            row_max = s.amax(dim=-1, keepdim=True)
+            s.sub_(row_max)
+            e = torch.exp(s)
+            total = e.sum(dim=-1)
+            log_total = total.log()
+            lse[start:stop] = row_max.squeeze(1) + log_total
+            out[start:stop] = log_total - e.mul_(s).sum(dim=-1) / total
+            del s, e
         ctx.save_for_backward(logits, lse)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
