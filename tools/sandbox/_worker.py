@@ -25,6 +25,8 @@ Result fields: ``stdout``/``stderr`` (base64 of the first ``max_output_bytes`` o
 ``exception`` (class name of an uncaught Python exception), ``cpu_s`` and ``duration_s``.
 """
 
+from __future__ import annotations
+
 import ast
 import base64
 import builtins
@@ -40,6 +42,7 @@ import struct
 import sys
 import time
 import traceback
+from typing import Any, NoReturn
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -66,13 +69,13 @@ class _CapData(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
-def _check(ret, what):
+def _check(ret: int, what: str) -> None:
     if ret != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _drop_capabilities():
+def _drop_capabilities() -> None:
     """Empties the bounding, ambient, effective, permitted and inheritable sets."""
     for cap in range(64):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
@@ -83,7 +86,7 @@ def _drop_capabilities():
     _check(_libc.capset(ctypes.byref(header), data), "capset")
 
 
-def _probe_namespaces():
+def _probe_namespaces() -> bool:
     """True when this process may create PID and mount namespaces (bwrap worker with caps)."""
     try:
         with open("/proc/self/status") as f:
@@ -98,7 +101,7 @@ def _probe_namespaces():
 # --------------------------------------------------------------------------- child side
 
 
-def _set_limits(req):
+def _set_limits(req: dict[str, Any]) -> None:
     cpu = req.get("cpu_s")
     if cpu:
         # soft == hard: SIGKILL at the limit (SIGXCPU alone is ignored by a PID-namespace init)
@@ -111,7 +114,7 @@ def _set_limits(req):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _enter_private_mounts(tmp_bytes):
+def _enter_private_mounts(tmp_bytes: int) -> None:
     _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     opts = f"size={int(tmp_bytes)},mode=1777".encode()
@@ -119,7 +122,7 @@ def _enter_private_mounts(tmp_bytes):
     _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None), "mount proc /proc")
 
 
-def _run_python(code, status_fd):
+def _run_python(code: str, status_fd: int) -> int:
     """Runs ``code`` like a notebook cell; returns the exit code. Output goes to fds 1 and 2."""
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", line_buffering=True)
@@ -133,8 +136,10 @@ def _run_python(code, status_fd):
     try:
         tree = ast.parse(code, CELL, "exec")
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+        final = tree.body[-1] if tree.body else None
+        if isinstance(final, ast.Expr):
+            tree.body.pop()
+            last = ast.Expression(final.value)
         exec(compile(tree, CELL, "exec"), namespace)
         if last is not None:
             value = eval(compile(last, CELL, "eval"), namespace)
@@ -162,7 +167,7 @@ def _run_python(code, status_fd):
     return status
 
 
-def _close_other_fds():
+def _close_other_fds() -> None:
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 3:
@@ -172,7 +177,7 @@ def _close_other_fds():
                 pass
 
 
-def _supervise(wait_fd):
+def _supervise(wait_fd: int) -> None:
     """Forks the program's process; this process stays PID 1 of the execution's namespace.
 
     The program then behaves like an ordinary process (default signal actions apply to it, which
@@ -196,7 +201,7 @@ def _supervise(wait_fd):
     os._exit(0)
 
 
-def _child(req, fds, private_ns):
+def _child(req: dict[str, Any], fds: dict[str, int], private_ns: bool) -> NoReturn:
     """The forked child: isolates itself, sets limits, wires fds 0-3 and runs the code. Never returns."""
     code = 70
     try:
@@ -240,21 +245,23 @@ def _child(req, fds, private_ns):
 class _Capture:
     """Keeps the first ``cap`` bytes of a stream and counts the rest."""
 
-    def __init__(self, cap):
-        self.cap, self.total, self.chunks, self.kept = cap, 0, [], 0
+    def __init__(self, cap: int) -> None:
+        self.cap, self.total, self.kept = cap, 0, 0
+        self.chunks: list[bytes] = []
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         self.total += len(data)
         room = self.cap - self.kept
         if room > 0:
             self.chunks.append(data[:room])
             self.kept += min(room, len(data))
 
-    def b64(self):
+    def b64(self) -> str:
         return base64.b64encode(b"".join(self.chunks)).decode("ascii")
 
 
-def _drain(readers, captures, deadline, pidfd, pid):
+def _drain(readers: list[int], captures: dict[int, _Capture], deadline: float, pidfd: int | None,
+           pid: int) -> bool:
     """Reads the child's pipes until the child has exited and its pipes are closed (or 50 ms after
     its exit, for pipes a killed grandchild held); False when the deadline passed first."""
     exited_at = None
@@ -287,7 +294,7 @@ def _drain(readers, captures, deadline, pidfd, pid):
                 readers.remove(fd)
 
 
-def _clear_dir(path):
+def _clear_dir(path: str) -> None:
     """Removes everything in ``path`` (the container's /tmp between executions)."""
     import shutil
 
@@ -306,7 +313,7 @@ def _clear_dir(path):
                 pass
 
 
-def _tree_cpu(pid):
+def _tree_cpu(pid: int) -> float:
     """CPU seconds used so far by ``pid`` and its descendants (from /proc)."""
     total, stack, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
     while stack:
@@ -323,7 +330,7 @@ def _tree_cpu(pid):
     return total
 
 
-def _alive(pid):
+def _alive(pid: int | str) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
@@ -331,7 +338,7 @@ def _alive(pid):
         return False
 
 
-def _sweep():
+def _sweep() -> None:
     """Kills every process of this PID namespace except PID 1 and this worker (isolated modes only),
     and waits (up to 2 s) until PID 1 has reaped them all."""
     me = os.getpid()
@@ -358,7 +365,7 @@ def _sweep():
         time.sleep(0.002)
 
 
-def execute(req, state):
+def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     """Runs one request in a forked child and returns the result dict."""
     start = time.monotonic()
     cap = int(req.get("max_output_bytes") or 65536)
@@ -430,7 +437,7 @@ def execute(req, state):
     }
 
 
-def _read_exact(fd, n):
+def _read_exact(fd: int, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
         chunk = os.read(fd, n - len(buf))
@@ -440,14 +447,14 @@ def _read_exact(fd, n):
     return buf
 
 
-def _write_frame(fd, obj):
+def _write_frame(fd: int, obj: dict[str, Any]) -> None:
     data = json.dumps(obj).encode()
     frame = struct.pack(">I", len(data)) + data
     while frame:
         frame = frame[os.write(fd, frame):]
 
 
-def _own_pid_namespace():
+def _own_pid_namespace() -> bool:
     """Moves the worker into a PID namespace owned by its own user namespace; False if impossible.
 
     bwrap's PID namespace belongs to an outer user namespace, where ``setns`` back into it is not
@@ -462,7 +469,7 @@ def _own_pid_namespace():
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def _owns_pid_namespace():
+def _owns_pid_namespace() -> bool:
     """True inside bwrap (the worker is PID 2 under bwrap's init) or a sandbox container whose PID 1
     is this program's ``reaper``: only there may leftover processes be swept. Never true on a host."""
     if os.getpid() <= 3:
@@ -474,7 +481,7 @@ def _owns_pid_namespace():
         return False
 
 
-def reaper():
+def reaper() -> NoReturn:
     """PID 1 of a sandbox container: reaps orphans (killed leftovers must not stay zombies, which
     would count against the container's process limit)."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
@@ -490,19 +497,19 @@ def reaper():
         signal.sigtimedwait([signal.SIGCHLD], 1.0)
 
 
-def _state(sweep):
+def _state(sweep: bool) -> dict[str, Any]:
     # Non-dumpable: code running as the same uid (the Docker backend) cannot ptrace the worker or
     # read its memory; the child makes itself dumpable again.
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     namespaces = _probe_namespaces() and _own_pid_namespace()
-    state = {"namespaces": namespaces, "sweep": sweep and not namespaces and _owns_pid_namespace(),
-             "pidns_fd": None}
+    state: dict[str, Any] = {"namespaces": namespaces, "pidns_fd": None,
+                             "sweep": sweep and not namespaces and _owns_pid_namespace()}
     if namespaces:
         state["pidns_fd"] = os.open("/proc/self/ns/pid", os.O_RDONLY)
     return state
 
 
-def serve(sweep):
+def serve(sweep: bool) -> None:
     """The request loop of a pooled worker: frames in on fd 0, frames out on fd 1."""
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open("/dev/null", os.O_RDWR)
@@ -526,7 +533,7 @@ def serve(sweep):
         _write_frame(proto_out, result)
 
 
-def once(chunks, sweep):
+def once(chunks: list[str], sweep: bool) -> None:
     """Runs the single request carried (base64 JSON, split over arguments) and prints its result."""
     req = json.loads(base64.b64decode("".join(chunks)))
     state = _state(sweep)
@@ -538,7 +545,7 @@ def once(chunks, sweep):
     os.write(1, out)
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     sweep = "--sweep" in argv
     args = [a for a in argv if a != "--sweep"]
     if args and args[0] == "once":
