@@ -7,6 +7,7 @@ still answers, and no process of the program remains. At teardown nothing of the
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import AsyncIterator, Callable
@@ -251,7 +252,13 @@ async def assert_clean(sandbox: Sandbox) -> None:
         assert pids, "the pool lost its worker"
         assert process_tree_memory(pids)["processes"] == IDLE_BWRAP_PROCESSES * len(pids)
     elif isinstance(sandbox, DockerSandbox):
-        for cid, procs in (await sandbox.container_processes()).items():
+        # The exec'd runner itself may still be exiting when its output stream closes: allow it 2 s.
+        for _ in range(20):
+            containers = await sandbox.container_processes()
+            if all(len(procs) == 1 for procs in containers.values()):
+                break
+            await asyncio.sleep(0.1)
+        for cid, procs in containers.items():
             assert len(procs) == 1, (cid, procs)  # only PID 1, the reaper
 
 
