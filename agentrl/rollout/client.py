@@ -152,6 +152,7 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
     input_triples = _triples(meta.get("input_token_logprobs", []), "input_token_logprobs")
     top = meta.get("output_top_logprobs") or []
     version = meta.get("weight_version")
+    spans = tuple((str(x["version"]), int(x["start"]), int(x["end"])) for x in meta.get("weight_versions") or ())
     return GenerateResult(
         rid=rid,
         output_ids=tuple(output_ids),
@@ -165,6 +166,7 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
         input_logprobs=tuple(None if t[0] is None else float(t[0]) for t in input_triples),
         input_ids_scored=tuple(int(t[1]) for t in input_triples),
         top_logprobs=tuple(tuple((float(e[0]), int(e[1])) for e in (pos or [])) for pos in top),
+        weight_version_spans=spans,
         e2e_latency_s=meta.get("e2e_latency"),
         attempts=attempts,
         meta=meta,

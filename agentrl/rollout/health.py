@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from agentrl.rollout.client import ClientConfig, InferenceClient
-from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine
+from agentrl.rollout.engine import EngineConfig, EngineError, PauseMode, SGLangEngine
 from agentrl.rollout.router import Router, RouterConfig, RouterError
 
 __all__ = ["EngineGroup", "HealthConfig", "HealthEvent"]
@@ -191,10 +191,24 @@ class EngineGroup:
 
     # ----- group-wide control ----------------------------------------------------------------------
 
-    async def update_weights_from_disk(self, model_path: str | os.PathLike[str], weight_version: str) -> None:
-        """Loads new weights on every engine in rotation (concurrently); each flushes its cache."""
+    async def update_weights_from_disk(self, model_path: str | os.PathLike[str], weight_version: str, *,
+                                       pause_mode: PauseMode | None = None) -> None:
+        """Loads new weights on every engine in rotation (concurrently); each flushes its cache.
+
+        With ``pause_mode``, generation is paused on all engines first and continued afterwards (also
+        when the update fails): ``"abort"`` returns running requests as aborted (resume them with the
+        remaining budget), ``"retract"`` requeues them so they finish on the new weights. Without it,
+        requests running during the update may span two versions (see
+        ``GenerateResult.weight_version_spans``).
+        """
         engines = [t.engine for t in self._tracked if t.in_rotation]
-        await asyncio.gather(*(e.update_weights_from_disk(model_path, weight_version) for e in engines))
+        if pause_mode is not None:
+            await asyncio.gather(*(e.pause_generation(pause_mode) for e in engines))
+        try:
+            await asyncio.gather(*(e.update_weights_from_disk(model_path, weight_version) for e in engines))
+        finally:
+            if pause_mode is not None:
+                await asyncio.gather(*(e.continue_generation() for e in engines))
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Aborts every request on every engine in rotation, then waits until all are idle.

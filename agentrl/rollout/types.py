@@ -168,7 +168,9 @@ class GenerateResult:
     ``output_ids[i]`` was sampled with log-probability ``output_logprobs[i]``; both have
     ``completion_tokens`` entries (for an aborted request: the tokens produced before the abort).
     ``input_logprobs`` is filled when the request asked for prompt scoring (``logprob_start_len``);
-    its first entry is ``None`` as SGLang returns it.
+    its first entry is ``None`` as SGLang returns it. ``weight_version_spans`` lists
+    ``(version, start, end)`` output-token ranges when the engine reports them: more than one span
+    means the weights changed while this request was generating.
     """
 
     rid: str
@@ -183,6 +185,7 @@ class GenerateResult:
     input_logprobs: tuple[float | None, ...] = ()
     input_ids_scored: tuple[int, ...] = ()
     top_logprobs: tuple[tuple[tuple[float, int], ...], ...] = ()
+    weight_version_spans: tuple[tuple[str, int, int], ...] = ()
     e2e_latency_s: float | None = None
     attempts: int = 1
     meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

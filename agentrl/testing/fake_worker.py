@@ -43,6 +43,7 @@ class FakeWorkerState:
     headers: list[dict[str, str]] = field(default_factory=list)
     aborted: set[str] = field(default_factory=set)
     running: dict[str, bool] = field(default_factory=dict)
+    control_calls: list[str] = field(default_factory=list)
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -69,13 +70,17 @@ class FakeWorker:
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/abort_request", self._abort)
         app.router.add_route("*", "/flush_cache", self._ok)
-        app.router.add_post("/pause_generation", self._ok)
-        app.router.add_post("/continue_generation", self._ok)
+        app.router.add_post("/pause_generation", self._control)
+        app.router.add_post("/continue_generation", self._control)
         app.router.add_post("/update_weights_from_disk", self._update_weights)
         app.router.add_get("/v1/loads", self._loads)
         return app
 
     async def _ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _control(self, request: web.Request) -> web.Response:
+        self.state.control_calls.append(request.path)
         return web.Response(text="")
 
     async def _server_info(self, request: web.Request) -> web.Response:
@@ -90,6 +95,7 @@ class FakeWorker:
         return _json({"loads": [{"dp_rank": 0, "num_running_reqs": len(self.state.running), "num_waiting_reqs": 0}]})
 
     async def _update_weights(self, request: web.Request) -> web.Response:
+        self.state.control_calls.append(request.path)
         body = await request.json()
         if body.get("weight_version") is not None:
             self.state.weight_version = str(body["weight_version"])

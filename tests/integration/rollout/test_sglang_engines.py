@@ -6,6 +6,7 @@ One engine group per module (startup costs ~20-40 s of CPU); the engine-kill tes
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -147,6 +148,21 @@ async def test_weight_update_from_disk_changes_version_and_outputs(group: Engine
     assert back.weight_version == "8"
     assert back.output_ids == before.output_ids
     assert back.output_logprobs == pytest.approx(before.output_logprobs, abs=0.05)
+
+
+async def test_weight_update_under_load_with_retract(group: EngineGroup, client: InferenceClient) -> None:
+    params = SamplingParams(max_new_tokens=300, ignore_eos=True)
+    task = asyncio.ensure_future(client.generate(PROMPT, params, routing_key="mid-update"))
+    await asyncio.sleep(1.0)
+    await group.update_weights_from_disk(build_tiny_model(seed=1), "9", pause_mode="retract")
+    res = await asyncio.wait_for(task, 120)
+    print(f"request across a retract-paused update: {res.finish_reason.kind.value}, spans {res.weight_version_spans}")
+    assert res.finish_reason.kind is FinishKind.LENGTH and len(res.output_ids) == 300
+    assert res.weight_version == "9"
+    spans = res.weight_version_spans
+    assert spans and spans[0][1] == 0 and spans[-1][2] == 300 and spans[-1][0] == "9"
+    assert all(a[2] == b[1] for a, b in itertools.pairwise(spans))  # contiguous, nothing unaccounted
+    await group.update_weights_from_disk(build_tiny_model(seed=0), "10")
 
 
 async def test_pause_continue_and_flush(group: EngineGroup) -> None:

@@ -104,3 +104,27 @@ async def test_drain_aborts_running_requests_and_waits_idle() -> None:
         await group.shutdown()
         for w in workers:
             w.stop()
+
+
+async def test_group_weight_update_pauses_updates_and_continues() -> None:
+    workers = [FakeWorker(FakeWorkerState(name=f"u{i}")) for i in range(2)]
+    for w in workers:
+        w.start()
+    router = await Router.launch(RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING))
+    group = EngineGroup(router, [])
+    try:
+        for w in workers:
+            await group.add_engine(await SGLangEngine.attach(w.url))
+        await group.update_weights_from_disk("/ckpt/step-3", "3", pause_mode="retract")
+        await group.update_weights_from_disk("/ckpt/step-4", "4")
+        async with group.client() as client:
+            res = await client.generate([1], SamplingParams(max_new_tokens=1), routing_key="x")
+    finally:
+        await group.shutdown()
+        for w in workers:
+            w.stop()
+    for w in workers:
+        assert w.state.control_calls == ["/pause_generation", "/update_weights_from_disk",
+                                         "/continue_generation", "/update_weights_from_disk"]
+        assert w.state.weight_version == "4"
+    assert res.weight_version == "4"

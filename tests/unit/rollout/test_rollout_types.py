@@ -96,6 +96,10 @@ def test_parse_keeps_everything_as_returned() -> None:
     assert res.output_ids == (9, 2) and res.output_logprobs == (-0.5, -0.25)
     assert res.finish_reason.kind is FinishKind.STOP and res.finish_reason.matched == 2
     assert (res.weight_version, res.cached_tokens, res.prompt_tokens) == ("7", 3, 4)
+    assert res.weight_version_spans == ()
+    spans = parse_generate_response(_body(weight_versions=[{"version": "6", "start": 0, "end": 1},
+                                                          {"version": "7", "start": 1, "end": 2}]), "r")
+    assert spans.weight_version_spans == (("6", 0, 1), ("7", 1, 2))
     assert not res.aborted
     assert pickle.loads(pickle.dumps(res)) == res
 
