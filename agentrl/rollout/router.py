@@ -75,11 +75,13 @@ class RouterConfig:
     startup_timeout_s: float = 60.0
     log_dir: Path | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    allow_public_host: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", RouterPolicy(self.policy))
-        if self.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get("AGENTRL_ROUTER_PUBLIC"):
-            raise ValueError(f"RouterConfig.host={self.host!r}: expected a loopback address")
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.allow_public_host:
+            raise ValueError(f"RouterConfig.host={self.host!r}: expected a loopback address "
+                             "(set allow_public_host=True to serve other machines)")
         if self.health_check_interval_s < 1:
             raise ValueError(f"RouterConfig.health_check_interval_s={self.health_check_interval_s!r}: expected >= 1")
 
