@@ -88,6 +88,7 @@ class BwrapSandbox(Sandbox):
                 f"visible in the sandbox), got {python!r}; install Debian's python3 (`apt-get install python3`)")
         self._bwrap = found
         self._bwrap_version = _bwrap_version(found)
+        _bwrap_help(found)  # cached now, not on the event loop later
         self._python = python
         self._root = os.geteuid() == 0
         self._setpriv = shutil.which("setpriv") if self._root else None
@@ -110,7 +111,9 @@ class BwrapSandbox(Sandbox):
 
     def bwrap_argv(self) -> list[str]:
         """The bwrap command line of one worker (without the cgroup/uid prefix)."""
-        argv = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        # --disable-userns (bubblewrap >= 0.8): the program cannot create nested user namespaces.
+        nested = ["--unshare-user", "--disable-userns"] if "--disable-userns" in _bwrap_help(self._bwrap) else []
+        argv = [self._bwrap, "--unshare-all", *nested, "--die-with-parent", "--new-session",
                 "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP",
                 "--ro-bind", "/usr", "/usr"]
         for name in ("lib", "lib64", "lib32", "bin", "sbin"):
@@ -205,6 +208,8 @@ class BwrapSandbox(Sandbox):
             "user": f"host uid {NOBODY} via setpriv, user namespace" if self._setpriv else
                     f"host uid {os.geteuid()} (unprivileged), user namespace",
             "capabilities": "all dropped before user code; no_new_privs",
+            "nested_user_namespaces": "blocked (bwrap --disable-userns)" if "--disable-userns" in
+                                      _bwrap_help(self._bwrap) else "allowed (bubblewrap < 0.8)",
             "wall_time": "worker deadline, SIGKILL of the execution's PID namespace",
             "cpu_time": "RLIMIT_CPU",
             "output": "captured by the worker, capped at max_output_bytes per stream",
@@ -236,6 +241,15 @@ def _warn_missing_controllers(support: CgroupSupport, use_cgroups: bool) -> None
         log.warning("bwrap sandbox: no cgroup for %s (%s); memory falls back to RLIMIT_AS, processes to "
                     "RLIMIT_NPROC, and the per-worker CPU share is not enforced. See sandbox.capabilities().",
                     ", ".join(missing), support.reason if use_cgroups else "cgroups disabled by use_cgroups=False")
+
+
+@functools.lru_cache(maxsize=8)
+def _bwrap_help(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=5, check=False)
+        return out.stdout + out.stderr
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 @functools.lru_cache(maxsize=8)
