@@ -7,8 +7,11 @@
 - :class:`SGLangEngine` / :class:`EngineConfig`: launch (GPU or CPU) or attach, pause, flush, weight updates.
 - :class:`Router` / :class:`RouterConfig`: the sglang-router subprocess and its worker API.
 - :class:`EngineGroup` / :class:`HealthConfig`: router + engines + the monitor that restarts dead engines.
+- :func:`run_episode` / :class:`AgentConfig` / :class:`Episode`: the multi-turn agent loop that owns the
+  token boundary between an environment and an engine.
 """
 
+from agentrl.rollout.agent import AgentConfig, Episode, GenerateClient, run_episode
 from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
 from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
 from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
@@ -26,12 +29,15 @@ from agentrl.rollout.types import (
 )
 
 __all__ = [
+    "AgentConfig",
     "ClientConfig",
     "EngineConfig",
     "EngineError",
     "EngineGroup",
+    "Episode",
     "FinishKind",
     "FinishReason",
+    "GenerateClient",
     "GenerateResult",
     "HealthConfig",
     "HealthEvent",
@@ -50,4 +56,5 @@ __all__ = [
     "default_shim_dir",
     "detect_device",
     "parse_generate_response",
+    "run_episode",
 ]

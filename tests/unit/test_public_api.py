@@ -1,0 +1,37 @@
+"""The public surface is pinned: every subpackage declares ``__all__``, every name in it resolves,
+and the names other code and external checks rely on are there."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+REQUIRED: dict[str, set[str]] = {
+    "agentrl": {"Trajectory", "Segment", "SegmentKind", "Status", "StopReason", "TrajectoryError"},
+    "agentrl.chat": {"ChatTemplate", "parse_tool_calls", "Message", "ToolCall", "ParsedReply", "ToolCallFailure",
+                     "FailureKind", "BridgeResult", "BridgeOutcome", "validate_arguments"},
+    "agentrl.rollout": {"InferenceClient", "SamplingParams", "GenerateResult", "SGLangEngine", "Router",
+                        "continuation_budget", "run_episode", "AgentConfig"},
+    "agentrl.algorithms": {"group_advantages", "kl", "ppo_clip_loss", "gspo_loss", "cispo_loss", "tis_weights",
+                           "mis_weights", "reduce_loss", "logprobs_from_logits", "entropy_from_logits"},
+    "agentrl.train": {"TorchTrainBackend", "build_training_batch", "plan_micro_batches"},
+    "agentrl.rewards": {"math_answer_reward"},
+    "agentrl.testing": {"build_tokenizer", "build_tiny_model"},
+    "agentrl.tools": {"Tool", "ToolResult", "tool", "PythonTool", "calculator"},
+    "agentrl.tools.sandbox": {"create_sandbox", "Sandbox", "ExecResult"},
+    "agentrl.environments": {"Environment", "StepResult", "make_group", "check_environment", "ToyArithmeticEnv",
+                             "RetoolMathEnv"},
+    "agentrl.cli": {"app", "main"},
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(REQUIRED))
+def test_all_is_declared_resolves_and_contains_the_contract(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    exported = getattr(module, "__all__", None)
+    assert isinstance(exported, list), f"{module_name} has no __all__ list"
+    assert len(exported) == len(set(exported)), f"{module_name}.__all__ has duplicates"
+    missing = [name for name in exported if not hasattr(module, name)]
+    assert not missing, f"{module_name}.__all__ names that do not resolve: {missing}"
+    assert REQUIRED[module_name] <= set(exported), f"{module_name} lacks {REQUIRED[module_name] - set(exported)}"
