@@ -13,7 +13,7 @@ lint: setup
 	$(VENV)/ruff check agentrl tools environments tests bench examples
 
 typecheck: setup
-	$(VENV)/mypy agentrl
+	bash scripts/typecheck.sh
 
 unit: setup
 	$(VENV)/pytest tests/unit -q
