@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from agentrl.chat import Message
 from agentrl.environments import Environment, check_environment
-from agentrl.tools.sandbox.dockerd import PrivateDockerDaemon, daemon_unavailable_reason
 from agentrl.trajectory import Trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -19,24 +17,12 @@ IMAGE = "agentrl-empty-check:test"  # an image with no files: containers can be 
 
 
 @pytest.fixture(scope="module")
-def docker_host() -> Iterator[str]:
-    reason = daemon_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"no private Docker daemon here: {reason}")
-    daemon = PrivateDockerDaemon()
-    try:
-        host = daemon.start()
-    except RuntimeError as exc:
-        daemon.stop()
-        pytest.skip(f"no private Docker daemon here: {exc}")
-    try:
-        empty = subprocess.run(["tar", "cf", "-", "--files-from", "/dev/null"], capture_output=True, check=True).stdout
-        subprocess.run(["docker", "-H", host, "import", "-", IMAGE], input=empty, capture_output=True, check=True,
-                       timeout=60)
-        yield host
-    finally:
-        daemon.stop()
-        assert daemon.proc is None
+def docker_host(docker_daemon: str) -> str:
+    """The session's Docker daemon (tests/integration/conftest.py) with an empty image imported."""
+    empty = subprocess.run(["tar", "cf", "-", "--files-from", "/dev/null"], capture_output=True, check=True).stdout
+    subprocess.run(["docker", "-H", docker_daemon, "import", "-", IMAGE], input=empty, capture_output=True,
+                   check=True, timeout=60)
+    return docker_daemon
 
 
 def docker(*args: str) -> str:

@@ -1,10 +1,8 @@
 """Fixtures for the sandbox integration tests: a Docker daemon with the sandbox image, host canaries.
 
-``docker_host`` uses a daemon that already answers (``DOCKER_HOST`` or the default socket); else it
-starts a private ``dockerd`` (own data root, socket and pidfile; no iptables rules, no bridge),
-builds the sandbox image offline if missing, and stops that daemon (by PID) at the end of the
-session. When this machine cannot run dockerd or build the image, the Docker tests are skipped
-with the precise reason.
+``docker_host`` is the session's Docker daemon (``docker_daemon`` in tests/integration/conftest.py)
+with the sandbox image built offline if missing. When this machine cannot build the image, the
+Docker tests are skipped with the precise reason.
 """
 
 from __future__ import annotations
@@ -19,32 +17,14 @@ import pytest
 from sandbox_canaries import CANARY_ENV, PROJECT, HostCanaries
 
 from agentrl.tools.sandbox.docker import DEFAULT_IMAGE
-from agentrl.tools.sandbox.dockerd import PrivateDockerDaemon, daemon_unavailable_reason, ensure_image, ping
+from agentrl.tools.sandbox.dockerd import ensure_image
 
 
 @pytest.fixture(scope="session")
-def docker_host() -> Iterator[str]:
-    for host in (os.environ.get("DOCKER_HOST"), "unix:///var/run/docker.sock"):
-        if host and ping(host):
-            ensure_or_skip(host)
-            yield host
-            return
-    reason = daemon_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"Docker backend not testable here: {reason}")
-    daemon = PrivateDockerDaemon()
-    try:
-        host = daemon.start()
-    except RuntimeError as exc:
-        daemon.stop()
-        pytest.skip(f"Docker backend not testable here: dockerd failed to start: {exc}")
-    try:
-        ensure_or_skip(host)
-        yield host
-    finally:
-        daemon.stop()
-        assert daemon.proc is None
-        assert not [n for n in daemon.new_links if n.startswith(("docker", "br-", "veth"))], daemon.new_links
+def docker_host(docker_daemon: str) -> str:
+    """The session's Docker daemon (tests/integration/conftest.py) with the sandbox image built."""
+    ensure_or_skip(docker_daemon)
+    return docker_daemon
 
 
 def ensure_or_skip(host: str) -> None:
