@@ -1,7 +1,7 @@
 """``agentrl doctor``: what is installed and usable for rollouts on this machine.
 
 Checks the pinned core libraries, the accelerator, SGLang and sglang-router, the CPU shims SGLang's
-CPU path needs, and (with ``--engine``) starts the tiny model on a real SGLang server behind the real
+CPU path needs, the code sandboxes (bubblewrap runs a program; a Docker daemon answers), and (with ``--engine``) starts the tiny model on a real SGLang server behind the real
 router and generates a few tokens through them. Each check is a :class:`Check` with a status
 (``ok``, ``warn``, ``fail``) and a one-line detail; ``--strict`` exits 1 if any check failed.
 """
@@ -89,7 +89,45 @@ def _engine_check() -> Check:
     return Check("tiny model engine", "ok", f"{detail} ({time.monotonic() - t0:.0f} s)")
 
 
-def collect_checks(*, import_sglang: bool = True, engine: bool = False) -> list[Check]:
+def _bwrap_check() -> Check:
+    """Runs ``print(1)`` in the default bubblewrap sandbox and reports what it enforces here."""
+    from agentrl.tools.sandbox import SandboxUnavailableError, create_sandbox
+
+    async def run() -> str:
+        async with create_sandbox("bwrap", pool_size=1, timeout_s=20) as sandbox:
+            result = await sandbox.run("print(1)")
+            if result.exit_code != 0 or result.stdout.strip() != "1":
+                raise RuntimeError(f"print(1) gave exit {result.exit_code}, stdout {result.stdout!r:.80}, "
+                                   f"stderr {result.stderr!r:.200}")
+            caps = sandbox.capabilities()
+        missing = f"; not enforced: {', '.join(sorted(caps.not_enforced))}" if caps.not_enforced else ""
+        return f"{len(caps.enforced)} limits enforced{missing}"
+
+    try:
+        detail = asyncio.run(run())
+    except SandboxUnavailableError as err:
+        return Check("sandbox: bwrap", "fail", str(err)[:300])
+    except Exception as err:  # a doctor reports every failure instead of crashing
+        return Check("sandbox: bwrap", "fail", f"{type(err).__name__}: {str(err)[:300]}")
+    return Check("sandbox: bwrap", "ok" if "not enforced" not in detail else "warn", detail)
+
+
+def _docker_check() -> Check:
+    import os
+
+    from agentrl.tools.sandbox.dockerd import daemon_unavailable_reason, ping
+
+    for host in (os.environ.get("DOCKER_HOST"), "unix:///var/run/docker.sock"):
+        if host and ping(host):
+            return Check("sandbox: docker", "ok", f"daemon answers at {host}")
+    reason = daemon_unavailable_reason()
+    if reason is not None:
+        return Check("sandbox: docker", "warn", f"no daemon, and none can be started here: {reason}")
+    return Check("sandbox: docker", "warn", "no daemon running (start dockerd to use the docker backend; "
+                                            "the tests start a private one)")
+
+
+def collect_checks(*, import_sglang: bool = True, engine: bool = False, sandbox: bool = True) -> list[Check]:
     """Runs the checks; ``import_sglang`` imports the SGLang server (seconds), ``engine`` starts one (~30 s)."""
     from agentrl.rollout.engine import default_shim_dir, detect_device
 
@@ -107,6 +145,8 @@ def collect_checks(*, import_sglang: bool = True, engine: bool = False) -> list[
                         "sglang_router importable" if router_ok else "sglang_router not importable"))
     checks.append(Check("orjson (client codec)", "ok" if _installed("orjson") else "warn",
                         _installed("orjson") or "missing: the client falls back to the slower json module"))
+    if sandbox:
+        checks += [_bwrap_check(), _docker_check()]
     if import_sglang and _installed("sglang"):
         checks.append(_engine_import_check(device))
     if engine:
@@ -119,7 +159,7 @@ def doctor(
     quick: bool = typer.Option(False, "--quick", help="skip importing the SGLang server (a few seconds)"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when any check failed"),
 ) -> None:
-    """Report what is installed and usable: pinned libraries, device, SGLang, router, CPU shims."""
+    """Report what is installed and usable: pinned libraries, device, SGLang, router, CPU shims, sandboxes."""
     from rich.console import Console
     from rich.table import Table
 

@@ -87,3 +87,14 @@ def test_doctor_command_passes_here() -> None:
     result = CliRunner().invoke(app, ["doctor", "--quick", "--strict"])
     assert result.exit_code == 0, result.output
     assert "sglang-router" in result.output
+
+
+def test_doctor_runs_the_bwrap_sandbox_and_names_the_fix_when_missing(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    checks = {c.name: c for c in collect_checks(import_sglang=False)}
+    assert checks["sandbox: bwrap"].status == "ok", checks["sandbox: bwrap"]
+    assert checks["sandbox: docker"].status in ("ok", "warn")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    checks = {c.name: c for c in collect_checks(import_sglang=False)}
+    assert checks["sandbox: bwrap"].status == "fail"
+    assert "bubblewrap" in checks["sandbox: bwrap"].detail
