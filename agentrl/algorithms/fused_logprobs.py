@@ -23,13 +23,10 @@ from typing import Any
 
 import torch
 
-from agentrl.algorithms.logprobs import DEFAULT_CHUNK_SIZE
+from agentrl.algorithms.logprobs import DEFAULT_CHUNK_SIZE, _check_scalars, _picked_and_lse
+from agentrl.algorithms.logprobs import _compute_dtype as _float
 
 __all__ = ["entropy_from_hidden", "logprobs_from_hidden"]
-
-
-def _float(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _no_autocast(device: torch.device) -> Any:
@@ -50,9 +47,7 @@ class _FusedLinearLogprob(torch.autograd.Function):
             for start in range(0, n, chunk_size):
                 stop = min(start + chunk_size, n)
                 z = (hidden[start:stop].to(weight.dtype) @ weight.T).to(dtype).div_(temperature)
-                picked = z.gather(1, targets[start:stop, None]).squeeze(1)
-                row_max = z.amax(dim=-1, keepdim=True)
-                lse_c = row_max.squeeze(1) + z.sub_(row_max).exp_().sum(dim=-1).log()
+                picked, lse_c = _picked_and_lse(z, targets[start:stop])
                 lse[start:stop] = lse_c
                 out[start:stop] = picked - lse_c
                 del z
@@ -93,10 +88,7 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, chunk
             f"hidden/weight: expected [tokens, hidden] and [vocab, hidden] with the same hidden size, "
             f"got {tuple(hidden.shape)} and {tuple(weight.shape)}"
         )
-    if not temperature > 0:
-        raise ValueError(f"temperature: expected a positive number, got {temperature!r}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+    _check_scalars(temperature, chunk_size)
 
 
 def logprobs_from_hidden(

@@ -38,13 +38,26 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check(logits: torch.Tensor, temperature: float, chunk_size: int) -> None:
-    if logits.dim() != 2:
-        raise ValueError(f"logits: expected a 2-D [tokens, vocab] tensor, got shape {tuple(logits.shape)}")
+def _check_scalars(temperature: float, chunk_size: int) -> None:
     if not temperature > 0:
         raise ValueError(f"temperature: expected a positive number, got {temperature!r}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+
+
+def _check(logits: torch.Tensor, temperature: float, chunk_size: int) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"logits: expected a 2-D [tokens, vocab] tensor, got shape {tuple(logits.shape)}")
+    _check_scalars(temperature, chunk_size)
+
+
+def _picked_and_lse(z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(z[i, targets[i]], logsumexp(z[i]))`` for one ``[chunk, vocab]`` block of scaled logits.
+    ``z`` is consumed (shifted and exponentiated in place) so the chunk needs one buffer."""
+    picked = z.gather(1, targets[:, None]).squeeze(1)
+    row_max = z.amax(dim=-1, keepdim=True)
+    lse = row_max.squeeze(1) + z.sub_(row_max).exp_().sum(dim=-1).log()
+    return picked, lse
 
 
 class _ChunkedLogprob(torch.autograd.Function):
@@ -60,9 +73,7 @@ class _ChunkedLogprob(torch.autograd.Function):
             stop = min(start + chunk_size, n)
             # One [chunk, vocab] buffer, reused in place: scale, shift by the row max, exponentiate.
             z = logits[start:stop].to(dtype) / temperature
-            picked = z.gather(1, targets[start:stop, None]).squeeze(1)
-            row_max = z.amax(dim=-1, keepdim=True)
-            lse_c = row_max.squeeze(1) + z.sub_(row_max).exp_().sum(dim=-1).log()
+            picked, lse_c = _picked_and_lse(z, targets[start:stop])
             lse[start:stop] = lse_c
             out[start:stop] = picked - lse_c
             del z
