@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.chat._jinja import normalize_messages, normalize_tools
@@ -90,7 +91,9 @@ class BridgeResult:
     @property
     def ids(self) -> list[int]:
         """All pieces' ids concatenated (empty unless the outcome is ``APPEND``)."""
-        return [t for piece in self.pieces for t in piece.ids]
+        if len(self.pieces) == 1:
+            return list(self.pieces[0].ids)
+        return list(chain.from_iterable(piece.ids for piece in self.pieces))
 
 
 def _env_kind(new_msgs: list[dict[str, Any]]) -> PieceKind:
