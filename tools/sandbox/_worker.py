@@ -338,6 +338,16 @@ def _alive(pid: int | str) -> bool:
         return False
 
 
+def _reap_exited() -> None:
+    """Reaps every child that has exited, without blocking."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
 def _sweep() -> None:
     """Kills every process of this PID namespace except PID 1 and this worker (isolated modes only),
     and waits (up to 2 s) until PID 1 has reaped them all."""
@@ -356,12 +366,7 @@ def _sweep() -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+        _reap_exited()
         time.sleep(0.002)
 
 
@@ -488,12 +493,7 @@ def reaper() -> NoReturn:
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # not ptrace-able by the sandboxed code (same uid)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # pending until sigtimedwait: no lost wakeup
     while True:
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+        _reap_exited()
         signal.sigtimedwait([signal.SIGCHLD], 1.0)
 
 
