@@ -12,11 +12,12 @@ cd "$ROOT"
 
 log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*" >&2; }
 
-# run_stage NAME SCRIPT INPUT_FILES...: runs SCRIPT unless the stamp matches the inputs' hash.
+# run_stage NAME SCRIPT INPUT_FILES...: runs SCRIPT unless the stamp matches the inputs' hash. The
+# hash also covers $STAGE_SALT (settings from the environment that change what the stage installs).
 run_stage() {
   local name="$1" script="$2"; shift 2
   local stamp_dir="$ROOT/.venv/.stamps" hash
-  hash="$(cat "$script" "$@" 2>/dev/null | sha256sum | cut -c1-16)"
+  hash="$({ cat "$script" "$@" 2>/dev/null; printf '%s' "${STAGE_SALT:-}"; } | sha256sum | cut -c1-16)"
   if [[ -f "$stamp_dir/$name" && "$(cat "$stamp_dir/$name")" == "$hash" ]]; then
     log "$name: up to date"
     return 0
@@ -36,6 +37,9 @@ for extra in scripts/setup/extra-*.sh; do  # later stages (SGLang CPU build, san
   # a stage's inputs besides its script: files under scripts/setup/<name>-* (extra-sglang -> sglang-*)
   mapfile -t inputs < <(find scripts/setup -path "scripts/setup/${stage#extra-}-*" -type f \
                           -not -path '*/__pycache__/*' | LC_ALL=C sort)
-  run_stage "$stage" "$extra" "${inputs[@]}"
+  # the install mode a stage honours (AGENTRL_SGLANG_INSTALL for extra-sglang), so that a `skip` run
+  # does not mark the stage done for a later default run
+  salt_var="AGENTRL_${stage#extra-}_INSTALL"; salt_var="${salt_var^^}"; salt_var="${salt_var//-/_}"
+  STAGE_SALT="${!salt_var:-auto}" run_stage "$stage" "$extra" "${inputs[@]}"
 done
 log "done: activate with 'source .venv/bin/activate'"
