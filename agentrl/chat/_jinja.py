@@ -31,9 +31,9 @@ import jinja2.parser
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["compile_template", "normalize_messages", "normalize_tools", "to_plain"]
+from agentrl.chat.types import REASONING_KEYS
 
-_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+__all__ = ["compile_template", "normalize_messages", "normalize_tools", "to_plain"]
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -124,7 +124,7 @@ def _normalize_message(message: Any, index: int) -> dict[str, Any]:
         raise TypeError(f"messages[{index}]: expected a message object or dict, got {type(message).__name__}: "
                         f"{message!r:.120}")
     msg = _drop_none(plain)
-    reasoning = next((plain[k] for k in _REASONING_KEYS if plain.get(k) is not None), None)
+    reasoning = next((plain[k] for k in REASONING_KEYS if plain.get(k) is not None), None)
     if reasoning is not None:
         msg["reasoning_content"] = reasoning
         msg.setdefault("thinking", reasoning)

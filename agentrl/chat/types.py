@@ -15,6 +15,9 @@ from typing import Any, Literal, cast
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+# Keys a message dict may carry its reasoning under, in the order the first non-None one wins
+# (Hugging Face templates read ``reasoning_content`` first, then ``thinking``).
+REASONING_KEYS: tuple[str, ...] = ("reasoning_content", "thinking", "reasoning")
 
 
 class FailureKind(str, Enum):
@@ -124,9 +127,7 @@ class Message:
         calls = data.get("tool_calls") or []
         if not isinstance(calls, list):
             raise ValueError(f"message.tool_calls: expected a list, got {type(calls).__name__}")
-        reasoning = data.get("reasoning_content")
-        if reasoning is None:
-            reasoning = data.get("reasoning", data.get("thinking"))
+        reasoning = next((data[k] for k in REASONING_KEYS if data.get(k) is not None), None)
         return cls(
             role=cast(Role, role),
             content=data.get("content", ""),

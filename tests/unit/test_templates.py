@@ -152,6 +152,17 @@ def test_reasoning_aliases() -> None:
         assert out.endswith("<think>\nbecause\n</think>\n\nHello<|im_end|>\n"), key
 
 
+def test_message_and_renderer_pick_the_same_reasoning_alias() -> None:
+    """With both ``thinking`` and ``reasoning`` set, ``Message.from_dict`` and the renderer agree on ``thinking``."""
+    tpl = ChatTemplate.from_name("qwen3")
+    base = [{"role": "user", "content": "Hi"}]
+    reply = {"role": "assistant", "content": "Hello", "reasoning": "second", "thinking": "first"}
+    assert Message.from_dict(reply).reasoning_content == "first"
+    out = tpl.render([*base, reply])
+    assert out.endswith("<think>\nfirst\n</think>\n\nHello<|im_end|>\n")
+    assert tpl.render([*base, Message.from_dict(reply)]) == out
+
+
 @dataclasses.dataclass
 class _Note:
     role: str
