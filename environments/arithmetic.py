@@ -24,10 +24,10 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from agentrl.chat.types import Message
-from agentrl.environments.base import Environment, ToolLike
+from agentrl.environments.base import Environment
 from agentrl.environments.policy import EnvLimits
 from agentrl.rewards.math import final_answer_text, math_answer_reward
-from agentrl.tools import calculator
+from agentrl.tools import Tool, calculator
 from agentrl.trajectory import Trajectory
 
 __all__ = ["ArithmeticTask", "ToyArithmeticEnv", "make_arithmetic_rows"]
@@ -68,7 +68,7 @@ class ToyArithmeticEnv(Environment):
     """Multiply two numbers with the ``calculator`` tool; reward 1 for the exact boxed product."""
 
     task_type = ArithmeticTask
-    tools: ClassVar[tuple[ToolLike, ...]] = (calculator,)
+    tools: ClassVar[tuple[Tool, ...]] = (calculator,)
     reward_range = (0.0, 1.0)
     default_limits = EnvLimits(max_turns=3, max_tool_calls=2)
 

@@ -40,13 +40,14 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.policy import EnvLimits, FailureAction, FailurePolicy
 from agentrl.rewards.types import RewardValue
+from agentrl.tools.base import Tool, ToolResult, short_error, tool_schema
 from agentrl.trajectory import StopReason, Trajectory
 
 __all__ = ["Environment", "EpisodeDoneError", "StepResult", "ToolLike", "tool_spec"]
@@ -56,21 +57,10 @@ class EpisodeDoneError(RuntimeError):
     """``step()`` was called on an environment whose episode is already over."""
 
 
-@runtime_checkable
-class ToolLike(Protocol):
-    """What an environment needs of a tool: a name, a JSON schema, and an async call."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-
-    def __call__(self, **arguments: Any) -> Awaitable[Any]: ...
-
-
-def tool_spec(tool: ToolLike) -> dict[str, Any]:
-    """The OpenAI function object a chat template lists for ``tool``."""
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
-                                             "parameters": tool.parameters}}
+ToolLike = Tool
+"""What an environment needs of a tool; the same protocol as :class:`agentrl.tools.Tool`."""
+tool_spec = tool_schema
+"""The OpenAI function object a chat template lists for a tool (:func:`agentrl.tools.tool_schema`)."""
 
 
 @dataclass
@@ -114,7 +104,7 @@ class Environment(ABC):
     """Base class for environments; see the module doc for the contract."""
 
     task_type: ClassVar[type[BaseModel] | None] = None
-    tools: ClassVar[Sequence[ToolLike]] = ()
+    tools: ClassVar[Sequence[Tool]] = ()
     reward_range: tuple[float, float] = (0.0, 1.0)  # an instance may narrow or widen it (e.g. shaping)
     default_limits: ClassVar[EnvLimits] = EnvLimits()
     default_failure_policy: ClassVar[FailurePolicy] = FailurePolicy()
@@ -124,7 +114,7 @@ class Environment(ABC):
         self.task: Any = self._coerce_task(task)
         self.limits = limits if limits is not None else type(self).default_limits
         self.failure_policy = failure_policy if failure_policy is not None else type(self).default_failure_policy
-        self._tools: dict[str, ToolLike] = {}
+        self._tools: dict[str, Tool] = {}
         for t in type(self).tools:
             self.register_tool(t)
         self.turns = 0
@@ -168,7 +158,7 @@ class Environment(ABC):
         self._tools.update(own)
 
     # -- tools -----------------------------------------------------------------------------
-    def register_tool(self, tool: ToolLike) -> None:
+    def register_tool(self, tool: Tool) -> None:
         """Adds a tool for this episode; names must be unique."""
         name = getattr(tool, "name", None)
         if not isinstance(name, str) or not name or not callable(tool):
@@ -178,12 +168,12 @@ class Environment(ABC):
         self._tools[name] = tool
 
     @property
-    def tool_map(self) -> Mapping[str, ToolLike]:
+    def tool_map(self) -> Mapping[str, Tool]:
         return dict(self._tools)
 
     def tool_specs(self) -> list[dict[str, Any]]:
         """OpenAI function objects for the chat template's tool list (registration order)."""
-        return [tool_spec(t) for t in self._tools.values()]
+        return [tool_schema(t) for t in self._tools.values()]
 
     # -- the episode -----------------------------------------------------------------------
     @abstractmethod
@@ -271,21 +261,14 @@ class Environment(ABC):
         try:
             res = await tool(**call.arguments)
         except Exception as exc:  # a tool's bug must reach the model as an error value, not crash the loop
-            return _CallOutcome(f"Error: {FailureKind.TOOL_ERROR.value}: {type(exc).__name__}: {exc}",
-                                FailureKind.TOOL_ERROR)
+            return _CallOutcome(f"Error: {FailureKind.TOOL_ERROR.value}: {short_error(exc)}", FailureKind.TOOL_ERROR)
         return _outcome_of(res)
 
 
-def _outcome_of(res: Any) -> _CallOutcome:
-    """Reads a ``ToolResult`` (content, is_error, error_kind) or a plain string."""
-    if isinstance(res, str):
-        return _CallOutcome(res)
-    content = str(getattr(res, "content", res))
-    if not getattr(res, "is_error", False):
-        return _CallOutcome(content)
-    kind = getattr(res, "error_kind", None)
-    try:
-        failure = FailureKind(getattr(kind, "value", kind))
-    except ValueError:
-        failure = FailureKind.TOOL_ERROR
-    return _CallOutcome(content, failure)
+def _outcome_of(res: object) -> _CallOutcome:
+    """Reads a :class:`ToolResult` or a plain string (anything else is shown as its ``str``)."""
+    if not isinstance(res, ToolResult):
+        return _CallOutcome(res if isinstance(res, str) else str(res))
+    if not res.is_error:
+        return _CallOutcome(res.content)
+    return _CallOutcome(res.content, res.error_kind or FailureKind.TOOL_ERROR)

@@ -20,6 +20,7 @@ from agentrl.rollout.agent import AgentConfig, Episode, run_episode
 from agentrl.rollout.types import PromptTooLongError, SamplingParams
 from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient, ScriptedTurn
+from agentrl.tools import ToolResult
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
 
 LOGPROB = -0.25
@@ -58,13 +59,8 @@ class Calc:
             await asyncio.sleep(self.delay_s)
         self.spans.append((start, time.perf_counter()))
         if self.error_kind:
-            return _Result(f"failed: {self.error_kind}", True, self.error_kind)
+            return ToolResult.error(FailureKind(self.error_kind), f"failed: {self.error_kind}")
         return str(eval(code.replace("print", "")))
-
-
-class _Result:
-    def __init__(self, content: str, is_error: bool, error_kind: str) -> None:
-        self.content, self.is_error, self.error_kind = content, is_error, error_kind
 
 
 class MathEnv(Environment):

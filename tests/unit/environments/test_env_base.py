@@ -14,6 +14,7 @@ from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.base import Environment, EpisodeDoneError, StepResult
 from agentrl.environments.group import make_group
 from agentrl.environments.policy import EnvLimits, FailureAction, FailurePolicy
+from agentrl.tools import ToolResult
 from agentrl.trajectory import StopReason, Trajectory
 
 
@@ -33,11 +34,6 @@ class FakeTool:
             await asyncio.sleep(self.delay_s)
         self.spans.append((start, time.perf_counter()))
         return self.fn(**arguments)
-
-
-class Result:
-    def __init__(self, content: str, is_error: bool = False, error_kind: Any = None) -> None:
-        self.content, self.is_error, self.error_kind = content, is_error, error_kind
 
 
 class Env(Environment):
@@ -92,7 +88,7 @@ async def test_every_failure_kind_under_every_policy(kind: FailureKind, action: 
     """Parse kinds arrive as parser failures, tool kinds as tool results; each policy acts as documented."""
     policy = FailurePolicy(overrides={kind: action}, penalty=-0.2)
     if kind in (FailureKind.TOOL_ERROR, FailureKind.TOOL_TIMEOUT, FailureKind.SANDBOX_ERROR):
-        tool = FakeTool("t", lambda x: Result(f"it broke ({kind.value})", True, kind.value))
+        tool = FakeTool("t", lambda x: ToolResult.error(kind, f"it broke ({kind.value})"))
         env = make_env(tool, failure_policy=policy)
         res = await env.step(reply(call("t")))
     elif kind is FailureKind.UNKNOWN_TOOL:
@@ -126,9 +122,25 @@ async def test_tool_exception_becomes_a_tool_error_value() -> None:
     assert env.successful_tool_calls == 0 and env.tool_calls == 1
 
 
+async def test_a_long_tool_exception_message_is_cut_short() -> None:
+    def boom(x: int) -> str:
+        raise RuntimeError("x" * 5000)
+
+    env = make_env(FakeTool("t", boom))
+    content = str((await env.step(reply(call("t")))).messages[0].content)
+    assert content.startswith("Error: tool_error: RuntimeError: xxx") and content.endswith(" ...")
+    assert len(content) < 600
+
+
+async def test_plain_strings_and_tool_results_both_come_back_as_tool_messages() -> None:
+    env = make_env(FakeTool("s", lambda x: "plain"), FakeTool("r", lambda x: ToolResult("typed")))
+    res = await env.step(reply(call("s", i=0), call("r", i=1)))
+    assert [m.content for m in res.messages] == ["plain", "typed"] and res.failures == []
+
+
 async def test_mixed_success_and_failure_in_one_turn_keeps_order_and_counts() -> None:
     ok = FakeTool("ok", lambda x: "fine")
-    bad = FakeTool("bad", lambda x: Result("nope", True, "tool_timeout"))
+    bad = FakeTool("bad", lambda x: ToolResult.error(FailureKind.TOOL_TIMEOUT, "nope"))
     env = make_env(ok, bad, failure_policy=FailurePolicy(overrides={"tool_timeout": "penalize"}))
     res = await env.step(reply(call("ok", i=0), call("bad", i=1), call("ok", i=2)),
                          [ToolCallFailure(FailureKind.MALFORMED_JSON, "trailing comma")])
