@@ -27,6 +27,8 @@ class BatchingConfig:
     ``exclude_statuses``: trajectories that ended for infrastructure reasons are left out of the
     group statistics and the batch (reported in :attr:`TrainingBatch.excluded`, never dropped
     silently). ``max_sequence_length``: longer sequences raise instead of being truncated.
+    ``std_normalize=False`` drops the std division of ``grpo`` (making it ``dr_grpo``'s advantage);
+    the other estimators fix their own normalisation, so it is rejected for them.
     """
 
     estimator: AdvantageEstimator = AdvantageEstimator.GRPO
@@ -39,6 +41,10 @@ class BatchingConfig:
         object.__setattr__(self, "estimator", AdvantageEstimator(self.estimator))
         _require(self.estimator is not AdvantageEstimator.PPO, "estimator", self.estimator.value,
                  "a critic-free estimator (the torch backend has no value model yet)")
+        _require(self.std_normalize or self.estimator in (AdvantageEstimator.GRPO, AdvantageEstimator.DR_GRPO),
+                 "std_normalize", self.std_normalize,
+                 f"True with estimator {self.estimator.value!r} (only 'grpo' reads it); for group centring "
+                 "without the std division use estimator='dr_grpo'")
         _require(self.eps >= 0, "eps", self.eps, "a non-negative number")
         _require(self.max_sequence_length is None or self.max_sequence_length > 1, "max_sequence_length",
                  self.max_sequence_length, "None or an integer > 1")

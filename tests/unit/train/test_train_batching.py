@@ -40,6 +40,13 @@ def test_fan_out_shares_denominator_and_counts_rollout_once() -> None:
     assert trainable == pytest.approx([trajs[0].reward - mean] * len(trainable))
 
 
+@pytest.mark.parametrize("estimator", ["gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_std_normalize_off_is_rejected_where_it_has_no_effect(estimator: str) -> None:
+    with pytest.raises(ValueError, match=r"std_normalize: expected True .*estimator='dr_grpo', got False"):
+        BatchingConfig(estimator=estimator, std_normalize=False)  # type: ignore[arg-type]
+    BatchingConfig(estimator="dr_grpo", std_normalize=False)  # consistent: dr_grpo never divides by the std
+
+
 def test_infra_failures_are_excluded_and_reported() -> None:
     trajs = trajectories(1, 4, seed=3)
     failed = Trajectory.from_prompt([1, 2, 3], group_id="g0", rollout_id="boom")
