@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrl.algorithms import AdvantageEstimator, compute_advantages
+from agentrl.algorithms import AdvantageEstimator, compute_advantages, rollout_denominators
 from agentrl.train.config import BatchingConfig
 from agentrl.trajectory import Trajectory
 
@@ -129,13 +129,11 @@ def build_training_batch(trajectories: Sequence[Trajectory], config: BatchingCon
     estimator = cfg.estimator
     if estimator is AdvantageEstimator.GRPO and not cfg.std_normalize:
         estimator = AdvantageEstimator.DR_GRPO  # the same centring without the std division
+    rollout_ids = [rid for _, rid, _, _ in kept]
     adv = compute_advantages(
-        estimator, [r for *_, r in kept], [g for _, _, g, _ in kept], mask,
-        rollout_ids=[rid for _, rid, _, _ in kept], eps=cfg.eps,
+        estimator, [r for *_, r in kept], [g for _, _, g, _ in kept], mask, rollout_ids=rollout_ids, eps=cfg.eps,
     )
-    totals: dict[str, int] = {}
-    for traj, rid, _, _ in kept:
-        totals[rid] = totals.get(rid, 0) + traj.num_trainable_tokens
+    denominators = rollout_denominators([t.loss_mask for t, *_ in kept], rollout_ids)
     sequences = []
     for row, (traj, rid, gid, reward) in enumerate(kept):
         p, n = traj.prompt_length, traj.response_length
@@ -144,7 +142,7 @@ def build_training_batch(trajectories: Sequence[Trajectory], config: BatchingCon
             loss_mask=[0] * p + list(traj.loss_mask),
             rollout_logprobs=[0.0] * p + list(traj.logprobs),
             advantages=[0.0] * p + adv[row, :n].tolist(),
-            rollout_id=rid, group_id=gid, reward=reward, denominator=float(totals[rid]),
+            rollout_id=rid, group_id=gid, reward=reward, denominator=denominators[row],
             sample_id=traj.sample_id,
         ))
-    return TrainingBatch(sequences=sequences, num_rollouts=len(totals), excluded=excluded)
+    return TrainingBatch(sequences=sequences, num_rollouts=len(set(rollout_ids)), excluded=excluded)
