@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from agentrl.rollout.client import ClientConfig, InferenceClient
-from agentrl.rollout.engine import EngineConfig, EngineError, PauseMode, SGLangEngine
+from agentrl.rollout.engine import EngineConfig, PauseMode, SGLangEngine
 from agentrl.rollout.router import Router, RouterConfig, RouterError
 
 __all__ = ["EngineGroup", "HealthConfig", "HealthEvent"]
@@ -159,7 +159,7 @@ class EngineGroup:
 
     async def _take_out(self, tracked: _Tracked) -> None:
         tracked.in_rotation = False
-        with contextlib.suppress(RouterError, OSError):
+        with contextlib.suppress(RouterError):
             await self.router.remove_worker(tracked.engine.url)
         self.events.append(HealthEvent(time.time(), tracked.engine.url, "removed"))
         tracked.engine.stop()
@@ -173,7 +173,7 @@ class EngineGroup:
         try:
             await engine.restart()
             await self.router.add_worker(engine.url)
-        except (EngineError, RouterError, OSError) as err:
+        except Exception as err:  # whatever failed, the engine stays out and the failure is on record
             self.events.append(HealthEvent(time.time(), engine.url, "given_up", f"restart failed: {err}"))
             return
         tracked.failures = 0
@@ -221,12 +221,22 @@ class EngineGroup:
         await asyncio.gather(*(e.wait_idle(timeout_s) for e in engines))
 
     async def shutdown(self) -> None:
-        """Stops monitoring, deregisters and stops every launched engine, then stops the router."""
-        await self.stop_monitor()
-        for tracked in self._tracked:
-            with contextlib.suppress(RouterError, OSError):
-                if tracked.in_rotation and tracked.engine.alive():
+        """Stops monitoring, deregisters and stops every launched engine, then stops the router.
+
+        Every step runs even when an earlier one raises; the error is raised after the last step.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            # Callbacks run last-in first-out: the engines in order, then the router.
+            stack.callback(self.router.stop)
+            for tracked in reversed(self._tracked):
+                stack.push_async_callback(self._retire, tracked)
+            await self.stop_monitor()
+
+    async def _retire(self, tracked: _Tracked) -> None:
+        try:
+            if tracked.in_rotation and tracked.engine.alive():
+                with contextlib.suppress(RouterError):
                     await self.router.remove_worker(tracked.engine.url)
+        finally:
             tracked.in_rotation = False
             tracked.engine.stop()
-        self.router.stop()

@@ -30,7 +30,7 @@ __all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy"]
 
 
 class RouterError(RuntimeError):
-    """The router did not start, or refused a worker operation."""
+    """The router did not start, refused a worker operation, or could not be reached."""
 
 
 class RouterPolicy(str, Enum):
@@ -148,18 +148,23 @@ class Router:
             try:
                 await self._request("GET", "/workers", timeout=2.0)
                 return
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            except RouterError:
                 await asyncio.sleep(0.2)
         raise RouterError(f"router not ready after {self.config.startup_timeout_s} s; "
                           f"log {self.process.log_path}:\n{self.process.log_tail()}")
 
     async def _request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-            async with session.request(method, self.url + path, json=body) as resp:
-                text = await resp.text()
-                if resp.status >= 400:
-                    raise RouterError(f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:500]}")
-                return await resp.json(content_type=None) if text else None
+        """One JSON request to the router. Every failure (HTTP error status, lost connection, timeout,
+        a body that is not JSON) is a :class:`RouterError`, so callers catch that alone."""
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+                async with session.request(method, self.url + path, json=body) as resp:
+                    text = await resp.text()
+                    if resp.status >= 400:
+                        raise RouterError(f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:500]}")
+                    return await resp.json(content_type=None) if text else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
+            raise RouterError(f"{method} {self.url}{path} failed: {type(err).__name__}: {err}") from err
 
     async def workers(self) -> list[dict[str, Any]]:
         """The router's worker list (``GET /workers``)."""

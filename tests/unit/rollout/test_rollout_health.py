@@ -3,21 +3,68 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
 from agentrl.rollout import (
+    EngineConfig,
     EngineError,
     EngineGroup,
     FinishKind,
     HealthConfig,
     Router,
     RouterConfig,
+    RouterError,
     RouterPolicy,
     SamplingParams,
     SGLangEngine,
 )
+from agentrl.rollout.process import ManagedProcess
 from agentrl.testing.fake_worker import FakeWorker, FakeWorkerState
+
+
+@asynccontextmanager
+async def _broken_router(tmp_path: Path, reply: bytes | None) -> AsyncIterator[Router]:
+    """A Router whose URL drops every connection (``reply=None``) or answers 200 with ``reply``; its
+    process is a sleeper, so tests can check that it gets stopped."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if reply is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply))
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    process = ManagedProcess([sys.executable, "-c", "import time; time.sleep(300)"], env={},
+                             log_path=tmp_path / "router.log", name="broken-router")
+    try:
+        yield Router(RouterConfig(port=port), process, port, 0)
+    finally:
+        process.stop(grace_s=1.0)
+        server.close()
+        await server.wait_closed()
+
+
+class _UnrestartableEngine(SGLangEngine):
+    """A launched-looking engine whose process is gone and whose restart fails with a plain error."""
+
+    def alive(self) -> bool:
+        return False
+
+    async def restart(self) -> None:
+        raise RuntimeError("port 1 already in use")
+
+
+class _UnstoppableEngine(SGLangEngine):
+    def stop(self) -> None:
+        raise RuntimeError(f"cannot stop {self.url}")
 
 
 async def test_router_worker_api_and_stop() -> None:
@@ -128,3 +175,48 @@ async def test_group_weight_update_pauses_updates_and_continues() -> None:
                                          "/continue_generation", "/update_weights_from_disk"]
         assert w.state.weight_version == "4"
     assert res.weight_version == "4"
+
+
+@pytest.mark.parametrize("reply", [None, b"not json"], ids=["dropped", "bad-json"])
+async def test_router_failures_are_router_errors(tmp_path: Path, reply: bytes | None) -> None:
+    async with _broken_router(tmp_path, reply) as router:
+        with pytest.raises(RouterError, match="/workers"):
+            await router.workers()
+        with pytest.raises(RouterError):
+            await router.add_worker("http://127.0.0.1:1", timeout_s=0.5)
+
+
+async def test_monitor_gives_up_when_router_and_restart_fail(tmp_path: Path) -> None:
+    async with _broken_router(tmp_path, None) as router:
+        engine = _UnrestartableEngine("http://127.0.0.1:1", EngineConfig(model_path="m"), process=None)
+        group = EngineGroup(router, [engine], HealthConfig(http_checks=False))
+        await group.check_once()
+        tracked = group._tracked[0]
+        assert tracked.restart_task is not None
+        await asyncio.wait_for(tracked.restart_task, 5)
+        assert [e.kind for e in group.events] == ["dead", "removed", "given_up"]
+        assert "port 1 already in use" in group.events[-1].detail
+        assert group.engine_urls() == []
+
+
+async def test_shutdown_stops_everything_even_when_steps_fail(tmp_path: Path) -> None:
+    worker = FakeWorker(FakeWorkerState(name="s"))
+    worker.start()
+    try:
+        async with _broken_router(tmp_path, None) as router:
+            attached = await SGLangEngine.attach(worker.url)
+            group = EngineGroup(router, [attached])
+            await group.shutdown()  # deregistering fails: the router drops the connection
+            assert not router.process.alive() and group.engine_urls() == []
+
+        async with _broken_router(tmp_path, None) as router:
+            first = _UnstoppableEngine("http://127.0.0.1:2", None, process=None)
+            sleeper = ManagedProcess([sys.executable, "-c", "import time; time.sleep(300)"], env={},
+                                     log_path=tmp_path / "engine.log", name="sleeper")
+            second = SGLangEngine("http://127.0.0.1:3", None, process=sleeper)
+            group = EngineGroup(router, [first, second])
+            with pytest.raises(RuntimeError, match="cannot stop"):
+                await group.shutdown()
+            assert not sleeper.alive() and not router.process.alive()
+    finally:
+        worker.stop()
