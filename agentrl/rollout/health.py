@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -66,6 +66,15 @@ class _Tracked:
     in_rotation: bool = True
     recovering: bool = False
     restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+async def _all_settled(calls: Iterable[Awaitable[object]]) -> None:
+    """Awaits every call to the end, then raises the first error (``gather`` would raise while others
+    still run, and a ``continue`` could then overtake a ``pause`` still on its way)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 class EngineGroup:
@@ -195,20 +204,28 @@ class EngineGroup:
                                        pause_mode: PauseMode | None = None) -> None:
         """Loads new weights on every engine in rotation (concurrently); each flushes its cache.
 
-        With ``pause_mode``, generation is paused on all engines first and continued afterwards (also
-        when the update fails): ``"abort"`` returns running requests as aborted (resume them with the
+        With ``pause_mode``, generation is paused on all engines first and continued on all afterwards
+        (also when pausing or the update fails on some engine): ``"abort"`` returns running requests as aborted (resume them with the
         remaining budget), ``"retract"`` requeues them so they finish on the new weights. Without it,
         requests running during the update may span two versions (see
         ``GenerateResult.weight_version_spans``).
         """
         engines = [t.engine for t in self._tracked if t.in_rotation]
-        if pause_mode is not None:
-            await asyncio.gather(*(e.pause_generation(pause_mode) for e in engines))
+        failed = False
         try:
-            await asyncio.gather(*(e.update_weights_from_disk(model_path, weight_version) for e in engines))
+            if pause_mode is not None:
+                await _all_settled(e.pause_generation(pause_mode) for e in engines)
+            await _all_settled(e.update_weights_from_disk(model_path, weight_version) for e in engines)
+        except BaseException:
+            failed = True
+            raise
         finally:
             if pause_mode is not None:
-                await asyncio.gather(*(e.continue_generation() for e in engines))
+                try:
+                    await _all_settled(e.continue_generation() for e in engines)
+                except Exception:
+                    if not failed:  # otherwise the pause's or update's own error is the one to report
+                        raise
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Aborts every request on every engine in rotation, then waits until all are idle.

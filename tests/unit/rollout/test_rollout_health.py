@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from agentrl.rollout import (
     EngineConfig,
@@ -220,3 +221,31 @@ async def test_shutdown_stops_everything_even_when_steps_fail(tmp_path: Path) ->
             assert not sleeper.alive() and not router.process.alive()
     finally:
         worker.stop()
+
+
+class _PauseRefusingWorker(FakeWorker):
+    async def _control(self, request: web.Request) -> web.Response:
+        if request.path == "/pause_generation":
+            self.state.control_calls.append(request.path)
+            return web.Response(text="cannot pause now", status=503)
+        return await super()._control(request)
+
+
+async def test_group_weight_update_continues_every_engine_when_a_pause_fails() -> None:
+    good, refusing = FakeWorker(FakeWorkerState(name="g")), _PauseRefusingWorker(FakeWorkerState(name="r"))
+    for w in (good, refusing):
+        w.start()
+    router = await Router.launch(RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING))
+    group = EngineGroup(router, [])
+    try:
+        for w in (good, refusing):
+            await group.add_engine(await SGLangEngine.attach(w.url))
+        with pytest.raises(EngineError, match="cannot pause now"):
+            await group.update_weights_from_disk("/ckpt/step-5", "5", pause_mode="abort")
+    finally:
+        await group.shutdown()
+        for w in (good, refusing):
+            w.stop()
+    for w in (good, refusing):
+        assert w.state.control_calls == ["/pause_generation", "/continue_generation"]
+        assert w.state.weight_version == "default"
