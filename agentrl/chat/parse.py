@@ -48,6 +48,7 @@ from agentrl.chat.schema import (
     tool_properties,
     validate_arguments,
 )
+from agentrl.chat.template import decode_keeping_special_tokens
 from agentrl.chat.types import FailureKind, ParsedReply, ToolCall, ToolCallFailure
 
 __all__ = ["FORMATS", "CallFormat", "parse_token_ids", "parse_tool_calls"]
@@ -266,7 +267,8 @@ def parse_token_ids(token_ids: Sequence[int], tokenizer: TokenDecoder, format: C
     """:func:`parse_tool_calls` on sampled ids, decoded with ``skip_special_tokens=False``.
 
     Special tokens must stay in the text: ``<|im_end|>`` marks the end of the turn, and the
-    tool and think tags are what the parser looks for. Spans index the decoded text.
+    tool and think tags are what the parser looks for. Spans index the decoded text. The same
+    decode as :meth:`ChatTemplate.parse` on ids, for callers that have a tokenizer but no template.
     """
-    text = tokenizer.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    text = decode_keeping_special_tokens(tokenizer, token_ids)
     return parse_tool_calls(text, format, tools, strict=strict, max_calls=max_calls)

@@ -50,6 +50,24 @@ _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, AttributeError, I
                   ZeroDivisionError, OverflowError)
 
 
+def _fast_backend(tokenizer: Any) -> Any:
+    """The Rust backend of a fast tokenizer with no truncation or padding configured, else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(backend, "truncation", None) is not None or \
+            getattr(backend, "padding", None) is not None:
+        return None
+    return backend
+
+
+def decode_keeping_special_tokens(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """``tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)``,
+    through a fast tokenizer's Rust backend when it has one (same text, without the Python wrapper)."""
+    backend = _fast_backend(tokenizer)
+    if backend is not None:
+        return str(backend.decode(list(token_ids), skip_special_tokens=False))
+    return str(tokenizer.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+
 class ChatTemplateError(ValueError):
     """The template refused the conversation (it raised, as the same template would under Hugging Face)."""
 
@@ -169,25 +187,14 @@ class ChatTemplate:
         backend is called directly when it has no truncation or padding configured.
         """
         tok = self._require_tokenizer("tokenize")
-        backend = self._fast_backend()
+        backend = _fast_backend(tok)
         if backend is not None:
             return list(backend.encode(text, add_special_tokens=False).ids)
         return list(tok.encode(text, add_special_tokens=False))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens kept (what the parser should read)."""
-        tok = self._require_tokenizer("decode")
-        backend = self._fast_backend()
-        if backend is not None:
-            return str(backend.decode(list(token_ids), skip_special_tokens=False))
-        return str(tok.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
-
-    def _fast_backend(self) -> Any:
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None or getattr(backend, "truncation", None) is not None or \
-                getattr(backend, "padding", None) is not None:
-            return None
-        return backend
+        return decode_keeping_special_tokens(self._require_tokenizer("decode"), token_ids)
 
     # -- tokens and stops ---------------------------------------------------------------------
     def token_id(self, token: str) -> int:

@@ -448,6 +448,21 @@ def test_parse_from_token_ids_keeps_special_tokens() -> None:
     assert reply.failures == []
 
 
+def test_parse_token_ids_matches_the_template_parse_with_or_without_a_fast_backend() -> None:
+    from agentrl.testing import build_tokenizer
+
+    tok = build_tokenizer()
+    ids = tok.encode(Q35_TARGET + "<|im_end|>", add_special_tokens=False)
+    expected = ChatTemplate.from_name("qwen3_5", tokenizer=tok).parse(ids, [CALC])
+
+    class DecodeOnly:  # a tokenizer with ``decode`` and nothing else (no Rust backend)
+        def decode(self, token_ids: Any, **kwargs: Any) -> str:
+            return str(tok.decode(token_ids, **kwargs))
+
+    assert parse_token_ids(ids, tok, "xml", [CALC]) == expected
+    assert parse_token_ids(ids, DecodeOnly(), "xml", [CALC]) == expected
+
+
 def test_tools_may_be_objects_with_name_and_parameters() -> None:
     @dataclass
     class T:
