@@ -139,11 +139,14 @@ class Message:
 
 
 def as_message_dicts(messages: list[Message] | list[dict[str, Any]] | list[Any]) -> list[dict[str, Any]]:
-    """Normalises a mix of :class:`Message` objects and dicts into OpenAI dicts."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        out.append(m.to_dict() if isinstance(m, Message) else dict(m))
-    return out
+    """A mix of :class:`Message` objects and dicts as the plain OpenAI-shaped dicts a template renders.
+
+    The same normalisation :meth:`ChatTemplate.render` applies (``normalize_messages``): keys whose
+    value is None dropped, reasoning aliases resolved into ``reasoning_content`` and ``thinking``.
+    """
+    from agentrl.chat._jinja import normalize_messages  # _jinja imports this module
+
+    return normalize_messages(messages)
 
 
 @dataclass

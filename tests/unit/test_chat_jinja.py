@@ -86,3 +86,13 @@ def test_tokenize_and_decode_match_the_tokenizer(text: str) -> None:
     assert tpl.tokenize(text) == tpl.tokenizer.encode(text, add_special_tokens=False)
     ids = tpl.tokenize(text)
     assert tpl.decode(ids) == tpl.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_as_message_dicts_is_what_the_template_renders() -> None:
+    tpl = ChatTemplate.from_name("qwen3")
+    mixed: list[Any] = [{"role": "user", "content": "Hi", "name": None},
+                        agentrl.chat.Message("assistant", "Hello", reasoning_content="because")]
+    dicts = agentrl.chat.as_message_dicts(mixed)
+    assert dicts == [{"role": "user", "content": "Hi"},
+                     {"role": "assistant", "content": "Hello", "reasoning_content": "because", "thinking": "because"}]
+    assert tpl.render(dicts) == tpl.render(mixed)
