@@ -129,6 +129,21 @@ def _last_trainable(mask_ST: torch.Tensor) -> torch.Tensor:
     return torch.where(mask_ST.bool(), positions, torch.full_like(positions, -1)).max(dim=1).values
 
 
+def _token_rewards(
+    rewards: torch.Tensor, loss_mask: torch.Tensor, *, kl: torch.Tensor | None, kl_coef: float
+) -> torch.Tensor:
+    """Float64 ``[S, T]`` token rewards: ``-β·k_t`` on trainable tokens, plus each row's sequence
+    reward on its last trainable token (rows without one get none)."""
+    mask = loss_mask.to(torch.float64)
+    token_rewards = torch.zeros_like(mask)
+    if kl is not None and kl_coef:
+        token_rewards = token_rewards - kl_coef * kl.detach().double() * mask
+    last = _last_trainable(loss_mask)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    token_rewards[rows, last[rows]] += rewards.double()[rows]
+    return token_rewards
+
+
 def reinforce_pp_advantages(
     rewards: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -141,14 +156,8 @@ def reinforce_pp_advantages(
     """REINFORCE++ per token for ``[S, T]`` rows: ``r_t = -β·k_t·m_t``, the sequence reward added at
     the last trainable token, ``A_t = Σ_{u≥t} γ^{u-t} r_u`` over trainable tokens, then masked
     whitening over the whole batch (``whiten``)."""
-    mask = loss_mask.to(torch.float64)
-    token_rewards = torch.zeros_like(mask)
-    if kl is not None and kl_coef:
-        token_rewards = token_rewards - kl_coef * kl.detach().double() * mask
-    last = _last_trainable(loss_mask)
-    rows = torch.nonzero(last >= 0).squeeze(1)
-    token_rewards[rows, last[rows]] += rewards.double()[rows]
-    adv = _discounted_returns(token_rewards, mask, gamma)
+    token_rewards = _token_rewards(rewards, loss_mask, kl=kl, kl_coef=kl_coef)
+    adv = _discounted_returns(token_rewards, loss_mask, gamma)
     return masked_whiten(adv, loss_mask) if whiten else adv
 
 

@@ -23,6 +23,7 @@ from enum import Enum
 import torch
 
 from agentrl.algorithms.advantages import (
+    _token_rewards,
     gae_advantages,
     group_advantages,
     reinforce_pp_advantages,
@@ -108,12 +109,6 @@ def compute_advantages(
         )
     if values is None:
         raise ValueError("values: estimator 'ppo' (GAE) needs critic values of shape [S, T]")
-    token_rewards = torch.zeros(mask.shape, dtype=torch.float64, device=loss_mask.device)
-    if kl is not None and kl_coef:
-        token_rewards = token_rewards - kl_coef * kl.detach().double() * mask
-    positions = torch.arange(mask.shape[1], device=mask.device).expand(mask.shape)
-    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values
-    rows = torch.nonzero(last >= 0).squeeze(1)
-    token_rewards[rows, last[rows]] += r.double()[rows]
+    token_rewards = _token_rewards(r, loss_mask, kl=kl, kl_coef=kl_coef)
     adv, _ = gae_advantages(token_rewards, values.double(), loss_mask, gamma=gamma, lam=lam)
     return adv

@@ -149,6 +149,19 @@ def test_gae_gamma_lambda_one_zero_values_is_sum_of_future_rewards() -> None:
     assert adv.tolist() == [[6.0, 0.0, 5.0, 3.0]]
 
 
+def test_gae_with_zero_values_and_lambda_one_is_unwhitened_reinforce_pp() -> None:
+    # Both estimators shape the same token rewards (KL penalty, sequence reward at the last token).
+    torch.manual_seed(2)
+    mask = torch.tensor([[0, 1, 1, 0, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]])
+    kl_t = torch.randn(3, 5, dtype=torch.float64)
+    rewards = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    ppo = compute_advantages("ppo", rewards, ["a", "a", "b"], mask, kl=kl_t, kl_coef=0.1,
+                             values=torch.zeros(3, 5, dtype=torch.float64), gamma=0.9, lam=1.0)
+    rpp = reinforce_pp_advantages(rewards, mask, kl=kl_t, kl_coef=0.1, gamma=0.9, whiten=False)
+    assert torch.allclose(ppo, rpp, atol=1e-12)
+    assert ppo[0, 4].item() == pytest.approx(1.0 - 0.1 * kl_t[0, 4].item())
+
+
 def test_compute_advantages_per_estimator() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 1]])
     rewards = [1.0, 0.0, 2.0, 2.0]
