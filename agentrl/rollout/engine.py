@@ -177,7 +177,7 @@ class SGLangEngine:
     async def _start(self, port: int | None) -> None:
         config = self.config
         assert config is not None
-        device = detect_device() if config.device == "auto" else config.device
+        device = await asyncio.to_thread(detect_device) if config.device == "auto" else config.device
         port = port or free_port(config.host)
         log_dir = config.log_dir or Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
         self.url = f"http://{config.host}:{port}"
@@ -186,7 +186,7 @@ class SGLangEngine:
         try:
             await self.wait_healthy(config.startup_timeout_s)
         except BaseException:
-            self.process.stop()
+            await asyncio.to_thread(self.process.stop)
             raise
 
     async def wait_healthy(self, timeout_s: float) -> None:
@@ -227,7 +227,8 @@ class SGLangEngine:
             return False
 
     def stop(self) -> None:
-        """Stops the process tree this launcher started; a no-op for attached engines."""
+        """Stops the process tree this launcher started; a no-op for attached engines. Blocks up to
+        about 20 s: in async code run it with ``await asyncio.to_thread(engine.stop)``."""
         if self.process is not None:
             self.process.stop()
 
@@ -236,7 +237,7 @@ class SGLangEngine:
         if self.config is None:
             raise EngineError(f"cannot restart attached engine {self.url}: it was not launched by agentrl")
         port = int(self.url.rsplit(":", 1)[1])
-        self.stop()
+        await asyncio.to_thread(self.stop)
         self.restarts += 1
         await self._start(port)
 

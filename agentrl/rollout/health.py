@@ -171,7 +171,7 @@ class EngineGroup:
         with contextlib.suppress(RouterError):
             await self.router.remove_worker(tracked.engine.url)
         self.events.append(HealthEvent(time.time(), tracked.engine.url, "removed"))
-        tracked.engine.stop()
+        await asyncio.to_thread(tracked.engine.stop)
 
     async def _recover(self, tracked: _Tracked) -> None:
         engine = tracked.engine
@@ -244,7 +244,7 @@ class EngineGroup:
         """
         async with contextlib.AsyncExitStack() as stack:
             # Callbacks run last-in first-out: the engines in order, then the router.
-            stack.callback(self.router.stop)
+            stack.push_async_callback(asyncio.to_thread, self.router.stop)
             for tracked in reversed(self._tracked):
                 stack.push_async_callback(self._retire, tracked)
             await self.stop_monitor()
@@ -256,4 +256,4 @@ class EngineGroup:
                     await self.router.remove_worker(tracked.engine.url)
         finally:
             tracked.in_rotation = False
-            tracked.engine.stop()
+            await asyncio.to_thread(tracked.engine.stop)

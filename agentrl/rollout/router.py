@@ -135,7 +135,7 @@ class Router:
         try:
             await router._wait_ready()
         except BaseException:
-            process.stop()
+            await asyncio.to_thread(process.stop)
             raise
         return router
 
@@ -204,5 +204,6 @@ class Router:
         raise RouterError(f"worker {url} still listed by the router {self.url} {timeout_s} s after DELETE")
 
     def stop(self) -> None:
-        """Stops the router's process tree (idempotent)."""
+        """Stops the router's process tree (idempotent). Blocks up to about 15 s: in async code run it
+        with ``await asyncio.to_thread(router.stop)``."""
         self.process.stop(grace_s=5.0)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -61,6 +62,35 @@ class _UnrestartableEngine(SGLangEngine):
 
     async def restart(self) -> None:
         raise RuntimeError("port 1 already in use")
+
+
+class _SlowStoppingEngine(SGLangEngine):
+    """Dead, cannot be restarted (attached-looking: no config), and takes a while to stop."""
+
+    def alive(self) -> bool:
+        return False
+
+    def stop(self) -> None:
+        time.sleep(0.5)
+
+
+async def _ticks_while(work: Awaitable[object]) -> int:
+    """How often a 10 ms ticker ran while ``work`` was awaited (few if ``work`` blocks the loop)."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.ensure_future(tick())
+    await asyncio.sleep(0)
+    try:
+        await work
+    finally:
+        ticker.cancel()
+    return ticks
 
 
 class _UnstoppableEngine(SGLangEngine):
@@ -249,3 +279,14 @@ async def test_group_weight_update_continues_every_engine_when_a_pause_fails() -
     for w in (good, refusing):
         assert w.state.control_calls == ["/pause_generation", "/continue_generation"]
         assert w.state.weight_version == "default"
+
+
+async def test_stopping_engines_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    async with _broken_router(tmp_path, None) as router:
+        group = EngineGroup(router, [_SlowStoppingEngine("http://127.0.0.1:4", None, process=None)],
+                            HealthConfig(http_checks=False))
+        assert await _ticks_while(group.check_once()) >= 10  # takes the dead engine out and stops it
+        assert [e.kind for e in group.events][:2] == ["dead", "removed"]
+    async with _broken_router(tmp_path, None) as router:
+        group = EngineGroup(router, [_SlowStoppingEngine("http://127.0.0.1:5", None, process=None)])
+        assert await _ticks_while(group.shutdown()) >= 10
