@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.chat._scan import (
+    FUNCTION_CLOSE,
     FUNCTION_OPEN,
     PARAMETER_CLOSE,
     PARAMETER_OPEN,
     Finder,
     Region,
 )
-from agentrl.chat.schema import json_value
+from agentrl.chat.schema import _reject_constant, json_value
 from agentrl.chat.types import FailureKind
 
-FUNCTION_CLOSE = "</function>"
 _SHOW = 120  # characters of model text quoted in a message
 
 
@@ -37,10 +37,6 @@ class Attempt:
     xml: bool = False
     fatal: list[tuple[FailureKind, str]] = field(default_factory=list)
     tolerated: list[tuple[FailureKind, str]] = field(default_factory=list)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _loads(raw: str) -> tuple[Any, str | None]:

@@ -128,16 +128,8 @@ def _typed_arguments(att: Attempt, spec: _ToolSpec | None) -> tuple[dict[str, An
     return args, problems
 
 
-def _merge(defects: list[tuple[FailureKind, str]]) -> list[tuple[FailureKind, str]]:
-    """One entry per kind, messages joined in order of appearance."""
-    merged: dict[FailureKind, list[str]] = {}
-    for kind, message in defects:
-        if message not in merged.setdefault(kind, []):
-            merged[kind].append(message)
-    return [(kind, "; ".join(messages)) for kind, messages in merged.items()]
-
-
-def _merge_problems(problems: list[_Problem]) -> list[_Problem]:
+def _merge(problems: list[_Problem]) -> list[_Problem]:
+    """One entry per kind and argument, distinct messages joined in order of appearance."""
     merged: dict[tuple[FailureKind, str | None], list[str]] = {}
     for kind, message, argument in problems:
         if message not in merged.setdefault((kind, argument), []):
@@ -151,10 +143,10 @@ def _settle(text: str, attempts: list[Attempt], specs: dict[str, _ToolSpec] | No
     calls: list[ToolCall] = []
     failures: list[ToolCallFailure] = []
     for att in attempts:
-        problems: list[_Problem] = [(k, m, None) for k, m in _merge(att.fatal)]
-        tolerated = _merge(att.tolerated)
+        problems = _merge([(k, m, None) for k, m in att.fatal])
+        tolerated = _merge([(k, m, None) for k, m in att.tolerated])
         if strict:
-            problems += [(k, m, None) for k, m in tolerated]
+            problems += tolerated
             tolerated = []
         args: dict[str, Any] = {}
         if att.name is not None and not att.fatal:
@@ -175,12 +167,12 @@ def _settle(text: str, attempts: list[Attempt], specs: dict[str, _ToolSpec] | No
                 call_id = f"call_{len(calls)}"
                 calls.append(ToolCall(name=att.name or "", arguments=args, id=call_id, span=att.span))
         if call_id is None:  # rejected: one failure per kind and argument
-            problems = _merge_problems(problems + [(k, m, None) for k, m in tolerated])
+            problems = _merge(problems + tolerated)
             tolerated = []
         raw = text[att.span[0]:att.span[1]]
         for kind, message, argument in problems:
             failures.append(ToolCallFailure(kind, message, raw, att.span, att.name, argument))
-        for kind, message in tolerated:
+        for kind, message, _ in tolerated:
             failures.append(ToolCallFailure(kind, message, raw, att.span, att.name, call_id=call_id))
     return calls, failures
 
