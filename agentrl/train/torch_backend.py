@@ -164,7 +164,8 @@ class TorchTrainBackend:
 
         In ``old_logprobs="recompute"`` mode, a micro-batch whose sequences all carry
         ``old_logprobs`` uses them; others are scored first (no gradient). See
-        :meth:`fill_old_logprobs` for several steps on one batch.
+        :meth:`fill_old_logprobs` for several steps on one batch. Likewise, with a KL loss, a
+        micro-batch whose sequences all carry ``ref_logprobs`` is not re-scored by the reference model.
 
         ``micro_batches`` overrides the packing plan (lists of batch indices for this rank).
         Returns step metrics (summed over ranks). Raises :class:`NonFiniteLossError` on NaN/inf.
@@ -174,7 +175,7 @@ class TorchTrainBackend:
         for mb in mbs:
             if cfg.old_logprobs == "recompute" and mb.old_logprobs is None:
                 mb.old_logprobs = self.scorer.logprobs(self.model, mb)
-            if cfg.kl_loss_coef > 0 and self.ref_model is not None:
+            if cfg.kl_loss_coef > 0 and self.ref_model is not None and mb.ref_logprobs is None:
                 mb.ref_logprobs = self.scorer.logprobs(self.ref_model, mb)
         counts = StepCounts(num_rollouts=batch.num_rollouts, num_tokens=batch.num_trainable_tokens)
         self.optimizer.zero_grad(set_to_none=True)

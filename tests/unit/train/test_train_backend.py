@@ -287,6 +287,19 @@ def test_two_steps_on_one_batch_keep_the_first_policy_as_old() -> None:
     assert backend.train_step(fresh)["ppo_kl"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_reference_logprobs_carried_by_the_batch_are_used() -> None:
+    model = tiny_model(0)
+    cfg = _config(old_logprobs="recompute", kl_loss_coef=0.1, kl_loss_type="k2")
+    backend = TorchTrainBackend(copy.deepcopy(model), cfg, ref_model=tiny_model(1))
+    batch = build_training_batch(trajectories(2, 3, seed=16))
+    # The policy's own logprobs as the reference: the KL is 0 only if the reference model is not re-run.
+    for seq, lps in zip(batch.sequences, backend.compute_logprobs(batch), strict=True):
+        seq.ref_logprobs = lps
+    assert backend.forward_backward(batch)["kl"] == pytest.approx(0.0, abs=1e-12)
+    fresh = build_training_batch(trajectories(2, 3, seed=16))
+    assert backend.forward_backward(fresh)["kl"] > 1e-4
+
+
 def test_bfloat16_autocast_keeps_float32_parameters() -> None:
     cfg = TorchBackendConfig(device="cpu", dtype="float32", autocast="bfloat16",
                              optimizer=OptimizerConfig(lr=1e-6, grad_clip=None))
