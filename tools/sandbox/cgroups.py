@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CgroupSet", "CgroupSupport", "WorkerCgroup", "detect_cgroups"]
+__all__ = ["CgroupSet", "CgroupSupport", "WorkerCgroup", "detect_cgroups", "memory_cgroup_of", "read_oom_kills"]
 
 ROOT = Path("/sys/fs/cgroup")
 WANTED = ("memory", "pids", "cpu")
@@ -115,6 +115,42 @@ def detect_cgroups() -> CgroupSupport:
     return support
 
 
+def read_oom_kills(memory_dir: Path, version: int) -> int | None:
+    """How many processes the OOM killer has killed in the memory cgroup ``memory_dir`` so far
+    (``memory.oom_control`` on cgroup v1, ``memory.events`` on v2); ``None`` when unreadable."""
+    name = "memory.oom_control" if version == 1 else "memory.events"
+    try:
+        for line in (memory_dir / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def memory_cgroup_of(pid: int, *, proc: Path = Path("/proc")) -> tuple[Path, int] | None:
+    """``(directory, version)`` of the memory cgroup process ``pid`` is in, under the cgroup mount
+    at :data:`ROOT`: the ``memory`` line of ``/proc/<pid>/cgroup`` on a v1 or hybrid host, the
+    ``0::`` line on a unified v2 host. ``None`` when the process or its group cannot be seen here
+    (it is gone, or lives in another PID or cgroup namespace)."""
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    unified = None
+    for line in lines:
+        controllers, _, path = line.partition(":")[2].partition(":")
+        if "memory" in controllers.split(","):
+            found = (ROOT / "memory" / path.lstrip("/"), 1)
+            return found if found[0].is_dir() else None
+        if line.startswith("0::"):
+            unified = ROOT / path.lstrip("/")
+    if unified is not None and (ROOT / "cgroup.controllers").exists() and unified.is_dir():
+        return unified, 2
+    return None
+
+
 @dataclass
 class WorkerCgroup:
     """One worker's group in each usable controller."""
@@ -128,17 +164,10 @@ class WorkerCgroup:
     def oom_kills(self) -> int:
         """How many processes the OOM killer has killed in this group so far."""
         mem = self.paths.get("memory")
-        if mem is None:
+        if mem is None or self.support.version is None:
             return 0
-        name = "memory.oom_control" if self.support.version == 1 else "memory.events"
-        try:
-            for line in (mem / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except OSError:
-            pass
-        return 0
+        kills = read_oom_kills(mem, self.support.version)
+        return 0 if kills is None else kills
 
     def remove(self) -> None:
         for path in sorted(set(self.paths.values())):

@@ -35,6 +35,7 @@ from agentrl.tools.sandbox.base import (
     worker_request,
 )
 from agentrl.tools.sandbox.bwrap import WORKER_SOURCE, default_pool_size
+from agentrl.tools.sandbox.cgroups import memory_cgroup_of, read_oom_kills
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox"]
 
@@ -68,6 +69,7 @@ class DockerSandbox(Sandbox):
         self._client: Any = None
         self._idle: list[Any] = []
         self._all: dict[str, Any] = {}
+        self._memory_cgroups: dict[str, tuple[Path, int] | None] = {}
         self._label = f"agentrl-sandbox-{uuid.uuid4().hex[:10]}"
         self._start_lock = asyncio.Lock()
         self._started = False
@@ -98,7 +100,7 @@ class DockerSandbox(Sandbox):
     def _create_container(self) -> Any:
         lim = self.limits
         mem = f"{lim.memory_mb + 32}m"
-        return self._client.containers.run(
+        container = self._client.containers.run(
             self.image, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "reaper"], detach=True, network_mode="none", read_only=True,
             tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777,nosuid,nodev"}, user=NOBODY, cap_drop=["ALL"],
             security_opt=["no-new-privileges"], mem_limit=mem, memswap_limit=mem,
@@ -106,6 +108,23 @@ class DockerSandbox(Sandbox):
             volumes={str(WORKER_SOURCE): {"bind": WORKER_IN_CONTAINER, "mode": "ro"}},
             hostname="sandbox", labels={"agentrl.sandbox": self._label}, working_dir="/tmp",
         )
+        self._memory_cgroups[container.id] = self._find_memory_cgroup(container)
+        return container
+
+    @staticmethod
+    def _find_memory_cgroup(container: Any) -> tuple[Path, int] | None:
+        """The container's memory cgroup on this host (cgroupfs or systemd driver, v1 or v2), found
+        from its init process; ``None`` when the daemon's processes are not visible from here."""
+        from docker.errors import DockerException
+
+        try:
+            container.reload()  # the attributes from create() predate start(): no PID yet
+            pid = int(container.attrs["State"]["Pid"])
+        except (DockerException, KeyError, TypeError, ValueError):
+            return None
+        found = memory_cgroup_of(pid) if pid > 0 else None
+        # the PID is the daemon's; another PID namespace may show an unrelated process under it
+        return found if found is not None and container.id in str(found[0]) else None
 
     async def start(self) -> None:
         async with self._start_lock:
@@ -137,14 +156,10 @@ class DockerSandbox(Sandbox):
         return out or b"", err or b""
 
     def _oom_kills(self, container: Any) -> int:
-        path = Path(f"/sys/fs/cgroup/memory/docker/{container.id}/memory.oom_control")
-        try:
-            for line in path.read_text().splitlines():
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-        except (OSError, ValueError):
-            pass
-        return -1
+        """OOM kills in the container's memory cgroup so far; -1 when it cannot be read from here."""
+        where = self._memory_cgroups.get(container.id)
+        kills = read_oom_kills(*where) if where is not None else None
+        return -1 if kills is None else kills
 
     async def run(self, code: str, *, language: str = "python", timeout_s: float | None = None) -> ExecResult:
         timeout = self._check_request(code, language, timeout_s)
@@ -182,6 +197,7 @@ class DockerSandbox(Sandbox):
     async def _replace(self, container: Any) -> None:
         """Removes a container that misbehaved; its replacement is created on demand by ``run``."""
         self._all.pop(container.id, None)
+        self._memory_cgroups.pop(container.id, None)
         await self._call(self._remove, container)
 
     @staticmethod
@@ -199,6 +215,7 @@ class DockerSandbox(Sandbox):
         self._closed = True
         containers = list(self._all.values())
         self._all.clear()
+        self._memory_cgroups.clear()
         self._idle.clear()
         if containers:
             await asyncio.gather(*(self._call(self._remove, c) for c in containers))

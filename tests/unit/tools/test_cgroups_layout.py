@@ -62,3 +62,70 @@ def test_no_cgroup_filesystem(fake_root: Path) -> None:
     assert support.version is None and "no cgroup filesystem" in support.reason
     with pytest.raises(ValueError, match="cgroups are not usable here"):
         cgroups.CgroupSet(support)
+
+
+CID = "c0ffee" * 10 + "abcd"
+
+
+def _fake_proc(tmp_path: Path, pid: int, text: str) -> Path:
+    proc = tmp_path / "proc"
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "cgroup").write_text(text)
+    return proc
+
+
+def test_memory_cgroup_of_a_process_on_v1_and_hybrid(fake_root: Path, tmp_path: Path) -> None:
+    group = fake_root / "memory" / "docker" / CID
+    group.mkdir(parents=True)
+    (group / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    proc = _fake_proc(tmp_path, 42, f"12:pids:/docker/{CID}\n4:memory:/docker/{CID}\n"
+                                    f"1:name=systemd:/docker/{CID}\n0::/system.slice/containerd.service\n")
+    assert cgroups.memory_cgroup_of(42, proc=proc) == (group, 1)
+    assert cgroups.read_oom_kills(group, 1) == 3
+
+
+def test_memory_cgroup_of_a_process_on_v2_with_the_systemd_driver(fake_root: Path, tmp_path: Path) -> None:
+    (fake_root / "cgroup.controllers").write_text("cpu memory pids\n")
+    group = fake_root / "system.slice" / f"docker-{CID}.scope"
+    group.mkdir(parents=True)
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    proc = _fake_proc(tmp_path, 42, f"0::/system.slice/docker-{CID}.scope\n")
+    assert cgroups.memory_cgroup_of(42, proc=proc) == (group, 2)
+    assert cgroups.read_oom_kills(group, 2) == 1
+
+
+def test_memory_cgroup_of_a_process_that_cannot_be_seen(fake_root: Path, tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, 42, f"4:memory:/docker/{CID}\n")
+    assert cgroups.memory_cgroup_of(7, proc=proc) is None  # no such process here
+    assert cgroups.memory_cgroup_of(42, proc=proc) is None  # its group is not under this mount
+    assert cgroups.read_oom_kills(fake_root / "missing", 2) is None
+
+
+class _Container:
+    id = CID
+    attrs = {"State": {"Pid": 42}}  # noqa: RUF012
+
+    def reload(self) -> None:
+        pass
+
+
+def test_docker_sandbox_reads_oom_kills_on_a_v2_host(fake_root: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OOM kill in a container on a unified (systemd driver) host is seen, not just on v1."""
+    pytest.importorskip("docker")
+    from agentrl.tools.sandbox.docker import DockerSandbox
+
+    (fake_root / "cgroup.controllers").write_text("cpu memory pids\n")
+    group = fake_root / "system.slice" / f"docker-{CID}.scope"
+    group.mkdir(parents=True)
+    (group / "memory.events").write_text("oom 2\noom_kill 2\n")
+    proc = _fake_proc(tmp_path, 42, f"0::/system.slice/docker-{CID}.scope\n")
+    real = cgroups.memory_cgroup_of
+    monkeypatch.setattr("agentrl.tools.sandbox.docker.memory_cgroup_of", lambda pid: real(pid, proc=proc))
+    sandbox = DockerSandbox(pool_size=1)
+    container = _Container()
+    sandbox._memory_cgroups[container.id] = sandbox._find_memory_cgroup(container)
+    assert sandbox._oom_kills(container) == 2
+    other = _Container()
+    other.id = "f" * 64  # the PID shows a process that is not this container (another namespace)
+    assert sandbox._find_memory_cgroup(other) is None and sandbox._oom_kills(other) == -1
