@@ -184,14 +184,12 @@ class _Runner:
 
     def __init__(self, env: Environment, template: ChatTemplate, client: GenerateClient, config: AgentConfig,
                  should_abort: Callable[[], bool]) -> None:
-        if template.tokenizer is None:
-            raise ValueError("run_episode: the ChatTemplate has no tokenizer; build it with "
-                             "ChatTemplate.from_name(name, tokenizer=...)")
         self.env, self.template, self.client, self.config = env, template, client, config
         self.should_abort = should_abort
         self.tools: list[dict[str, Any]] = []  # read after reset(): environments may register tools there
         self.kwargs = dict(config.template_kwargs)
-        own = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)
+        own = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)  # raises without a tokenizer
+        self.vocab_size = len(template.tokenizer)  # every sequence checks its ids against it
         self.stops = tuple(dict.fromkeys((*own, *config.sampling.stop_token_ids)))  # the template's, plus the user's
         limits = [c for c in (config.context_length, env.limits.max_context_tokens) if c is not None]
         self.context = min(limits) if limits else None
@@ -213,8 +211,9 @@ class _Runner:
         self.bridge_session = BridgeSession(self.template, opening, tools=self.tools, **self.kwargs)
         prompt_ids = self.bridge_session.prompt_ids
         session = group_id if self.config.routing == "group" and group_id else uuid.uuid4().hex
-        self.sequences.append(Trajectory.from_prompt(prompt_ids, messages=list(opening), group_id=group_id,
-                                                     rollout_id=rollout_id, sample_id=sample_id, session_id=session))
+        self.sequences.append(Trajectory.from_prompt(prompt_ids, messages=list(opening), vocab_size=self.vocab_size,
+                                                     group_id=group_id, rollout_id=rollout_id, sample_id=sample_id,
+                                                     session_id=session))
         reason = await self._loop()
         self._finish(reason)
         await self._score()
@@ -334,8 +333,9 @@ class _Runner:
                 return StopReason.CONTEXT_BUDGET
             self.metrics["bridge/fork"] += 1
             self.sequences.append(Trajectory.from_prompt(
-                bridge.full_render_ids, messages=[*traj.messages, *new], group_id=traj.group_id,
-                rollout_id=traj.rollout_id, sample_id=traj.sample_id, session_id=traj.session_id))
+                bridge.full_render_ids, messages=[*traj.messages, *new], vocab_size=self.vocab_size,
+                group_id=traj.group_id, rollout_id=traj.rollout_id, sample_id=traj.sample_id,
+                session_id=traj.session_id))
             self.traj.sequence_index = len(self.sequences) - 1
             self.traj.info["forked_because"] = bridge.reason
             self.bridge_session = BridgeSession(self.template, self.traj.messages, tools=self.tools, **self.kwargs)
