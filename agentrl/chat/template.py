@@ -211,8 +211,8 @@ class ChatTemplate:
     def turn_close_id(self) -> int:
         """Id of :attr:`turn_close` (EOS of a generation turn). Needs a tokenizer."""
         self._require_tokenizer("turn_close_id")
-        if self._turn_close_id is None:
-            self._turn_close_id = self.token_id(self.turn_close)
+        _ = self.turn_close  # raises when nothing closes a turn, the one case __init__ leaves the id unset
+        assert self._turn_close_id is not None
         return self._turn_close_id
 
     def stop_strings(self, *, one_call_per_turn: bool = False) -> tuple[str, ...]:

@@ -248,6 +248,16 @@ def test_stop_token_ids_need_a_tokenizer() -> None:
         ChatTemplate.from_name("qwen3").stop_token_ids()
 
 
+def test_turn_close_id_needs_a_tokenizer_and_a_turn_close() -> None:
+    class _NoEos:
+        special_tokens_map: dict[str, str] = {}  # noqa: RUF012
+
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        _ = ChatTemplate.from_name("qwen3").turn_close_id
+    with pytest.raises(ValueError, match="cannot tell which token closes a turn"):
+        _ = ChatTemplate("{{ messages[0].content }}", tokenizer=_NoEos()).turn_close_id
+
+
 def test_tokenizer_without_the_turn_close_token_is_rejected() -> None:
     class _Plain:
         special_tokens_map: dict[str, str] = {}  # noqa: RUF012
