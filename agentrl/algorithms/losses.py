@@ -32,6 +32,15 @@ def _clip_bounds(eps_clip: float, eps_clip_high: float | None) -> tuple[float, f
     return 1.0 - eps_clip, 1.0 + high
 
 
+def _clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(max(-A·ρ, -A·clip(ρ, low, high)), clipped)``: clipped is true where the clipped branch won."""
+    loss1 = -adv * ratio
+    loss2 = -adv * torch.clamp(ratio, low, high)
+    return torch.maximum(loss1, loss2), loss2 > loss1
+
+
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -52,11 +61,7 @@ def ppo_clip_loss(
     _same_shape("advantages", advantages, logprobs)
     low, high = _clip_bounds(eps_clip, eps_clip_high)
     adv = advantages.detach()
-    ratio = torch.exp(logprobs - old_logprobs.detach())
-    loss1 = -adv * ratio
-    loss2 = -adv * torch.clamp(ratio, low, high)
-    loss = torch.maximum(loss1, loss2)
-    clipped = loss2 > loss1
+    loss, clipped = _clipped_surrogate(torch.exp(logprobs - old_logprobs.detach()), adv, low, high)
     if dual_clip_c is not None:
         if not dual_clip_c > 1.0:
             raise ValueError(f"dual_clip_c: expected a value > 1, got {dual_clip_c!r}")
@@ -108,11 +113,7 @@ def gspo_loss(
     _same_shape("loss_mask", loss_mask, logprobs)
     low, high = _clip_bounds(eps_clip, eps_clip_high)
     log_ratio = sequence_mean(logprobs - old_logprobs.detach(), loss_mask, sequence_ids)
-    ratio = torch.exp(log_ratio)
-    adv = advantages.detach()
-    loss1 = -adv * ratio
-    loss2 = -adv * torch.clamp(ratio, low, high)
-    return torch.maximum(loss1, loss2), loss2 > loss1
+    return _clipped_surrogate(torch.exp(log_ratio), advantages.detach(), low, high)
 
 
 def cispo_loss(
