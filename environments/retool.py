@@ -10,8 +10,9 @@ The environment speaks messages; the chat format is the template's business. Run
 ``ChatTemplate.from_name("qwen3")`` (JSON ``<tool_call>`` bodies) or ``"qwen3_5"`` (XML
 ``<function=python>`` calls) — :data:`RETOOL_TEMPLATES` — and the agent loop parses each format.
 
-Sandboxes: by default each episode creates its own Python tool and sandbox in ``reset()`` and
-closes them in ``close()`` (nothing outlives the episode). For throughput, share one warm pool
+Sandboxes: by default each episode creates its own Python tool and a one-worker sandbox in
+``reset()`` and closes them in ``close()`` (nothing outlives the episode; ``sandbox_options`` such
+as ``pool_size`` or limits are passed to it). For throughput, share one warm pool
 across episodes: ``RetoolMathEnv(row, sandbox=shared)`` — the caller then owns and closes it.
 
 Rows: ``prompt`` is a string or a chat list (``[{"role": "user", "content": ...}]``, as in
@@ -83,8 +84,6 @@ class RetoolMathEnv(Environment):
                  system_prompt: str | None = RETOOL_SYSTEM_PROMPT, max_output_chars: int = 2000,
                  limits: EnvLimits | None = None, failure_policy: FailurePolicy | None = None) -> None:
         super().__init__(task, limits=limits, failure_policy=failure_policy)
-        if sandbox is not None and sandbox_options:
-            raise TypeError("RetoolMathEnv: pass either sandbox= (a shared one) or sandbox_options=, not both")
         self.sandbox = sandbox
         self.backend = backend
         self.sandbox_options = dict(sandbox_options or {})
@@ -97,11 +96,10 @@ class RetoolMathEnv(Environment):
     async def reset(self) -> list[Message]:
         if self.python is not None:
             raise RuntimeError("RetoolMathEnv.reset: called twice; environments are single-use")
-        if self.sandbox is not None:
-            self.python = PythonTool(self.sandbox, max_output_chars=self.max_output_chars)
-        else:
-            self.python = PythonTool(backend=self.backend, max_output_chars=self.max_output_chars,
-                                     **self.sandbox_options)
+        # an episode runs one call at a time: its own sandbox needs one warm worker, not a host-sized pool
+        options = self.sandbox_options if self.sandbox is not None else {"pool_size": 1, **self.sandbox_options}
+        self.python = PythonTool(self.sandbox, backend=self.backend, max_output_chars=self.max_output_chars,
+                                 **options)
         self.register_tool(self.python)
         prompt = self.task.prompt
         opening = ([Message(role="user", content=prompt)] if isinstance(prompt, str)

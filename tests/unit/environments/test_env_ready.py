@@ -20,6 +20,7 @@ from agentrl.rollout.agent import AgentConfig, run_episode
 from agentrl.rollout.types import SamplingParams
 from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient
+from agentrl.tools.sandbox import create_sandbox
 from agentrl.trajectory import SegmentKind, Status, StopReason
 
 HERE = Path(__file__).parent
@@ -120,6 +121,30 @@ async def test_retool_opening_adds_the_system_prompt_once() -> None:
         assert [m.content for m in await own.reset()] == ["S", "Q"]
     finally:
         await own.close()
+
+
+async def test_retool_episode_sandbox_has_one_worker_unless_asked_for_more() -> None:
+    env = RetoolMathEnv({"prompt": "What is 2+2?", "label": "4"})
+    wide = RetoolMathEnv({"prompt": "What is 2+2?", "label": "4"}, sandbox_options={"pool_size": 3})
+    try:
+        await env.reset()
+        await wide.reset()
+        assert env.python is not None and getattr(env.python.sandbox, "pool_size", None) == 1
+        assert wide.python is not None and getattr(wide.python.sandbox, "pool_size", None) == 3
+    finally:
+        await env.close()
+        await wide.close()
+
+
+async def test_retool_refuses_a_shared_sandbox_together_with_sandbox_options() -> None:
+    async with create_sandbox("bwrap", pool_size=1) as shared:
+        env = RetoolMathEnv({"prompt": "2+2?", "label": "4"}, sandbox=shared, sandbox_options={"memory_mb": 64})
+        with pytest.raises(TypeError, match="given with an existing sandbox"):
+            await env.reset()
+        env = RetoolMathEnv({"prompt": "2+2?", "label": "4"}, sandbox=shared)
+        await env.reset()
+        await env.close()
+        assert env.python is not None and env.python.sandbox is shared and not shared.closed
 
 
 # -- the command line -----------------------------------------------------------------------------
