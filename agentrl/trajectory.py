@@ -61,6 +61,12 @@ class TrajectoryError(ValueError):
     """An append or a loaded record would break a trajectory invariant."""
 
 
+def _check_logprobs(logprobs: list[float], what: str) -> None:
+    for i, lp in enumerate(logprobs):
+        if not math.isfinite(lp) or lp > _LOGPROB_TOLERANCE:
+            raise TrajectoryError(f"{what}[{i}] = {lp!r}; expected a finite value <= 0")
+
+
 class SegmentKind(str, Enum):
     """Where a span of tokens came from."""
 
@@ -183,9 +189,7 @@ class Trajectory:
         self._check_appendable("append_model")
         if len(ids) != len(lps):
             raise TrajectoryError(f"append_model: {len(ids)} token ids but {len(lps)} logprobs; expected equal lengths")
-        for i, lp in enumerate(lps):
-            if not math.isfinite(lp) or lp > _LOGPROB_TOLERANCE:
-                raise TrajectoryError(f"append_model: logprobs[{i}] = {lp!r}; expected a finite value <= 0")
+        _check_logprobs(lps, "append_model: logprobs")
         self._check_ids(ids, "append_model token_ids")
         if not ids:
             return None
@@ -276,11 +280,10 @@ class Trajectory:
                                   "expected len(tokens) == prompt_length + len(loss_mask) == prompt_length + len(logprobs)")
         self._check_ids(self.tokens, "tokens")
         self._check_segments()
-        for i, (m, lp) in enumerate(zip(self.loss_mask, self.logprobs, strict=True)):
+        for i, m in enumerate(self.loss_mask):
             if m not in (0, 1):
                 raise TrajectoryError(f"loss_mask[{i}] = {m!r}; expected 0 or 1")
-            if not math.isfinite(lp) or lp > _LOGPROB_TOLERANCE:
-                raise TrajectoryError(f"logprobs[{i}] = {lp!r}; expected a finite value <= 0")
+        _check_logprobs(self.logprobs, "logprobs")
 
     def _check_segments(self) -> None:
         if not self.segments or self.segments[0].kind is not SegmentKind.PROMPT or \
