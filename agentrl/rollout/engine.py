@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import aiohttp
-
-from agentrl.rollout.process import ManagedProcess, free_port
+from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = [
     "EngineConfig", "EngineError", "SGLangEngine", "default_shim_dir", "detect_device", "engine_environment",
@@ -156,7 +154,8 @@ def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
 class SGLangEngine:
     """One SGLang server: launched (owns its process tree) or attached (owns nothing).
 
-    Control methods raise :class:`EngineError` on a non-2xx answer, naming the endpoint and the reason.
+    Control methods raise :class:`EngineError` on an HTTP error status or when the engine cannot be
+    reached, naming the endpoint and the reason.
     """
 
     def __init__(self, url: str, config: EngineConfig | None, process: ManagedProcess | None) -> None:
@@ -179,29 +178,20 @@ class SGLangEngine:
         assert config is not None
         device = await asyncio.to_thread(detect_device) if config.device == "auto" else config.device
         port = port or free_port(config.host)
-        log_dir = config.log_dir or Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
         self.url = f"http://{config.host}:{port}"
-        self.process = ManagedProcess(config.command(port, device), env=engine_environment(device, extra=config.env, shim_dir=config.shim_dir),
-                                      log_path=log_dir / f"sglang-{port}.log", name=f"sglang:{port}")
-        try:
-            await self.wait_healthy(config.startup_timeout_s)
-        except BaseException:
-            await asyncio.to_thread(self.process.stop)
-            raise
+        env = engine_environment(device, extra=config.env, shim_dir=config.shim_dir)
+        self.process = await ManagedProcess.start(
+            config.command(port, device), env=env, log_path=(config.log_dir or default_log_dir()) / f"sglang-{port}.log",
+            name=f"sglang:{port}", ready=lambda process: self._wait_healthy(process, config.startup_timeout_s))
 
     async def wait_healthy(self, timeout_s: float) -> None:
         """Polls ``/health_generate`` until 200; raises if the process exits or time runs out."""
+        await self._wait_healthy(self.process, timeout_s)
+
+    async def _wait_healthy(self, process: ManagedProcess | None, timeout_s: float) -> None:
         poll = self.config.health_poll_s if self.config else 1.0
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and not self.process.alive():
-                raise EngineError(f"SGLang server {self.url} exited with code {self.process.returncode()} "
-                                  f"while starting; log {self.process.log_path}:\n{self.process.log_tail()}")
-            if await self.healthy(timeout_s=max(5.0, poll)):
-                return
-            await asyncio.sleep(poll)
-        tail = self.process.log_tail() if self.process else ""
-        raise EngineError(f"SGLang server {self.url} not healthy after {timeout_s:.0f} s:\n{tail}")
+        await wait_ready(lambda: self.healthy(timeout_s=max(5.0, poll)), what=f"SGLang server {self.url}",
+                         timeout_s=timeout_s, poll_s=poll, error_cls=EngineError, process=process)
 
     @classmethod
     async def attach(cls, url: str, expected: EngineConfig | Mapping[str, Any] | None = None) -> SGLangEngine:
@@ -223,7 +213,7 @@ class SGLangEngine:
         try:
             await self._call("GET", "/health_generate", timeout_s=timeout_s)
             return True
-        except (EngineError, aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except EngineError:
             return False
 
     def stop(self) -> None:
@@ -244,17 +234,8 @@ class SGLangEngine:
     # ----- HTTP ------------------------------------------------------------------------------------
 
     async def _call(self, method: str, path: str, body: Any = None, timeout_s: float = 600.0) -> Any:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.request(method, self.url + path, json=body) as resp:
-                text = await resp.text()
-                if resp.status >= 300:
-                    raise EngineError(f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:1000]}")
-                if not text:
-                    return None
-                try:
-                    return await resp.json(content_type=None)
-                except ValueError:
-                    return text
+        return await request_json(method, self.url + path, body, timeout_s=timeout_s, error_cls=EngineError,
+                                  text_fallback=True)
 
     async def _checked(self, path: str, body: Mapping[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
         reply = await self._call("POST", path, dict(body), timeout_s=timeout_s)

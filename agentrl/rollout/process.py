@@ -1,22 +1,32 @@
-"""Subprocess helpers shared by the engine and router launchers.
+"""Subprocess and HTTP helpers shared by the engine and router launchers.
 
 A launcher starts its server in a new session (its own process group), remembers the process, and
 stops exactly the tree it started: the process and every descendant it has at stop time, SIGTERM
 first, SIGKILL after a grace period. Nothing is ever looked up or killed by name.
+:meth:`ManagedProcess.start` stops the tree again when the server never becomes ready;
+:func:`wait_ready` is the readiness loop and :func:`request_json` the one-shot control request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import psutil
 
-__all__ = ["ManagedProcess", "free_port"]
+__all__ = ["ManagedProcess", "default_log_dir", "free_port", "request_json", "wait_ready"]
+
+
+def default_log_dir() -> Path:
+    """Where server logs go when the config names no folder: ``$AGENTRL_LOG_DIR`` or ``/tmp/agentrl-logs``."""
+    return Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,6 +49,19 @@ class ManagedProcess:
                 self.cmd, env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+
+    @classmethod
+    async def start(cls, cmd: Sequence[str], *, env: Mapping[str, str], log_path: Path, name: str,
+                    ready: Callable[[ManagedProcess], Awaitable[object]]) -> ManagedProcess:
+        """Starts the process and awaits ``ready(process)``; if that raises or is cancelled, stops the
+        tree (off the event loop) and re-raises."""
+        process = cls(cmd, env=env, log_path=log_path, name=name)
+        try:
+            await ready(process)
+        except BaseException:
+            await asyncio.to_thread(process.stop)
+            raise
+        return process
 
     @property
     def pid(self) -> int:
@@ -103,3 +126,48 @@ class ManagedProcess:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+async def wait_ready(probe: Callable[[], Awaitable[bool]], *, what: str, timeout_s: float, poll_s: float,
+                     error_cls: type[Exception], process: ManagedProcess | None = None) -> None:
+    """Calls ``probe`` every ``poll_s`` until it returns True. Raises ``error_cls`` (naming ``what``,
+    with the log tail of ``process``) if ``process`` exits first or ``timeout_s`` runs out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if process is not None and not process.alive():
+            raise error_cls(f"{what} exited with code {process.returncode()} while starting; "
+                            f"log {process.log_path}:\n{process.log_tail()}")
+        if await probe():
+            return
+        await asyncio.sleep(poll_s)
+    log = f"; log {process.log_path}:\n{process.log_tail()}" if process is not None else ""
+    raise error_cls(f"{what} not ready after {timeout_s:g} s{log}")
+
+
+async def request_json(method: str, url: str, body: Any = None, *, timeout_s: float, error_cls: type[Exception],
+                       text_fallback: bool = False) -> Any:
+    """One HTTP request with a JSON body; returns the decoded JSON answer (``None`` when empty).
+
+    Every failure is an ``error_cls`` naming the request: an HTTP status >= 400, a lost connection,
+    a timeout, or an answer that is not JSON (with ``text_fallback``, that answer's text is returned
+    instead).
+    """
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.request(method, url, json=body) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise error_cls(f"{method} {url} -> HTTP {resp.status}: {text[:1000]}")
+                if not text:
+                    return None
+                try:
+                    return await resp.json(content_type=None)
+                except ValueError:
+                    if text_fallback:
+                        return text
+                    raise
+    except error_cls:
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
+        raise error_cls(f"{method} {url} failed: {type(err).__name__}: {err}") from err

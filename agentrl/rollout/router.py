@@ -22,9 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from agentrl.rollout.process import ManagedProcess, free_port
+from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy"]
 
@@ -127,44 +125,27 @@ class Router:
         config = config or RouterConfig()
         port = config.port or free_port(config.host)
         prom_port = config.prometheus_port or free_port(config.host)
-        log_dir = config.log_dir or Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
-        log_path = log_dir / f"router-{port}.log"
+        log_path = (config.log_dir or default_log_dir()) / f"router-{port}.log"
         cmd = [sys.executable, "-m", "agentrl.rollout._router_entry", *_router_args(config, port, prom_port)]
-        process = ManagedProcess(cmd, env=os.environ, log_path=log_path, name=f"router:{port}")
-        router = cls(config, process, port, prom_port)
-        try:
-            await router._wait_ready()
-        except BaseException:
-            await asyncio.to_thread(process.stop)
-            raise
-        return router
+        url = f"http://{config.host}:{port}"
 
-    async def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        while time.monotonic() < deadline:
-            if not self.process.alive():
-                raise RouterError(f"router exited with code {self.process.returncode()} while starting; "
-                                  f"log {self.process.log_path}:\n{self.process.log_tail()}")
+        async def answers() -> bool:
             try:
-                await self._request("GET", "/workers", timeout=2.0)
-                return
+                await request_json("GET", url + "/workers", timeout_s=2.0, error_cls=RouterError)
+                return True
             except RouterError:
-                await asyncio.sleep(0.2)
-        raise RouterError(f"router not ready after {self.config.startup_timeout_s} s; "
-                          f"log {self.process.log_path}:\n{self.process.log_tail()}")
+                return False
+
+        process = await ManagedProcess.start(
+            cmd, env=os.environ, log_path=log_path, name=f"router:{port}",
+            ready=lambda process: wait_ready(answers, what=f"router {url}", timeout_s=config.startup_timeout_s,
+                                             poll_s=0.2, error_cls=RouterError, process=process))
+        return cls(config, process, port, prom_port)
 
     async def _request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
         """One JSON request to the router. Every failure (HTTP error status, lost connection, timeout,
         a body that is not JSON) is a :class:`RouterError`, so callers catch that alone."""
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-                async with session.request(method, self.url + path, json=body) as resp:
-                    text = await resp.text()
-                    if resp.status >= 400:
-                        raise RouterError(f"{method} {self.url}{path} -> HTTP {resp.status}: {text[:500]}")
-                    return await resp.json(content_type=None) if text else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
-            raise RouterError(f"{method} {self.url}{path} failed: {type(err).__name__}: {err}") from err
+        return await request_json(method, self.url + path, body, timeout_s=timeout, error_cls=RouterError)
 
     async def workers(self) -> list[dict[str, Any]]:
         """The router's worker list (``GET /workers``)."""

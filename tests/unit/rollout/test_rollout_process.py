@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from agentrl.rollout.process import ManagedProcess
+from agentrl.rollout.process import ManagedProcess, wait_ready
 
 SPAWNER = """
 import subprocess, sys, time
@@ -60,3 +61,27 @@ def test_kill_now_and_log_tail(tmp_path: Path) -> None:
             pass
     assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in tree)
     assert sorted(int(x) for x in proc.log_tail().split()) == sorted(p.pid for p in tree[1:])
+
+
+async def _never() -> bool:
+    return False
+
+
+async def test_start_stops_a_process_that_never_gets_ready(tmp_path: Path) -> None:
+    started: list[ManagedProcess] = []
+
+    async def ready(proc: ManagedProcess) -> None:
+        started.append(proc)
+        await wait_ready(_never, what="sleeper", timeout_s=0.3, poll_s=0.05, error_cls=RuntimeError, process=proc)
+
+    with pytest.raises(RuntimeError, match=r"sleeper not ready after 0.3 s; log .*w.log"):
+        await ManagedProcess.start([sys.executable, "-c", "import time; time.sleep(300)"], env={},
+                                   log_path=tmp_path / "w.log", name="sleeper", ready=ready)
+    assert len(started) == 1 and not started[0].alive()
+
+
+async def test_wait_ready_reports_an_early_exit_with_the_log_tail(tmp_path: Path) -> None:
+    proc = ManagedProcess([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"], env={},
+                          log_path=tmp_path / "x.log", name="quitter")
+    with pytest.raises(ValueError, match=r"(?s)quitter exited with code 3 while starting; log .*no model here"):
+        await wait_ready(_never, what="quitter", timeout_s=30, poll_s=0.05, error_cls=ValueError, process=proc)
