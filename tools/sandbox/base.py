@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
@@ -189,6 +191,22 @@ def decode_output(raw: bytes, total: int) -> tuple[str, bool]:
     if total > len(raw):
         return text + TRUNCATION_MARKER.format(omitted=total - len(raw)), True
     return text, False
+
+
+# -- what the worker-based backends (bwrap, docker, local) share ---------------------------------
+
+WORKER_SOURCE = Path(__file__).with_name("_worker.py")
+"""The worker program every backend runs (bind-mounted read-only into bwrap and Docker sandboxes)."""
+WORKER_MEMORY_OVERHEAD_MB = 32
+"""Memory for the worker itself, on top of ``memory_mb`` in a worker's (or container's) cgroup."""
+EXTRA_PIDS = 4
+"""Processes of the machinery (setpriv/bwrap or the container's reaper, the sandbox's init, the
+worker) plus slack, on top of ``max_processes`` in the process limit."""
+
+
+def default_pool_size() -> int:
+    """Workers in a pool when ``pool_size`` is not given: the CPU count, between 2 and 8."""
+    return max(2, min(8, os.cpu_count() or 2))
 
 
 def result_from_worker(data: dict[str, Any], duration_s: float) -> ExecResult:

@@ -30,35 +30,31 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 from agentrl.tools.sandbox.base import (
+    EXTRA_PIDS,
+    WORKER_MEMORY_OVERHEAD_MB,
+    WORKER_SOURCE,
     Capabilities,
     ExecResult,
     Sandbox,
     SandboxLimits,
     SandboxUnavailableError,
+    default_pool_size,
     result_from_worker,
     worker_request,
 )
 from agentrl.tools.sandbox.cgroups import CgroupSet, CgroupSupport, detect_cgroups
 from agentrl.tools.sandbox.pool import WorkerError, WorkerLaunch, WorkerPool, process_tree_memory
 
-__all__ = ["WORKER_SOURCE", "BwrapSandbox"]
+__all__ = ["BwrapSandbox"]
 
 log = logging.getLogger(__name__)
 
-WORKER_SOURCE = Path(__file__).with_name("_worker.py")
 WORKER_IN_SANDBOX = "/opt/agentrl/worker.py"
 NOBODY = 65534
-EXTRA_PIDS = 4  # setpriv/bwrap, the sandbox's init, the worker, slack
-WORKER_MEMORY_OVERHEAD_MB = 32
 INSTALL_HINT = "install it with `apt-get install bubblewrap` (the project's scripts/setup.sh does this)"
-
-
-def default_pool_size() -> int:
-    return max(2, min(8, os.cpu_count() or 2))
 
 
 class BwrapSandbox(Sandbox):

@@ -26,15 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.tools.sandbox.base import (
+    EXTRA_PIDS,
+    WORKER_MEMORY_OVERHEAD_MB,
+    WORKER_SOURCE,
     Capabilities,
     ExecResult,
     Sandbox,
     SandboxLimits,
     SandboxUnavailableError,
+    default_pool_size,
     result_from_worker,
     worker_request,
 )
-from agentrl.tools.sandbox.bwrap import WORKER_SOURCE, default_pool_size
 from agentrl.tools.sandbox.cgroups import memory_cgroup_of, read_oom_kills
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox"]
@@ -99,12 +102,12 @@ class DockerSandbox(Sandbox):
 
     def _create_container(self) -> Any:
         lim = self.limits
-        mem = f"{lim.memory_mb + 32}m"
+        mem = f"{lim.memory_mb + WORKER_MEMORY_OVERHEAD_MB}m"
         container = self._client.containers.run(
             self.image, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "reaper"], detach=True, network_mode="none", read_only=True,
             tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777,nosuid,nodev"}, user=NOBODY, cap_drop=["ALL"],
             security_opt=["no-new-privileges"], mem_limit=mem, memswap_limit=mem,
-            pids_limit=lim.max_processes + 4, nano_cpus=int(lim.cpu_cores * 1e9), environment={},
+            pids_limit=lim.max_processes + EXTRA_PIDS, nano_cpus=int(lim.cpu_cores * 1e9), environment={},
             volumes={str(WORKER_SOURCE): {"bind": WORKER_IN_CONTAINER, "mode": "ro"}},
             hostname="sandbox", labels={"agentrl.sandbox": self._label}, working_dir="/tmp",
         )
@@ -251,8 +254,8 @@ class DockerSandbox(Sandbox):
                 "processes_visible": "container PID namespace; leftovers killed after each execution",
                 "wall_time": "runner deadline, SIGKILL of the process group",
                 "cpu_time": "RLIMIT_CPU",
-                "memory": f"container cgroup memory limit ({lim.memory_mb + 32} MiB, no swap)",
-                "processes": f"--pids-limit {lim.max_processes + 4}",
+                "memory": f"container cgroup memory limit ({lim.memory_mb + WORKER_MEMORY_OVERHEAD_MB} MiB, no swap)",
+                "processes": f"--pids-limit {lim.max_processes + EXTRA_PIDS}",
                 "cpu_share": f"--cpus {lim.cpu_cores}",
                 "output": "captured by the runner, capped at max_output_bytes per stream",
                 "file_size": "RLIMIT_FSIZE",

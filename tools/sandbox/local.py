@@ -17,14 +17,15 @@ import time
 import warnings
 
 from agentrl.tools.sandbox.base import (
+    WORKER_SOURCE,
     Capabilities,
     ExecResult,
     Sandbox,
     SandboxLimits,
+    default_pool_size,
     result_from_worker,
     worker_request,
 )
-from agentrl.tools.sandbox.bwrap import WORKER_SOURCE, default_pool_size
 from agentrl.tools.sandbox.pool import WorkerError, WorkerLaunch, WorkerPool, process_tree_memory
 
 __all__ = ["LocalSandbox", "UnsafeSandboxWarning"]

@@ -19,7 +19,8 @@ import pytest_asyncio
 from sandbox_canaries import CANARY_ENV, HostCanaries
 
 from agentrl.tools.sandbox import ExecResult, Sandbox, create_sandbox
-from agentrl.tools.sandbox.bwrap import WORKER_SOURCE, BwrapSandbox
+from agentrl.tools.sandbox.base import WORKER_SOURCE
+from agentrl.tools.sandbox.bwrap import BwrapSandbox
 from agentrl.tools.sandbox.docker import DockerSandbox
 from agentrl.tools.sandbox.pool import process_tree_memory
 
