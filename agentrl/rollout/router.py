@@ -32,8 +32,8 @@ class RouterError(RuntimeError):
 
 
 class RouterPolicy(str, Enum):
-    """Routing policies of sglang-router 0.3.2's core (``consistent_hashing`` and ``prefix_hash`` are
-    set through its Python launch API, the others are plain command-line choices)."""
+    """Routing policies of sglang-router 0.3.2's core. ``_router_entry`` sets each through the router's
+    Python API, since ``consistent_hashing`` and ``prefix_hash`` are not choices of its command line."""
 
     RANDOM = "random"
     ROUND_ROBIN = "round_robin"
@@ -42,10 +42,6 @@ class RouterPolicy(str, Enum):
     MANUAL = "manual"
     CONSISTENT_HASHING = "consistent_hashing"
     PREFIX_HASH = "prefix_hash"
-
-
-_CLI_POLICIES = {RouterPolicy.RANDOM, RouterPolicy.ROUND_ROBIN, RouterPolicy.CACHE_AWARE,
-                 RouterPolicy.POWER_OF_TWO, RouterPolicy.MANUAL}
 
 
 @dataclass(frozen=True)
@@ -102,10 +98,7 @@ def _router_args(config: RouterConfig, port: int, prom_port: int) -> list[str]:
         args.append("--disable-retries")
     if config.disable_circuit_breaker:
         args.append("--disable-circuit-breaker")
-    if config.policy in _CLI_POLICIES:
-        args += ["--policy", config.policy.value]
-    else:
-        args += ["--policy-override", config.policy.value]
+    args += ["--policy-override", config.policy.value]  # _router_entry sets every policy the same way
     return [*args, *config.extra_args]
 
 
