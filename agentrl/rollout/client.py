@@ -28,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from agentrl.rollout.types import (
     FinishKind,
@@ -53,22 +53,7 @@ ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 # sglang-router 0.3.2 re-serialises request bodies and drops these sampling keys (measured by the unit
 # tests). spaces_between_special_tokens only changes the detokenised `text`, never the token ids.
 ROUTER_DROPPED_SAMPLING_KEYS = frozenset({"spaces_between_special_tokens"})
-_RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 _JSON_HEADERS = {"Content-Type": "application/json"}
-
-try:  # orjson is part of SGLang's requirements; the stdlib codec is the fallback.
-    import orjson
-
-    def _dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj)
-
-    _loads: Callable[[bytes], Any] = orjson.loads
-except ImportError:  # pragma: no cover - depends on the environment
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-    _loads = json.loads
-
 
 @dataclass(frozen=True)
 class ClientConfig:
@@ -175,7 +160,7 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
 
 def _error_message(raw: bytes) -> str:
     try:
-        body = _loads(raw)
+        body = orjson.loads(raw)
     except ValueError:
         return raw.decode(errors="replace")[:2000]
     if isinstance(body, dict):
@@ -337,18 +322,18 @@ class InferenceClient:
         session = self._ensure_session()
         url = self.config.base_url + "/generate"
         try:
-            async with session.post(url, data=_dumps(payload), headers=headers) as resp:
+            async with session.post(url, data=orjson.dumps(payload), headers=headers) as resp:
                 raw = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise _Retryable(f"{type(err).__name__}: {err}") from err
         if status == 200:
             try:
-                return _loads(raw)
+                return orjson.loads(raw)
             except ValueError as err:
                 raise ProtocolError(f"{url}: answer is not JSON: {raw[:200]!r}") from err
         message = _error_message(raw)
-        if status in _RETRYABLE_STATUS or status >= 500:
+        if status == 429 or status >= 500:
             raise _Retryable(f"HTTP {status}: {message}", status)
         if status == 400 and "context length" in message:
             raise PromptTooLongError(status, message, url)
@@ -372,7 +357,7 @@ class InferenceClient:
 
         async def one(url: str) -> bool:
             try:
-                async with session.post(url + path, data=_dumps(body), headers=_JSON_HEADERS,
+                async with session.post(url + path, data=orjson.dumps(body), headers=_JSON_HEADERS,
                                         timeout=timeout) as resp:
                     await resp.read()
                     return resp.status < 300
