@@ -68,7 +68,10 @@ class _Worker:
             body = await self.proc.stdout.readexactly(struct.unpack(">I", head)[0])
         except asyncio.IncompleteReadError as exc:
             raise WorkerError("the sandbox worker exited") from exc
-        data = json.loads(body)
+        try:
+            data = json.loads(body)
+        except ValueError as exc:  # a broken frame is the worker's failure, like a crash
+            raise WorkerError(f"the sandbox worker sent a frame that is not JSON: {body[:200]!r}") from exc
         if not isinstance(data, dict):
             raise WorkerError(f"the sandbox worker sent {type(data).__name__}, expected an object")
         return data
@@ -148,7 +151,7 @@ class WorkerPool:
         self._all.add(worker)
         try:
             worker.info = await asyncio.wait_for(worker.read_frame(), READY_TIMEOUT_S)
-        except (WorkerError, asyncio.TimeoutError, ValueError) as exc:
+        except (WorkerError, asyncio.TimeoutError) as exc:
             await self._discard(worker)
             raise SandboxUnavailableError(
                 f"the sandbox worker failed to start ({exc}): {worker.describe_failure()}") from exc
