@@ -167,13 +167,13 @@ def _run_python(code: str, status_fd: int) -> int:
     return status
 
 
-def _close_other_fds() -> None:
+def _close_fds_except(keep: tuple[int, ...]) -> None:
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 3:
+        if fd not in keep:
             try:
                 os.close(fd)
-            except OSError:
+            except OSError:  # e.g. the directory listing's own fd, already closed
                 pass
 
 
@@ -190,12 +190,7 @@ def _supervise(wait_fd: int) -> None:
         _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         os.close(wait_fd)
         return
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) not in (0, 1, 2, wait_fd):
-            try:
-                os.close(int(name))
-            except OSError:
-                pass
+    _close_fds_except((0, 1, 2, wait_fd))
     _, status = os.waitpid(pid, 0)
     os.write(wait_fd, str(status).encode())
     os._exit(0)
@@ -219,7 +214,7 @@ def _child(req: dict[str, Any], fds: dict[str, int], private_ns: bool) -> NoRetu
         devnull = os.open("/dev/null", os.O_RDONLY)
         for target, fd in enumerate((devnull, fds["out"], fds["err"], fds["status"])):
             os.dup2(fd, target)
-        _close_other_fds()
+        _close_fds_except((0, 1, 2, 3))
         workdir = req.get("workdir") or "/tmp"
         os.chdir(workdir)
         _set_limits(req)
@@ -452,11 +447,15 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return buf
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Writes all of ``data`` (a pipe takes large writes in parts)."""
+    while data:
+        data = data[os.write(fd, data):]
+
+
 def _write_frame(fd: int, obj: dict[str, Any]) -> None:
     data = json.dumps(obj).encode()
-    frame = struct.pack(">I", len(data)) + data
-    while frame:
-        frame = frame[os.write(fd, frame):]
+    _write_all(fd, struct.pack(">I", len(data)) + data)
 
 
 def _own_pid_namespace() -> bool:
@@ -541,8 +540,7 @@ def once(chunks: list[str], sweep: bool) -> None:
         result = execute(req, state)
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    out = json.dumps(result).encode()
-    os.write(1, out)
+    _write_all(1, json.dumps(result).encode())
 
 
 def main(argv: list[str]) -> None:
