@@ -94,9 +94,9 @@ def _as_latex(text: str) -> str:
 
 
 def math_answer_reward(response: str, label: str) -> float:
-    """1.0 when the last ``\\boxed{}`` of ``response`` equals ``label``, else 0.0 (no box: 0.0)."""
-    answer = extract_boxed(response)
-    return 1.0 if answer is not None and math_equal(answer, label) else 0.0
+    """1.0 when the last ``\\boxed{}`` of ``response`` equals ``label``, else 0.0 (no box: 0.0):
+    :class:`MathReward` with its defaults."""
+    return MathReward()(response, label).value
 
 
 def final_answer_text(messages: Sequence[Message]) -> str:
