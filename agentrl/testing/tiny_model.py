@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 from typing import Any
+
+from agentrl.testing._cache import build_folder, cache_root
 
 __all__ = ["TINY_MODEL_CONFIG", "build_tiny_model"]
 
@@ -38,11 +39,6 @@ TINY_MODEL_CONFIG: dict[str, Any] = {
 _BUILD_VERSION = "2"
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("AGENTRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "agentrl")
-    return Path(base) / "models"
-
-
 def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
     """Builds (once) the tiny Qwen3 model with weights drawn from ``seed``; returns its folder.
 
@@ -53,17 +49,9 @@ def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 
     from agentrl.testing.tokenizer import build_tokenizer
 
     key = hashlib.sha256(f"{_BUILD_VERSION}:{sorted(TINY_MODEL_CONFIG.items())}:{seed}".encode()).hexdigest()[:12]
-    folder = Path(path) if path is not None else _cache_root() / f"qwen3-tiny-{key}"
-    if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
-        return folder
-    tokenizer = build_tokenizer()
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    _write_model(tmp, tokenizer, seed)
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.replace(folder)
-    return folder
+    folder = Path(path) if path is not None else cache_root() / "models" / f"qwen3-tiny-{key}"
+    return build_folder(folder, ("model.safetensors", "tokenizer.json"),
+                        lambda tmp: _write_model(tmp, build_tokenizer(), seed))
 
 
 def _write_model(out: Path, tokenizer: object, seed: int) -> None:

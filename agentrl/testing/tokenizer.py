@@ -27,6 +27,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from agentrl.testing._cache import build_folder, cache_root
+
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ADDED_TOKENS: tuple[str, ...] = (
     "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
@@ -83,9 +85,8 @@ def _corpus(n_lines: int = 6000, seed: int = 0) -> list[str]:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("AGENTRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "agentrl")
     key = hashlib.sha256(f"{_BUILD_VERSION}:{DEFAULT_VOCAB_SIZE}:{_SPLIT_PATTERN}".encode()).hexdigest()[:12]
-    return Path(base) / "tokenizers" / f"qwen-tiny-{key}"
+    return cache_root() / "tokenizers" / f"qwen-tiny-{key}"
 
 
 def build_tokenizer_files(out_dir: str | os.PathLike[str], *, vocab_size: int = DEFAULT_VOCAB_SIZE,
@@ -129,11 +130,8 @@ def build_tokenizer(path: str | os.PathLike[str] | None = None, *, chat_template
     """
     from transformers import PreTrainedTokenizerFast
 
-    folder = Path(path) if path is not None else _cache_dir()
-    if not (folder / "tokenizer.json").exists():
-        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        build_tokenizer_files(tmp)
-        tmp.replace(folder) if not folder.exists() else None
+    folder = build_folder(Path(path) if path is not None else _cache_dir(), ("tokenizer.json",),
+                          build_tokenizer_files)
     tok = PreTrainedTokenizerFast.from_pretrained(str(folder))
     if chat_template is not None:
         tok.chat_template = chat_template
