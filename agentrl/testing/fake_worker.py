@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,10 +43,6 @@ class FakeWorkerState:
     aborted: set[str] = field(default_factory=set)
     running: dict[str, bool] = field(default_factory=dict)
     control_calls: list[str] = field(default_factory=list)
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(body).encode(), status=status, content_type="application/json")
 
 
 class FakeWorker:
@@ -84,22 +79,24 @@ class FakeWorker:
         return web.Response(text="")
 
     async def _server_info(self, request: web.Request) -> web.Response:
-        return _json({"model_path": f"fake/{self.state.name}", "served_model_name": "fake", "tp_size": 1,
-                      "dp_size": 1, "context_length": self.state.context_length, "version": "fake"})
+        return web.json_response({"model_path": f"fake/{self.state.name}", "served_model_name": "fake",
+                                  "tp_size": 1, "dp_size": 1, "context_length": self.state.context_length,
+                                  "version": "fake"})
 
     async def _model_info(self, request: web.Request) -> web.Response:
-        return _json({"model_path": f"fake/{self.state.name}", "model_type": "qwen3",
-                      "architectures": ["Qwen3ForCausalLM"], "weight_version": self.state.weight_version})
+        return web.json_response({"model_path": f"fake/{self.state.name}", "model_type": "qwen3",
+                                  "architectures": ["Qwen3ForCausalLM"], "weight_version": self.state.weight_version})
 
     async def _loads(self, request: web.Request) -> web.Response:
-        return _json({"loads": [{"dp_rank": 0, "num_running_reqs": len(self.state.running), "num_waiting_reqs": 0}]})
+        load = {"dp_rank": 0, "num_running_reqs": len(self.state.running), "num_waiting_reqs": 0}
+        return web.json_response({"loads": [load]})
 
     async def _update_weights(self, request: web.Request) -> web.Response:
         self.state.control_calls.append(request.path)
         body = await request.json()
         if body.get("weight_version") is not None:
             self.state.weight_version = str(body["weight_version"])
-        return _json({"success": True, "message": "ok", "num_paused_requests": 0})
+        return web.json_response({"success": True, "message": "ok", "num_paused_requests": 0})
 
     async def _abort(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -117,16 +114,16 @@ class FakeWorker:
             s.headers.append(dict(request.headers))
         if s.fail_next > 0:
             s.fail_next -= 1
-            return _json({"error": {"message": f"injected failure by {s.name}"}}, status=s.fail_status)
+            return web.json_response({"error": {"message": f"injected failure by {s.name}"}}, status=s.fail_status)
         ids = body.get("input_ids")
         sp = body.get("sampling_params") or {}
         if not isinstance(ids, list) or not ids:
-            return _json({"error": {"message": "input_ids: expected a non-empty list"}}, status=400)
+            return web.json_response({"error": {"message": "input_ids: expected a non-empty list"}}, status=400)
         max_new = int(sp.get("max_new_tokens", 128))
         if len(ids) + max_new > s.context_length:
             msg = (f"The input ({len(ids)} tokens) is longer than the model's context length "
                    f"({s.context_length} tokens).")
-            return _json({"error": {"message": msg}}, status=400)
+            return web.json_response({"error": {"message": msg}}, status=400)
         rid = str(body.get("rid") or id(body))
         out, finish = await self._decode(rid, int(ids[-1]), max_new, set(sp.get("stop_token_ids") or []))
         lps = [[-0.1 * (i + 1), t, None] for i, t in enumerate(out)]
@@ -134,7 +131,7 @@ class FakeWorker:
                 "finish_reason": finish, "weight_version": s.weight_version, "worker": s.name}
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = lps
-        return _json({"text": "", "output_ids": out, "meta_info": meta})
+        return web.json_response({"text": "", "output_ids": out, "meta_info": meta})
 
     async def _decode(self, rid: str, last: int, max_new: int, stops: set[int]) -> tuple[list[int], dict[str, Any]]:
         s = self.state
@@ -158,10 +155,8 @@ class FakeWorker:
     async def start_async(self) -> str:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self._port)
-        await site.start()
-        server: Any = site._server
-        port = int(server.sockets[0].getsockname()[1])
+        await web.TCPSite(self._runner, "127.0.0.1", self._port).start()
+        port = int(self._runner.addresses[0][1])
         self.url = f"http://127.0.0.1:{port}"
         return self.url
 

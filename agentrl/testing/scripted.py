@@ -73,7 +73,6 @@ class ScriptedClient:
         ids = list(self.tokenizer.encode(turn.text, add_special_tokens=False))
         finish = FinishReason(FinishKind(turn.finish))
         if finish.kind is not FinishKind.ABORT:
-            finish = FinishReason(FinishKind.STOP) if finish.kind is FinishKind.STOP else finish
             for i, t in enumerate(ids):
                 if t in sampling.stop_token_ids:
                     ids, finish = ids[: i + 1], FinishReason(FinishKind.STOP, matched=t)
