@@ -23,7 +23,14 @@ from typing import Any
 
 import torch
 
-from agentrl.algorithms.logprobs import DEFAULT_CHUNK_SIZE, _check_scalars, _picked_and_lse
+from agentrl.algorithms.logprobs import (
+    DEFAULT_CHUNK_SIZE,
+    _check_scalars,
+    _checked_targets,
+    _entropy_and_lse,
+    _logprob_grad_,
+    _picked_and_lse,
+)
 from agentrl.algorithms.logprobs import _compute_dtype as _float
 
 __all__ = ["entropy_from_hidden", "logprobs_from_hidden"]
@@ -70,10 +77,8 @@ class _FusedLinearLogprob(torch.autograd.Function):
                 stop = min(start + chunk_size, hidden.shape[0])
                 h = hidden[start:stop].to(weight.dtype)
                 g = grad_out[start:stop].to(dtype) / temperature
-                # dℓ/dz_v = (1[v = y] - p_v) / T for the logits z = h W^T; one buffer, in place.
-                p = (h @ weight.T).to(dtype).div_(temperature)
-                p.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
-                p.scatter_add_(1, targets[start:stop, None], g[:, None])
+                # The gradient with respect to the logits h W^T, built in the logits' buffer.
+                p = _logprob_grad_((h @ weight.T).to(dtype).div_(temperature), lse[start:stop], targets[start:stop], g)
                 if grad_h is not None:
                     grad_h[start:stop] = (p.to(weight.dtype) @ weight).to(grad_h.dtype)
                 if grad_w is not None:
@@ -105,14 +110,7 @@ def logprobs_from_hidden(
     :func:`logprobs_from_logits` applied to ``hidden @ weight.T``.
     """
     _check(hidden, weight, temperature, chunk_size)
-    if targets.shape != hidden.shape[:1]:
-        raise ValueError(f"targets: expected shape {tuple(hidden.shape[:1])}, got {tuple(targets.shape)}")
-    targets = targets.to(device=hidden.device, dtype=torch.long)
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
-        raise ValueError(
-            f"targets: ids must lie in [0, {weight.shape[0]}) (the rows of weight), "
-            f"got min {int(targets.min())} and max {int(targets.max())}"
-        )
+    targets = _checked_targets(targets, hidden, weight.shape[0], "the rows of weight")
     out: torch.Tensor = _FusedLinearLogprob.apply(hidden, weight, targets, float(temperature), int(chunk_size))
     return out
 
@@ -128,9 +126,7 @@ def entropy_from_hidden(
     with torch.no_grad(), _no_autocast(hidden.device):
         for start in range(0, hidden.shape[0], chunk_size):
             stop = min(start + chunk_size, hidden.shape[0])
-            y = (hidden[start:stop].to(weight.dtype) @ weight.T).to(dtype).div_(temperature)
-            lse = torch.logsumexp(y, dim=-1)
-            p = torch.exp(y - lse[:, None])
-            out[start:stop] = lse - (p * y).sum(-1)
-            del y, p
+            z = (hidden[start:stop].to(weight.dtype) @ weight.T).to(dtype).div_(temperature)
+            out[start:stop] = _entropy_and_lse(z)[0]
+            del z
     return out

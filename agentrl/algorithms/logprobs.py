@@ -60,6 +60,42 @@ def _picked_and_lse(z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tenso
     return picked, lse
 
 
+def _entropy_and_lse(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(entropy, logsumexp)`` per row of one ``[chunk, vocab]`` block of scaled logits. With
+    ``s = z - max(z)`` and ``e = exp(s)``: ``H = log Σe - Σ e·s / Σe``. ``z`` is consumed (shifted in
+    place) and ``e`` is the only other buffer."""
+    row_max = z.amax(dim=-1, keepdim=True)
+    s = z.sub_(row_max)
+    e = torch.exp(s)
+    total = e.sum(dim=-1)
+    log_total = total.log()
+    return log_total - e.mul_(s).sum(dim=-1) / total, row_max.squeeze(1) + log_total
+
+
+def _logprob_grad_(z: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Turn one chunk of scaled logits ``z`` into ``g_i·(1[v = y_i] - p_iv)`` in place and return it.
+    With ``g = grad_out / T`` that is the gradient of ``Σ grad_out·ℓ`` with respect to the unscaled
+    logits: ``dℓ/dz_v = (1[v = y] - p_v) / T``."""
+    z.sub_(lse[:, None]).exp_().mul_(-g[:, None])
+    return z.scatter_add_(1, targets[:, None], g[:, None])
+
+
+def _checked_targets(targets: torch.Tensor, like: torch.Tensor, vocab: int, vocab_source: str) -> torch.Tensor:
+    """``targets`` as int64 on ``like``'s device, after checking one id per row of ``like`` and every
+    id in ``[0, vocab)``; ``vocab_source`` names where ``vocab`` comes from in the error."""
+    if targets.shape != like.shape[:1]:
+        raise ValueError(
+            f"targets: expected shape {tuple(like.shape[:1])} (one id per row), got {tuple(targets.shape)}"
+        )
+    targets = targets.to(device=like.device, dtype=torch.long)
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+        raise ValueError(
+            f"targets: ids must lie in [0, {vocab}) ({vocab_source}), "
+            f"got min {int(targets.min())} and max {int(targets.max())}"
+        )
+    return targets
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -92,11 +128,9 @@ class _ChunkedLogprob(torch.autograd.Function):
         for start in range(0, logits.shape[0], chunk_size):
             stop = min(start + chunk_size, logits.shape[0])
             g = grad_out[start:stop].to(dtype) / temperature
-            # d(z_y/T - lse)/dz_v = (1[v = y] - p_v) / T, built in one buffer.
+            # One [chunk, vocab] buffer: the scaled logits become the gradient in place.
             p = logits[start:stop].to(dtype) / temperature
-            p.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
-            p.scatter_add_(1, targets[start:stop, None], g[:, None])
-            grad[start:stop] = p
+            grad[start:stop] = _logprob_grad_(p, lse[start:stop], targets[start:stop], g)
             del p
         return grad, None, None, None
 
@@ -110,16 +144,9 @@ class _ChunkedEntropy(torch.autograd.Function):
         lse = torch.empty(n, dtype=dtype, device=logits.device)
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
-            # With s = y - max(y) and e = exp(s): H = log Σe - Σ e·s / Σe (two buffers, in place).
-            s = logits[start:stop].to(dtype) / temperature
-            row_max = s.amax(dim=-1, keepdim=True)
-            s.sub_(row_max)
-            e = torch.exp(s)
-            total = e.sum(dim=-1)
-            log_total = total.log()
-            lse[start:stop] = row_max.squeeze(1) + log_total
-            out[start:stop] = log_total - e.mul_(s).sum(dim=-1) / total
-            del s, e
+            z = logits[start:stop].to(dtype) / temperature
+            out[start:stop], lse[start:stop] = _entropy_and_lse(z)
+            del z
         ctx.save_for_backward(logits, lse)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
@@ -158,16 +185,7 @@ def logprobs_from_logits(
     respect to ``logits``; peak extra memory is a few ``[chunk_size, vocab]`` buffers.
     """
     _check(logits, temperature, chunk_size)
-    if targets.shape != logits.shape[:1]:
-        raise ValueError(
-            f"targets: expected shape {tuple(logits.shape[:1])} (one id per logits row), got {tuple(targets.shape)}"
-        )
-    targets = targets.to(device=logits.device, dtype=torch.long)
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= logits.shape[1]):
-        raise ValueError(
-            f"targets: ids must lie in [0, {logits.shape[1]}) (the vocabulary of the logits), "
-            f"got min {int(targets.min())} and max {int(targets.max())}"
-        )
+    targets = _checked_targets(targets, logits, logits.shape[1], "the vocabulary of the logits")
     out: torch.Tensor = _ChunkedLogprob.apply(logits, targets, float(temperature), int(chunk_size))
     return out
 
