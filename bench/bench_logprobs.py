@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.algorithms import logprobs_from_hidden, logprobs_from_logits
+from agentrl.algorithms import DEFAULT_CHUNK_SIZE, logprobs_from_hidden, logprobs_from_logits
 from agentrl.train import device_module, resolve_device
 
 
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--chunk-size", type=int, default=128)
+    parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--backward", action="store_true", help="time and measure forward + backward")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from agentrl.algorithms import DEFAULT_CHUNK_SIZE
 from agentrl.testing import TINY_MODEL_CONFIG, build_tokenizer
 from agentrl.train import (
     LossConfig,
@@ -132,7 +133,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8192, help="micro-batch token budget")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--fused-lm-head", action="store_true", help="score from hidden states (no logits)")
-    parser.add_argument("--chunk-size", type=int, default=128, help="rows per log-softmax chunk")
+    parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="rows per log-softmax chunk")
     args = parser.parse_args()
     device = resolve_device(args.device)
     dtype = args.dtype

@@ -7,12 +7,17 @@ check their values on construction and name the field, the value and what was ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
-from agentrl.algorithms import AdvantageEstimator, KLKind, LossAggregation, PolicyLossKind
+import torch
+
+from agentrl.algorithms import DEFAULT_CHUNK_SIZE, AdvantageEstimator, KLKind, LossAggregation, PolicyLossKind
 from agentrl.trajectory import Status
 
 __all__ = ["BatchingConfig", "LossConfig", "OptimizerConfig", "PackingConfig", "TorchBackendConfig"]
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def _require(ok: bool, name: str, value: object, expected: str) -> None:
@@ -97,8 +102,9 @@ class LossConfig:
         object.__setattr__(self, "aggregation", LossAggregation(self.aggregation))
         _require(self.temperature > 0, "temperature", self.temperature, "a positive number")
         _require(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "a non-negative number")
-        _require(self.kl_loss_type in ("k1", "k2", "k3", "low_var_kl"), "kl_loss_type", self.kl_loss_type,
-                 "one of 'k1', 'k2', 'k3', 'low_var_kl'")
+        kinds = get_args(KLKind)
+        _require(self.kl_loss_type in kinds, "kl_loss_type", self.kl_loss_type,
+                 "one of " + ", ".join(repr(k) for k in kinds))
         _require(self.correction in ("none", "tis", "mis"), "correction", self.correction, "'none', 'tis' or 'mis'")
         _require(self.old_logprobs in ("recompute", "rollout", "detached"), "old_logprobs", self.old_logprobs,
                  "'recompute', 'rollout' or 'detached'")
@@ -148,7 +154,7 @@ class TorchBackendConfig:
     packing: PackingConfig = field(default_factory=PackingConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    logprob_chunk_size: int = 128
+    logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
     fused_lm_head: bool = False
     verify_packing: bool = True
     seed: int = 0
@@ -161,3 +167,13 @@ class TorchBackendConfig:
         _require(not (self.fused_lm_head and self.loss.entropy_coef > 0), "fused_lm_head", self.fused_lm_head,
                  "False when loss.entropy_coef > 0 (the fused path has no entropy gradient)")
         _require(self.logprob_chunk_size > 0, "logprob_chunk_size", self.logprob_chunk_size, "a positive integer")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The parameter dtype, ``dtype`` as a ``torch.dtype``."""
+        return _DTYPES[self.dtype]
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The forward-pass dtype under mixed precision, or None when ``autocast="none"``."""
+        return None if self.autocast == "none" else _DTYPES[self.autocast]

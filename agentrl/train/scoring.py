@@ -29,7 +29,6 @@ from agentrl.train.packing import MicroBatch
 
 __all__ = ["TokenScorer"]
 
-_AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 EntropyMode = Literal["none", "metric", "grad"]
 
 
@@ -58,9 +57,10 @@ class TokenScorer:
         self.device = device
 
     def autocast(self) -> Any:
-        if self.config.autocast == "none":
+        dtype = self.config.autocast_dtype
+        if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=_AUTOCAST[self.config.autocast])
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     def scores(
         self, model: torch.nn.Module, mb: MicroBatch, *, entropy: EntropyMode = "none"

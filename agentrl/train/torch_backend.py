@@ -38,9 +38,6 @@ from agentrl.train.scoring import TokenScorer
 
 __all__ = ["NonFiniteLossError", "TorchTrainBackend"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient of a step was NaN/inf; ``diagnostics`` says where. Nothing was updated."""
 
@@ -67,7 +64,7 @@ class TorchTrainBackend:
     ) -> None:
         self.config = config or TorchBackendConfig()
         self.device = resolve_device(self.config.device)
-        self.dtype = _DTYPES[self.config.dtype]
+        self.dtype = self.config.torch_dtype
         self.dist = DistInfo.current()
         # Eval mode for good: dropout would make the training forward differ from the scoring
         # forward, so the PPO ratio would not be 1 on-policy. Gradients flow the same in eval mode.
@@ -105,8 +102,8 @@ class TorchTrainBackend:
         from transformers import AutoModelForCausalLM
 
         cfg = config or TorchBackendConfig()
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[cfg.dtype])
-        ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[cfg.dtype]) if with_ref_model else None
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=cfg.torch_dtype)
+        ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=cfg.torch_dtype) if with_ref_model else None
         return cls(model, cfg, ref_model=ref, vocab_size=vocab_size)
 
     # -- forward passes ------------------------------------------------------------------------
