@@ -31,10 +31,11 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -225,6 +226,22 @@ class Trajectory:
         self.segments.append(seg)
         self.status = Status.RUNNING
         return seg
+
+    def mask_model_segments(self, where: Callable[[Segment], bool]) -> int:
+        """Stops training on the model segments ``where`` selects (loss mask 0, ``trainable=False``).
+
+        The tokens and their logprobs stay: only the mask changes (e.g. tokens sampled by an older
+        weight version, under ``mask_offpolicy``). Returns the number of tokens masked.
+        """
+        masked = 0
+        for i, seg in enumerate(self.segments):
+            if seg.kind is not SegmentKind.MODEL or not seg.trainable or not where(seg):
+                continue
+            lo, hi = seg.start - self.prompt_length, seg.end - self.prompt_length
+            self.loss_mask[lo:hi] = [0] * (hi - lo)
+            self.segments[i] = dataclasses.replace(seg, trainable=False)
+            masked += hi - lo
+        return masked
 
     # -- outcome -----------------------------------------------------------------------------
     def finish(self, status: Status, stop_reason: StopReason | None = None) -> bool:

@@ -8,14 +8,23 @@
 - :class:`Router` / :class:`RouterConfig`: the sglang-router subprocess and its worker API.
 - :class:`EngineGroup` / :class:`HealthConfig`: router + engines + the monitor that restarts dead engines.
 - :func:`run_episode` / :class:`AgentConfig` / :class:`Episode`: the multi-turn agent loop that owns the
-  token boundary between an environment and an engine.
+  token boundary between an environment and an engine; :class:`EpisodeRunner` is the same loop as a
+  resumable object (partial rollouts); :class:`OpeningCache` renders a group's shared opening once.
+- :class:`Scheduler` / :class:`SchedulerConfig`: one training step's batch of complete prompt groups
+  (:class:`StepBatch` of :class:`RolloutGroup`), dynamic sampling (:class:`FilterResult`,
+  :func:`drop_uniform_rewards`), abort, partial rollouts, staleness; :class:`StepReport` accounts for
+  every prompt. :func:`evaluate` / :class:`EvalConfig` / :class:`EvalReport`: eval rollouts.
 """
 
-from agentrl.rollout.agent import AgentConfig, Episode, GenerateClient, run_episode
+from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, run_episode
 from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
 from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
+from agentrl.rollout.groups import FilterResult, GroupFilter, RolloutGroup, drop_uniform_rewards
 from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
+from agentrl.rollout.opening import OpeningCache
+from agentrl.rollout.report import AccountingError, StepReport
 from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
+from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError, StepBatch
 from agentrl.rollout.types import (
     FinishKind,
     FinishReason,
@@ -29,32 +38,44 @@ from agentrl.rollout.types import (
 )
 
 __all__ = [
+    "AccountingError",
     "AgentConfig",
     "ClientConfig",
     "EngineConfig",
     "EngineError",
     "EngineGroup",
     "Episode",
+    "EpisodeRunner",
+    "FilterResult",
     "FinishKind",
     "FinishReason",
     "GenerateClient",
     "GenerateResult",
+    "GroupFilter",
     "HealthConfig",
     "HealthEvent",
     "InferenceClient",
     "InferenceError",
+    "OpeningCache",
     "PromptTooLongError",
     "ProtocolError",
     "RequestRejectedError",
+    "RolloutGroup",
     "Router",
     "RouterConfig",
     "RouterError",
     "RouterPolicy",
     "SGLangEngine",
     "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerError",
+    "StepBatch",
+    "StepReport",
     "continuation_budget",
     "default_shim_dir",
     "detect_device",
+    "drop_uniform_rewards",
     "parse_generate_response",
     "run_episode",
 ]
