@@ -19,6 +19,7 @@
 from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, run_episode
 from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
 from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
+from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate, pass_at_k
 from agentrl.rollout.groups import FilterResult, GroupFilter, RolloutGroup, drop_uniform_rewards
 from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
 from agentrl.rollout.opening import OpeningCache
@@ -46,6 +47,8 @@ __all__ = [
     "EngineGroup",
     "Episode",
     "EpisodeRunner",
+    "EvalConfig",
+    "EvalReport",
     "FilterResult",
     "FinishKind",
     "FinishReason",
@@ -76,6 +79,8 @@ __all__ = [
     "default_shim_dir",
     "detect_device",
     "drop_uniform_rewards",
+    "evaluate",
     "parse_generate_response",
+    "pass_at_k",
     "run_episode",
 ]

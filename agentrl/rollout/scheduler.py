@@ -4,8 +4,11 @@
 ``group_size`` episodes each, as fast as the engines allow:
 
 1. **Buffer first.** Groups an earlier step cut short (``partial_rollout``) resume before any fresh
-   prompt is drawn; a group whose tokens would exceed ``max_staleness`` is not resumed (admission
-   control) but dropped and counted.
+   prompt is drawn. Staleness is bounded by admission, not by discarding finished work: a group
+   whose tokens would be too old for the *next* step is one this step must finish, so the batch
+   waits for it (and makes room for it, moving a fresh group to the buffer); a buffered group that
+   is already beyond the bound (the policy jumped several versions) is not resumed but dropped and
+   counted. Long episodes are therefore not starved by short ones.
 2. **Groups in flight.** Each group's G members run concurrently through the agent loop
    (:class:`~agentrl.rollout.agent.EpisodeRunner`); a group is judged when all its members end,
    groups complete independently (first done, first judged). A member that fails for an
@@ -58,6 +61,7 @@ from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataExhausted, DataRow, DataSource
 from agentrl.environments.base import Environment
 from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient
+from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
 from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter, version_number
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.report import StepReport
@@ -281,6 +285,12 @@ class Scheduler:
         report.check()
         return StepBatch(groups=groups, report=report)
 
+    async def evaluate(self, rows: Sequence[dict[str, Any]], config: EvalConfig | None = None) -> EvalReport:
+        """Eval rollouts of ``rows`` with their own settings (:func:`~agentrl.rollout.eval.evaluate`); no
+        training side effects, never aborted by a step, may run while :meth:`collect` does."""
+        return await evaluate(self.env_factory, self.template, self.client, rows, config, agent=self.agent,
+                              opening_cache=self.opening_cache, tool_slots=self._tool_slots)
+
     async def shutdown(self) -> None:
         """Ends every buffered episode and closes its environment (no sandbox or process is left)."""
         buffered, self._buffer = list(self._buffer), deque()
@@ -299,8 +309,9 @@ class Scheduler:
                     running: dict[asyncio.Task[None], _Group]) -> None:
         cfg = self.config
         rejected = 0
-        while len(accepted) < cfg.groups_per_step:
-            self._top_up(step, report, accepted, running)
+        while len(accepted) < cfg.groups_per_step or any(self._must_finish(g) for g in running.values()):
+            if len(accepted) < cfg.groups_per_step:
+                self._top_up(step, report, accepted, running)
             if not running:
                 if len(accepted) < cfg.groups_per_step:
                     report.data_exhausted = True
@@ -311,10 +322,7 @@ class Scheduler:
                 task.result()  # a bug in the scheduler itself propagates
                 verdict = await self._judge(group, report)
                 if verdict == "accepted":
-                    if len(accepted) < cfg.groups_per_step:
-                        accepted.append(group)
-                    else:  # finished after the batch was full: surplus
-                        self._keep_leftovers([group], report)
+                    self._accept(group, accepted, report)
                 elif verdict == "rejected":
                     rejected += 1
                     if rejected >= cfg.rejection_budget:
@@ -322,6 +330,30 @@ class Scheduler:
                             f"the group filter rejected {rejected} groups in step {step.index} "
                             f"(max_rejected_groups={cfg.rejection_budget}) with {len(accepted)} of "
                             f"{cfg.groups_per_step} accepted; reasons: {report.filtered}")
+
+    def _accept(self, group: _Group, accepted: list[_Group], report: StepReport) -> None:
+        """Adds a finished group; a full batch makes room for a group that cannot wait another step."""
+        if len(accepted) < self.config.groups_per_step:
+            accepted.append(group)
+            return
+        if self._must_finish(group):
+            for i in range(len(accepted) - 1, -1, -1):
+                if not self._must_finish(accepted[i]):
+                    evicted = accepted.pop(i)
+                    accepted.append(group)
+                    self._keep_leftovers([evicted], report)
+                    return
+        self._keep_leftovers([group], report)  # finished after the batch was full: surplus
+
+    def _must_finish(self, group: _Group) -> bool:
+        """Whether the group would exceed ``max_staleness`` if it waited for the next step (its tokens are
+        as old as the bound allows): the step then waits for it rather than leaving it to go stale."""
+        bound = self.config.max_staleness
+        if bound is None or self.config.mask_offpolicy or not self.config.partial_rollout:
+            return False
+        oldest = min((_oldest_version(_member_sequences(m), m.start_version) for m in group.members),
+                     default=self.policy_version)
+        return self.policy_version + 1 - oldest > bound
 
     def _target_inflight(self, missing: int) -> int:
         cfg = self.config

@@ -414,3 +414,67 @@ async def test_fan_out_counts_once_per_rollout(tok: Any, template: ChatTemplate)
         assert len(g.trajectories()) == 6  # each episode forked into two sequences
     batch.report.check()
     assert Counter(t.rollout_id for t in batch.trajectories()).most_common(1)[0][1] == 2
+
+
+def skewed_policy(long_share: float = 0.2, short: int = 4, long: int = 120) -> Any:
+    """Answer length set by the prompt: ``long_share`` of the prompts get long answers (a skewed-length engine)."""
+
+    def policy(req: PolicyRequest) -> str:
+        a, b = QUESTION.findall(req.text)[-1]
+        n = long if _coin(f"{a}*{b}", long_share) else short
+        return "k" * n + "<|im_end|>"
+
+    return policy
+
+
+async def _trained_lengths(tok: Any, template: ChatTemplate) -> tuple[list[int], list[int], int]:
+    """Trains (the policy version advances every step) until the data and the buffer are used up."""
+    client = FakePolicyClient(tok, skewed_policy(), token_delay_s=0.0005)
+    rows = make_arithmetic_rows(160, seed=11)
+    sched = make_scheduler(template, client, data=DataSource.from_rows(rows, seed=1), groups_per_step=8, group_size=2,
+                           max_new_tokens=200, partial_rollout=True, max_staleness=2)
+    trained: list[int] = []
+    stale = 0
+    for step in range(1000):
+        batch = await sched.collect()
+        batch.report.check()
+        assert all(k <= 2 for k in batch.report.staleness)
+        trained += [ep.trajectory.response_length for ep in batch.episodes()]
+        stale += batch.report.stale
+        sched.set_policy_version(step + 1)
+        client.weight_version = str(step + 1)
+        if batch.report.data_exhausted and not sched.buffered_groups:
+            break
+    await sched.shutdown()
+    population = [len(tok.encode(skewed_policy()(PolicyRequest(tuple(template.tokenize(r["question"])),
+                                                               SamplingParams(), "x", None, tok)),
+                                 add_special_tokens=False)) for r in rows]
+    return trained, population, stale
+
+
+async def test_bounded_staleness_does_not_starve_long_episodes(tok: Any, template: ChatTemplate) -> None:
+    trained, population, stale = await _trained_lengths(tok, template)
+    mean_pop = sum(population) / len(population)
+    mean_trained = sum(trained) / len(trained)
+    assert stale == 0 and len(trained) == 2 * len(population)  # every prompt trained once, none dropped
+    assert abs(mean_trained - mean_pop) / mean_pop < 0.05, (mean_trained, mean_pop)
+
+
+async def test_eval_reports_pass_at_k_tool_rate_and_truncation(tok: Any, template: ChatTemplate) -> None:
+    from agentrl.rollout import EvalConfig, pass_at_k
+
+    client = FakePolicyClient(tok, arithmetic_policy(0.5))
+    sched = make_scheduler(template, client, groups_per_step=1, group_size=2)
+    rows = make_arithmetic_rows(6, seed=4)
+    report = await sched.evaluate(rows, EvalConfig(samples_per_prompt=4, pass_k=(1, 4)))
+    assert (report.prompts, report.samples) == (6, 24)
+    assert report.tool_call_rate == 1.0 and report.tool_calls_per_episode == 1.0
+    assert 0.0 < report.pass_at_k[1] <= report.pass_at_k[4] <= 1.0
+    assert report.pass_at_k[1] == pytest.approx(report.mean_reward)
+    assert report.truncation_rate == 0.0
+    assert all(r.sampling.temperature == 0.0 for r in client.requests)  # greedy unless told otherwise
+    assert sched.data.drawn == 0 and sched.buffered_groups == 0  # no training side effects
+    assert pass_at_k(4, 1, 1) == 0.25 and pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 0, 2) == 0.0
+    truncating = FakePolicyClient(tok, lambda req: "t" * 100 + "<|im_end|>")
+    short = make_scheduler(template, truncating, groups_per_step=1, group_size=2, max_new_tokens=8)
+    assert (await short.evaluate(rows[:2])).truncation_rate == 1.0
