@@ -167,7 +167,9 @@ class Trajectory:
     def from_prompt(cls, prompt_ids: Iterable[int], *, messages: Iterable[Message] | None = None,
                     vocab_size: int | None = None, **ids: Any) -> Trajectory:
         """A new pending trajectory whose prompt is ``prompt_ids`` (one ``prompt`` segment)."""
-        tokens = [int(t) for t in prompt_ids]
+        tokens = list(prompt_ids)
+        if set(map(type, tokens)) - {int}:  # numpy ints and the like become plain ints (JSON, pickling)
+            tokens = [int(t) for t in tokens]
         if not tokens:
             raise TrajectoryError("prompt_ids: expected at least one token, got an empty prompt")
         traj = cls(tokens=tokens, prompt_length=len(tokens), messages=list(messages or []),
@@ -281,6 +283,8 @@ class Trajectory:
 
     def _check_ids(self, ids: list[int], what: str) -> None:
         limit = self.vocab_size
+        if not ids or (min(ids) >= 0 and (limit is None or max(ids) < limit)):
+            return
         for i, t in enumerate(ids):
             if t < 0 or (limit is not None and t >= limit):
                 raise TrajectoryError(f"{what}[{i}] = {t}; expected an id in [0, {limit if limit is not None else 'inf'})")

@@ -246,6 +246,7 @@ class Scheduler:
         self.opening_cache = OpeningCache(template)
         self._buffer: deque[_Group] = deque()
         self._closing: set[asyncio.Task[None]] = set()
+        self._current: _Step | None = None
         self._bad_rows_reported = False
 
     # -- public ------------------------------------------------------------------------------
@@ -259,12 +260,18 @@ class Scheduler:
     def buffered_groups(self) -> int:
         return len(self._buffer)
 
+    @property
+    def inflight_requests(self) -> int:
+        """Generation requests of the current step on the engines right now."""
+        return len(self._current.inflight) if self._current is not None else 0
+
     def buffered_prompt_ids(self) -> list[str]:
         return [g.row.prompt_id for g in self._buffer]
 
     async def collect(self) -> StepBatch:
         """Collects one step: exactly ``groups_per_step`` accepted groups (fewer only when the data ran out)."""
         step = _Step(index=self.steps)
+        self._current = step
         self.steps += 1
         report = StepReport(step=step.index, policy_version=self.policy_version)
         if not self._bad_rows_reported:
