@@ -4,24 +4,28 @@
 SGLang parser ``qwen25``); ``format="xml"`` reads Qwen3-Coder/Qwen3.5 calls
 (``<tool_call>\\n<function=N>\\n<parameter=k>\\nv\\n</parameter>\\n</function>\\n</tool_call>``,
 SGLang parser ``qwen3_coder``), converting each value by the tool's JSON schema as SGLang does.
+The block, function and parameter boundaries follow those parsers (``_scan``, ``_attempts``,
+``_xml``), and value conversion their type rules (``_values``).
 
-Where the engines skip, drop or guess, this parser reports: every call the model attempted ends up
-either in ``ParsedReply.calls`` or as typed ``ParsedReply.failures`` (malformed, unknown tool,
-unterminated, missing or ill-typed argument, empty call, text after the call, too many calls).
-The contract:
+By default the parser runs exactly the calls SGLang's parser for the format serves, with the same
+argument values (docs/chat.md, "Serving parity"), and reports every call the model attempted:
+each one ends up either in ``ParsedReply.calls`` or as typed ``ParsedReply.failures``
+(malformed, unknown tool, unterminated, missing or ill-typed argument, empty call, text after the
+call, too many calls). The contract:
 
-- It never raises on any text. (A malformed ``tools`` list, an unknown ``format`` or a bad
-  ``max_calls`` are caller bugs and raise ``TypeError``/``ValueError`` naming the field.)
+- It never raises on any text or tool schema. (A ``tools`` argument that is not a list of named
+  tools, an unknown ``format`` or a bad ``max_calls`` are caller bugs and raise
+  ``TypeError``/``ValueError`` naming the field; a bad schema only turns validation off.)
 - ``reasoning`` is the text inside ``<think>...</think>`` (``None`` when there is none); a
   completion that starts inside the block (only ``</think>``, as after Qwen3.5's generation
   prompt) has everything before ``</think>`` as reasoning. Calls inside reasoning are not calls.
 - ``content`` is the text outside reasoning and call blocks, stripped at its ends. The turn ends
   at the first ``<|im_end|>``/``<|endoftext|>``: those markers and anything after them are not content.
 - Accepted calls get deterministic ids ``call_0``, ``call_1``, ... and their span in the text.
-- Lenient mode (default) accepts what the engines accept (an unterminated parameter, function or
-  ``<tool_call>`` block whose body is complete, stray text inside a block, a ``<function=>``
-  without its ``<tool_call>`` wrapper) and still reports each such defect as a failure whose
-  ``call_id`` names the accepted call. Strict mode rejects those calls.
+- A defect SGLang lets through (text after a call, a missing ``arguments`` key, an unterminated
+  parameter or last block, a broken closing tag, stray text...) leaves the call running and is
+  reported as a failure with ``tolerated=True`` and the call's ``call_id``. ``strict=True``
+  rejects those calls instead (and reports nothing as tolerated).
 - With ``tools=None`` every name is accepted and nothing is validated; XML values stay strings
   (except ``null``). With tools, an unknown name is an ``unknown_tool`` failure, not a call.
 
