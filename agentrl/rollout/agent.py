@@ -432,6 +432,8 @@ class EpisodeRunner:
     def _record_step(self, step: StepResult) -> None:
         for kind in step.failures:
             self.metrics[f"failures/{kind.value}"] += 1
+        for kind in step.tolerated:
+            self.metrics[f"tolerated/{kind.value}"] += 1
         for name, value in step.reward_parts.items():
             self.reward_parts[name] = self.reward_parts.get(name, 0.0) + value
         if step.info:
