@@ -5,7 +5,8 @@ CPU is not the driver's) and a real sglang-router in front of it, then collects 
 ``--prompts`` × ``--group-size`` single-turn episodes of ``ToyArithmeticEnv`` (``--tokens``-token
 answers), direct and through the router, with:
 
-- ``baseline``: today's pieces without a scheduler: that many concurrent ``run_episode`` calls;
+- ``baseline``: the landed pieces without a scheduler: that many concurrent ``run_episode`` calls, on the
+  aiohttp transport (``ClientConfig(lean_transport=False)``);
 - ``scheduler``: :class:`agentrl.rollout.Scheduler` collecting the same batch.
 
 For each it reports samples/s and the driver's CPU per sample (``time.process_time`` of this
@@ -131,15 +132,15 @@ async def bench_path(name: str, url: str, control: list[str], template: ChatTemp
                      rows: list[dict[str, Any]]) -> dict[str, float]:
     n = args.prompts * args.group_size
     cfg = agent(args.tokens)
-    async with InferenceClient(ClientConfig(base_url=url, max_concurrency=1024), control_urls=lambda: control) as client:
+    async with InferenceClient(ClientConfig(base_url=url, max_concurrency=1024, lean_transport=False)) as landed:
         async def baseline() -> int:
-            eps = await asyncio.gather(*(run_episode(ToyArithmeticEnv(rows[i % len(rows)]), template, client, cfg)
+            eps = await asyncio.gather(*(run_episode(ToyArithmeticEnv(rows[i % len(rows)]), template, landed, cfg)
                                          for i in range(n)))
             return len(eps)
 
         await baseline()
         base_sps, base_cpu = await timed(baseline, args.rollouts)
-
+    async with InferenceClient(ClientConfig(base_url=url, max_concurrency=1024), control_urls=lambda: control) as client:
         t0 = time.perf_counter()
         sched = Scheduler(ToyArithmeticEnv, template, client, DataSource.from_rows(rows, epochs=None),
                           SchedulerConfig(groups_per_step=args.prompts, group_size=args.group_size), agent=cfg)
@@ -215,18 +216,20 @@ async def bench_tool(template: ChatTemplate, args: argparse.Namespace) -> dict[s
     cfg = agent(args.tokens)
     sandbox = create_sandbox("bwrap", pool_size=2)
     try:
-        async with InferenceClient(ClientConfig(base_url=worker.url, max_concurrency=1024)) as client:
-            def factory(row: dict[str, Any]) -> RetoolMathEnv:
-                return RetoolMathEnv(row, sandbox=sandbox)
+        def factory(row: dict[str, Any]) -> RetoolMathEnv:
+            return RetoolMathEnv(row, sandbox=sandbox)
 
+        landed_cfg = ClientConfig(base_url=worker.url, max_concurrency=1024, lean_transport=False)
+        async with InferenceClient(landed_cfg) as landed:
             async def baseline() -> int:
-                eps = await asyncio.gather(*(run_episode(factory(rows[i % len(rows)]), template, client, cfg)
+                eps = await asyncio.gather(*(run_episode(factory(rows[i % len(rows)]), template, landed, cfg)
                                              for i in range(n)))
                 assert all(ep.reward == 1.0 for ep in eps), [ep.trajectory.info for ep in eps[:2]]
                 return sum(int(ep.trajectory.metrics["turns"]) for ep in eps)
 
             await baseline()
             base_tps, _ = await timed(baseline, 1)
+        async with InferenceClient(ClientConfig(base_url=worker.url, max_concurrency=1024)) as client:
             sched = Scheduler(factory, template, client, DataSource.from_rows(rows, epochs=None),
                               SchedulerConfig(groups_per_step=args.prompts, group_size=args.group_size), agent=cfg)
 

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, Protocol
 
+import orjson
+
 from agentrl.chat._attempts import Attempt, json_attempts
 from agentrl.chat._scan import FUNCTION_OPEN, Finder, Region, scan, turn_end
 from agentrl.chat._values import conversion_properties, normalize_schema_types, xml_value
@@ -95,6 +97,25 @@ def _spec(name: str, raw: Any) -> _ToolSpec:
     required = (schema or {}).get("required")
     return _ToolSpec(name, schema, conversion_properties(normalize_schema_types(raw)),
                      tuple(r for r in required if isinstance(r, str)) if isinstance(required, list) else ())
+
+
+_SPEC_CACHE: dict[bytes, dict[str, _ToolSpec] | None] = {}
+
+
+def _cached_tool_specs(tools: Iterable[Any] | None) -> dict[str, _ToolSpec] | None:
+    """:func:`_tool_specs`, memoised by the tools' JSON: every episode of a run lists the same tools, and
+    building the specs costs more than parsing a short turn. Specs are never mutated."""
+    if tools is None or not isinstance(tools, (list, tuple)):
+        return _tool_specs(tools)
+    try:
+        key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # tool objects rather than dicts
+        return _tool_specs(tools)
+    if key not in _SPEC_CACHE:
+        if len(_SPEC_CACHE) >= 256:
+            _SPEC_CACHE.clear()
+        _SPEC_CACHE[key] = _tool_specs(tools)
+    return _SPEC_CACHE[key]
 
 
 def _tool_specs(tools: Iterable[Any] | None) -> dict[str, _ToolSpec] | None:
@@ -273,9 +294,9 @@ def parse_tool_calls(text: str, format: CallFormat = "json", tools: Iterable[Any
     the full contract.
     """
     _check_options(text, format, max_calls)
-    specs = _tool_specs(tools)
     xml = format == "xml"
     turn = text[:turn_end(text)]
+    specs = _cached_tool_specs(tools)
     attempts, regions = _attempts(turn, scan(turn, xml), xml)
     content: list[str] = []
     reasoning: list[str] = []

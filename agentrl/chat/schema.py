@@ -29,6 +29,7 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import orjson
 
 from agentrl.chat._values import normalize_schema_types, xml_value
 from agentrl.chat.types import FailureKind, ToolCallFailure
@@ -170,8 +171,8 @@ def _validator(schema_json: str) -> Any:
 
 def _compiled(tool: str, schema: Mapping[str, Any]) -> Any:
     """The validator of ``schema`` with its type aliases rewritten (:func:`normalize_schema_types`)."""
-    try:
-        key = json.dumps(schema, sort_keys=True)
+    try:  # orjson: this runs for every tool of every environment instance
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"tool {tool!r}: parameters: expected a JSON-serialisable JSON schema ({exc})") from exc
     try:
