@@ -77,6 +77,7 @@ from agentrl.chat.types import Message, ToolCallFailure
 from agentrl.environments.base import Environment, StepResult
 from agentrl.rewards.types import score
 from agentrl.rollout.opening import OpeningCache
+from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.types import (
     FinishKind,
     GenerateResult,
@@ -203,19 +204,21 @@ class EpisodeRunner:
     Single-use: built for one environment, advanced until :meth:`advance` returns an :class:`Episode`
     (or :meth:`finish_aborted` gives up on a suspended one), then closed with :meth:`close`. ``tool_slots``
     bounds concurrent environment steps that run tool calls (shared by the episodes of a scheduler);
-    ``opening_cache`` renders a group's shared opening once. Not thread-safe.
+    ``opening_cache`` renders a group's shared opening once; ``pacer`` spreads the CPU work of many
+    episodes over event-loop passes (:class:`~agentrl.rollout.pacing.Pacer`). Not thread-safe.
     """
 
     def __init__(self, env: Environment, template: ChatTemplate, client: GenerateClient,
                  config: AgentConfig | None = None, *, group_id: str | None = None, rollout_id: str | None = None,
                  sample_id: str | None = None, tool_slots: asyncio.Semaphore | None = None,
-                 opening_cache: OpeningCache | None = None) -> None:
+                 opening_cache: OpeningCache | None = None, pacer: Pacer | None = None) -> None:
         config = config or AgentConfig()
         self.env, self.template, self.client, self.config = env, template, client, config
         self.group_id, self.rollout_id, self.sample_id = group_id, rollout_id or uuid.uuid4().hex, sample_id
         self.should_abort: Callable[[], bool] = lambda: False
         self.tool_slots = tool_slots
         self.opening_cache = opening_cache
+        self.pacer = pacer
         self.tools: list[dict[str, Any]] = []  # read after reset(): environments may register tools there
         self.kwargs = dict(config.template_kwargs)
         own = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)  # raises without a tokenizer
@@ -270,12 +273,16 @@ class EpisodeRunner:
             raise RuntimeError("EpisodeRunner.advance: the runner is closed")
         self.should_abort = should_abort or (lambda: False)
         if not self.sequences:
+            if self.pacer is not None:
+                await self.pacer.turn()
             await self._start()
         reason = await self._loop()
         if reason is StopReason.ABORTED:
             self.suspensions += 1
             return None
         self._finish(reason)
+        if self.pacer is not None:
+            await self.pacer.turn()
         started = time.perf_counter()
         await self._score()
         self.traj.metrics["time/reward_s"] = time.perf_counter() - started
@@ -358,6 +365,8 @@ class EpisodeRunner:
         except InferenceError as exc:
             traj.info["engine_error"] = f"{type(exc).__name__}: {exc}"
             return StopReason.FAILED
+        if self.pacer is not None:  # many answers arrive together: take turns with the other episodes
+            await self.pacer.turn()
         if len(result.output_logprobs) != len(result.output_ids):
             traj.info["engine_error"] = (f"the engine returned {len(result.output_ids)} ids but "
                                          f"{len(result.output_logprobs)} logprobs; nothing was appended")

@@ -64,6 +64,7 @@ from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateC
 from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
 from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter, version_number
 from agentrl.rollout.opening import OpeningCache
+from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.report import StepReport
 from agentrl.rollout.stats import StepStats
 from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
@@ -244,6 +245,7 @@ class Scheduler:
         self._slots = asyncio.Semaphore(self.config.max_requests_per_engine * max(engines, 1))
         self._tool_slots = asyncio.Semaphore(self.config.max_tool_concurrency)
         self.opening_cache = OpeningCache(template)
+        self.pacer = Pacer()
         self._buffer: deque[_Group] = deque()
         self._closing: set[asyncio.Task[None]] = set()
         self._current: _Step | None = None
@@ -409,12 +411,13 @@ class Scheduler:
         return EpisodeRunner(env, self.template, _StepClient(self.client, self._slots, step), self.agent,
                              group_id=group.group_id, rollout_id=uuid.uuid4().hex,
                              sample_id=f"{group.row.prompt_id}:{index}", tool_slots=self._tool_slots,
-                             opening_cache=self.opening_cache)
+                             opening_cache=self.opening_cache, pacer=self.pacer)
 
     async def _run_member(self, group: _Group, index: int, member: _Member, step: _Step) -> None:
         member.stale = False
         while True:
             if member.runner is None:
+                await self.pacer.turn()  # building an environment is CPU work: take turns
                 member.start_version = self.policy_version
                 try:
                     member.runner = self._new_runner(group, index, step)
