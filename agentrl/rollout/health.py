@@ -115,6 +115,12 @@ class EngineGroup:
         """URLs of the engines currently in the router's rotation (the client's abort targets)."""
         return [t.engine.url for t in self._tracked if t.in_rotation]
 
+    async def active_requests(self) -> int:
+        """Requests running or waiting on the engines in rotation (``/v1/loads``): the scheduler's
+        ``load_probe``, to check that an abort left them idle."""
+        engines = [t.engine for t in self._tracked if t.in_rotation]
+        return sum(await asyncio.gather(*(e.active_requests() for e in engines)))
+
     def client(self, **overrides: object) -> InferenceClient:
         """A client for this group: data path through the router, aborts to the engines."""
         config = replace(ClientConfig(base_url=self.router.url), **overrides)  # type: ignore[arg-type]

@@ -68,12 +68,9 @@ def template() -> ChatTemplate:
 
 def scheduler(group: EngineGroup, client: InferenceClient, template: ChatTemplate, env: Any,
               rows: list[dict[str, Any]]) -> Scheduler:
-    async def probe() -> int:
-        return sum([await e.active_requests() for e in group.engines])
-
     return Scheduler(env, template, client, DataSource.from_rows(rows, seed=3),
                      SchedulerConfig(groups_per_step=2, group_size=3, over_sampling=1.0, partial_rollout=True),
-                     agent=AgentConfig(sampling=SAMPLING, context_length=CONTEXT), load_probe=probe)
+                     agent=AgentConfig(sampling=SAMPLING, context_length=CONTEXT), load_probe=group.active_requests)
 
 
 async def rescore_matches(client: InferenceClient, traj: Any) -> None:
