@@ -54,6 +54,7 @@ from agentrl.rollout import (
     Scheduler,
     SchedulerConfig,
     run_episode,
+    tune_gc,
 )
 from agentrl.rollout.process import free_port
 from agentrl.testing import build_tokenizer
@@ -258,9 +259,12 @@ async def main() -> None:
     parser.add_argument("--no-tool", action="store_true")
     parser.add_argument("--no-router", action="store_true")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop")
+    parser.add_argument("--default-gc", action="store_true", help="leave the garbage collector as Python sets it")
     args = parser.parse_args()
     template = ChatTemplate.from_name("qwen3", tokenizer=build_tokenizer())
     rows = make_arithmetic_rows(1024, seed=0)
+    if not args.default_gc:
+        tune_gc()  # what the runner does in the driver process
     worker, slow = Worker(), Worker("--token-delay", "0.02")
     await worker.wait()
     await slow.wait()

@@ -23,6 +23,7 @@ from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate, pass_at_k
 from agentrl.rollout.groups import FilterResult, GroupFilter, RolloutGroup, drop_uniform_rewards
 from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
 from agentrl.rollout.opening import OpeningCache
+from agentrl.rollout.pacing import Pacer, tune_gc
 from agentrl.rollout.report import AccountingError, StepReport
 from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError, StepBatch
@@ -60,6 +61,7 @@ __all__ = [
     "InferenceClient",
     "InferenceError",
     "OpeningCache",
+    "Pacer",
     "PromptTooLongError",
     "ProtocolError",
     "RequestRejectedError",
@@ -83,4 +85,5 @@ __all__ = [
     "parse_generate_response",
     "pass_at_k",
     "run_episode",
+    "tune_gc",
 ]

@@ -64,8 +64,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,24 @@ from agentrl.rollout.types import (
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory, TrajectoryError
 
 __all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"]
+
+
+def new_id() -> str:
+    """A random 128-bit hex id (request, rollout and session ids): ``uuid4().hex`` without the UUID object."""
+    return os.urandom(16).hex()
+
+
+def request_sampling(base: SamplingParams, budget: int, stops: tuple[int, ...]) -> SamplingParams:
+    """``base`` with a turn's budget and stop ids; memoised, since every episode of a run asks the same."""
+    try:
+        return _request_sampling(base, budget, stops)
+    except TypeError:  # a SamplingParams holding an unhashable value
+        return base.replace(max_new_tokens=budget, stop_token_ids=stops)
+
+
+@functools.lru_cache(maxsize=1024)
+def _request_sampling(base: SamplingParams, budget: int, stops: tuple[int, ...]) -> SamplingParams:
+    return base.replace(max_new_tokens=budget, stop_token_ids=stops)
 
 
 class GenerateClient(Protocol):
@@ -214,7 +233,7 @@ class EpisodeRunner:
                  opening_cache: OpeningCache | None = None, pacer: Pacer | None = None) -> None:
         config = config or AgentConfig()
         self.env, self.template, self.client, self.config = env, template, client, config
-        self.group_id, self.rollout_id, self.sample_id = group_id, rollout_id or uuid.uuid4().hex, sample_id
+        self.group_id, self.rollout_id, self.sample_id = group_id, rollout_id or new_id(), sample_id
         self.should_abort: Callable[[], bool] = lambda: False
         self.tool_slots = tool_slots
         self.opening_cache = opening_cache
@@ -313,7 +332,7 @@ class EpisodeRunner:
             self.bridge_session = BridgeSession(self.template, opening, tools=self.tools, **self.kwargs)
         prompt_ids = self.bridge_session.prompt_ids
         group_id = self.group_id
-        session = group_id if self.config.routing == "group" and group_id else uuid.uuid4().hex
+        session = group_id if self.config.routing == "group" and group_id else new_id()
         self.sequences.append(Trajectory.from_prompt(prompt_ids, messages=list(opening), vocab_size=self.vocab_size,
                                                      group_id=group_id, rollout_id=self.rollout_id,
                                                      sample_id=self.sample_id, session_id=session))
@@ -350,8 +369,8 @@ class EpisodeRunner:
 
     async def _generate(self, budget: int) -> StopReason | Message:
         """One model turn: request, append verbatim, parse. Returns the parsed message or a stop reason."""
-        traj, rid = self.traj, uuid.uuid4().hex
-        sampling = self.config.sampling.replace(max_new_tokens=budget, stop_token_ids=self.stops)
+        traj, rid = self.traj, new_id()
+        sampling = request_sampling(self.config.sampling, budget, self.stops)
         try:
             result = await self.client.generate(list(traj.tokens), sampling, rid=rid, routing_key=traj.session_id)
         except asyncio.CancelledError:

@@ -28,8 +28,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import random
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,20 @@ class _Retryable(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _payload(sampling: SamplingParams) -> dict[str, Any]:
+    """``sampling.to_payload()``, memoised for hashable params (the same few serve every request; the
+    dict is only ever serialised, never changed)."""
+    try:
+        return _cached_payload(sampling)
+    except TypeError:
+        return sampling.to_payload()
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_payload(sampling: SamplingParams) -> dict[str, Any]:
+    return sampling.to_payload()
 
 
 def _triples(raw: Any, where: str) -> list[list[Any]]:
@@ -240,10 +255,10 @@ class InferenceClient:
             raise TypeError(f"generate(sampling=...): expected SamplingParams, got {type(sampling).__name__}")
         if len(input_ids) == 0:
             raise ValueError("generate(input_ids=[]): expected at least one prompt token")
-        rid = rid or uuid.uuid4().hex
+        rid = rid or os.urandom(16).hex()
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
-            "sampling_params": sampling.to_payload(),
+            "sampling_params": _payload(sampling),
             "return_logprob": return_logprob,
         }
         if logprob_start_len is not None:

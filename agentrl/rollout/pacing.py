@@ -10,15 +10,36 @@ releases about as many of them as fit in the budget (judged by the cost of the s
 queued episode costs nothing until it is released, and the order is first come, first served.
 
 One pacer per event loop (the scheduler owns one); not thread-safe.
+
+:func:`tune_gc` is the other half, for the process that drives rollouts: with thousands of live
+episodes, CPython's cyclic collector ran ~95 times per 512-episode step here and took a third of the
+driver's CPU (0.3-0.45 ms per episode) in pauses that land anywhere. Freezing what exists after
+setup and collecting the young generation less often cut that to ~0.05 ms.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import deque
 
-__all__ = ["Pacer"]
+__all__ = ["Pacer", "tune_gc"]
+
+
+def tune_gc(gen0_threshold: int = 100_000) -> None:
+    """Tunes the cyclic garbage collector of a rollout-driving process; call once after setup.
+
+    Collects, then freezes every object alive now (tokenizers, templates, datasets: long-lived, never
+    garbage, and otherwise re-scanned by every full collection), and raises the young-generation
+    threshold to ``gen0_threshold`` allocations (episodes free almost everything by reference
+    counting; cycles are still collected, just less often). Process-wide: the runner and the
+    benchmarks call it, the library itself never does.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1, _ = gc.get_threshold()
+    gc.set_threshold(max(gen0_threshold, 700), max(gen1, 50), 1000)
 
 
 class Pacer:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +59,7 @@ from typing import Any
 from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataExhausted, DataRow, DataSource
 from agentrl.environments.base import Environment
-from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient
+from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, new_id
 from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
 from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter, version_number
 from agentrl.rollout.opening import OpeningCache
@@ -155,7 +154,7 @@ class _StepClient:
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
                        routing_key: str | None = None) -> GenerateResult:
-        rid = rid or uuid.uuid4().hex
+        rid = rid or new_id()
         async with self.slots:
             if self.step.aborted:  # checked after the slot: a waiting request must not start after the abort
                 return _not_sent(rid)
@@ -398,7 +397,7 @@ class Scheduler:
         except DataExhausted:
             return None
         report.drawn += 1
-        return _Group(group_id=uuid.uuid4().hex, row=row,
+        return _Group(group_id=new_id(), row=row,
                       members=[_Member(start_version=self.policy_version) for _ in range(self.config.group_size)])
 
     # -- one group -----------------------------------------------------------------------------
@@ -409,7 +408,7 @@ class Scheduler:
     def _new_runner(self, group: _Group, index: int, step: _Step) -> EpisodeRunner:
         env = self.env_factory(dict(group.row.data))
         return EpisodeRunner(env, self.template, _StepClient(self.client, self._slots, step), self.agent,
-                             group_id=group.group_id, rollout_id=uuid.uuid4().hex,
+                             group_id=group.group_id, rollout_id=new_id(),
                              sample_id=f"{group.row.prompt_id}:{index}", tool_slots=self._tool_slots,
                              opening_cache=self.opening_cache, pacer=self.pacer)
 
@@ -557,7 +556,7 @@ class Scheduler:
                 report.count("buffered")
             else:
                 self._close_later(group)
-                fresh = _Group(group_id=uuid.uuid4().hex, row=group.row,
+                fresh = _Group(group_id=new_id(), row=group.row,
                                members=[_Member() for _ in range(self.config.group_size)])
                 self._buffer.append(fresh)
                 report.count("recycled")
