@@ -63,6 +63,9 @@ class TrajectoryError(ValueError):
 
 
 def _check_logprobs(logprobs: list[float], what: str) -> None:
+    # fast path in C: a sum of finite values is finite (a NaN or an infinity makes it not), and the max bounds them
+    if not logprobs or (math.isfinite(sum(logprobs)) and max(logprobs) <= _LOGPROB_TOLERANCE):
+        return
     for i, lp in enumerate(logprobs):
         if not math.isfinite(lp) or lp > _LOGPROB_TOLERANCE:
             raise TrajectoryError(f"{what}[{i}] = {lp!r}; expected a finite value <= 0")

@@ -130,6 +130,7 @@ class HttpPool:
         request = b"".join((b"POST ", (self.prefix + path).encode(), b" HTTP/1.1\r\nHost: ", self._host_header,
                             b"\r\nContent-Type: application/json\r\nContent-Length: ", str(len(body)).encode(),
                             b"\r\n", extra, b"\r\n", body))
+        del body  # orjson's output keeps a 64 KB buffer: hold only the exact-size request while waiting
         loop = asyncio.get_running_loop()
         conn, reused = await self._connection()
         try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import operator
 import os
 import random
 from collections.abc import Callable, Sequence
@@ -132,6 +133,10 @@ def _triples(raw: Any, where: str) -> list[list[Any]]:
     return raw
 
 
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
+
+
 def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> GenerateResult:
     """Builds a :class:`GenerateResult` from one ``/generate`` JSON answer, checking its consistency.
 
@@ -143,9 +148,9 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
     meta = body["meta_info"]
     finish = FinishReason.from_meta(meta.get("finish_reason"))
     lp_triples = _triples(meta.get("output_token_logprobs", []), "output_token_logprobs")
-    ids_from_lp = [int(t[1]) for t in lp_triples]
+    ids_from_lp = list(map(int, map(_second, lp_triples)))  # map() in C: thousands of answers a second
     raw_ids = body.get("output_ids")
-    output_ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else ids_from_lp
+    output_ids = list(map(int, raw_ids)) if isinstance(raw_ids, list) else ids_from_lp
     if lp_triples and ids_from_lp != output_ids:
         raise ProtocolError(
             f"rid {rid!r}: output_ids ({len(output_ids)}) and output_token_logprobs ids ({len(ids_from_lp)}) differ"
@@ -160,7 +165,7 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
     return GenerateResult(
         rid=rid,
         output_ids=tuple(output_ids),
-        output_logprobs=tuple(float(t[0]) for t in lp_triples),
+        output_logprobs=tuple(map(float, map(_first, lp_triples))),
         finish_reason=finish,
         weight_version=None if version is None else str(version),
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
