@@ -478,3 +478,35 @@ async def test_eval_reports_pass_at_k_tool_rate_and_truncation(tok: Any, templat
     truncating = FakePolicyClient(tok, lambda req: "t" * 100 + "<|im_end|>")
     short = make_scheduler(template, truncating, groups_per_step=1, group_size=2, max_new_tokens=8)
     assert (await short.evaluate(rows[:2])).truncation_rate == 1.0
+
+
+async def test_over_http_an_abort_leaves_no_request_on_any_worker(cluster: Any, template: ChatTemplate) -> None:
+    """Through the real sglang-router to two fake workers: per-rid aborts reach the workers, /v1/loads is 0."""
+    from agentrl.rollout import ClientConfig, InferenceClient
+
+    for w in cluster.workers:
+        w.state.token_delay_s = 0.005
+    urls = cluster.urls()
+
+    async def loads() -> int:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            total = 0
+            for u in urls:
+                async with s.get(u + "/v1/loads") as r:
+                    body = await r.json()
+                total += sum(x["num_running_reqs"] + x["num_waiting_reqs"] for x in body["loads"])
+            return total
+
+    async with InferenceClient(ClientConfig(base_url=cluster.router.url), control_urls=lambda: urls) as client:
+        sched = make_scheduler(template, client, rows=64, groups_per_step=2, group_size=4, over_sampling=3.0,
+                               max_new_tokens=96, load_probe=loads, partial_rollout=True)
+        cluster.workers[0].state.fail_next = 3  # a few 5xx on the way: retried by the client, nothing lost
+        batch = await sched.collect()
+        report = batch.report
+        report.check()
+        assert report.trained == 2 and report.buffered >= 1
+        assert report.metrics["abort/engine_requests_left"] == 0 and await loads() == 0
+        assert all(not w.state.running for w in cluster.workers)
+        await sched.shutdown()
