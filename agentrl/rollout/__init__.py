@@ -17,6 +17,7 @@ from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, defa
 from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
 from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
 from agentrl.rollout.types import (
+    AbortCause,
     FinishKind,
     FinishReason,
     GenerateResult,
@@ -29,6 +30,7 @@ from agentrl.rollout.types import (
 )
 
 __all__ = [
+    "AbortCause",
     "AgentConfig",
     "ClientConfig",
     "EngineConfig",

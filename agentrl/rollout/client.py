@@ -11,7 +11,9 @@ Failure contract:
 - Transport errors, 429 and 5xx are retried with exponential backoff and jitter, within the request's
   deadline. When retries or the deadline run out the call *returns* a result whose finish reason is
   ``ABORT`` (with the tokens produced so far when the engine could still be asked to abort, none
-  otherwise), so a caller treats it like any aborted turn: resume or give up. A call never hangs.
+  otherwise). A call never hangs. ``finish_reason.cause`` (:class:`~agentrl.rollout.types.AbortCause`)
+  tells such an engine failure (``unavailable``, ``deadline``) from a deliberate abort (``engine``,
+  ``client``), with the reason in ``finish_reason.message``.
 
 Every call gets a request id (``rid``); :meth:`InferenceClient.abort` aborts it on the engines of the
 group (the router does not forward ``/abort_request``, so the client broadcasts it to the engine URLs
@@ -28,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import uuid
 from collections.abc import Callable, Sequence
@@ -38,6 +41,7 @@ import aiohttp
 import orjson
 
 from agentrl.rollout.types import (
+    AbortCause,
     FinishKind,
     FinishReason,
     GenerateResult,
@@ -285,7 +289,7 @@ class InferenceClient:
             if hasattr(task, "uncancel"):
                 task.uncancel()
             return self._aborted(rid, f"deadline of {deadline:.1f} s exceeded and the engine did not answer "
-                                      "the abort", 0)
+                                      "the abort", 0, cause=AbortCause.DEADLINE)
         finally:
             handle.cancel()
             if state.grace_handle is not None:
@@ -312,11 +316,30 @@ class InferenceClient:
                     delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**attempt)
                     await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
                 continue
-            return parse_generate_response(body, rid, attempts=attempts)
-        if last is None:  # aborted by the client before anything was sent
-            return self._aborted(rid, "aborted by the client before the request was sent", 0)
-        why = "deadline exceeded" if state is not None and state.expired else "engine unavailable"
-        return self._aborted(rid, f"{why} after {attempts} attempts: {last}", attempts, last.status)
+            return self._attribute(parse_generate_response(body, rid, attempts=attempts), rid, state)
+        expired = state is not None and state.expired
+        if last is None:  # aborted before anything was sent
+            if expired:
+                return self._aborted(rid, "deadline exceeded before the request was sent", 0, cause=AbortCause.DEADLINE)
+            return self._aborted(rid, "aborted by the client before the request was sent", 0, cause=AbortCause.CLIENT)
+        why, cause = ("deadline exceeded", AbortCause.DEADLINE) if expired else \
+            ("engine unavailable", AbortCause.UNAVAILABLE)
+        return self._aborted(rid, f"{why} after {attempts} attempts: {last}", attempts, last.status, cause=cause)
+
+    def _attribute(self, result: GenerateResult, rid: str, state: _DeadlineState | None) -> GenerateResult:
+        """An engine-reported abort that this client caused (its deadline, its abort()) says so."""
+        if not result.aborted:
+            return result
+        if state is not None and state.expired:
+            cause, note = AbortCause.DEADLINE, "deadline exceeded"
+        elif rid in self._client_aborted:
+            cause, note = AbortCause.CLIENT, "aborted by the client"
+        else:
+            return result
+        engine_said = result.finish_reason.message
+        message = f"{note} (the engine answered: {engine_said})" if engine_said else note
+        finish = dataclasses.replace(result.finish_reason, cause=cause, message=message)
+        return dataclasses.replace(result, finish_reason=finish)
 
     async def _post_generate(self, payload: dict[str, Any], headers: dict[str, str]) -> Any:
         session = self._ensure_session()
@@ -340,11 +363,12 @@ class InferenceClient:
         raise RequestRejectedError(status, message, url)
 
     @staticmethod
-    def _aborted(rid: str, message: str, attempts: int, status: int | None = None) -> GenerateResult:
+    def _aborted(rid: str, message: str, attempts: int, status: int | None = None, *,
+                 cause: AbortCause) -> GenerateResult:
         return GenerateResult(
             rid=rid, output_ids=(), output_logprobs=(), weight_version=None, prompt_tokens=0,
             cached_tokens=0, completion_tokens=0, attempts=attempts,
-            finish_reason=FinishReason(FinishKind.ABORT, message=message, status_code=status),
+            finish_reason=FinishReason(FinishKind.ABORT, message=message, status_code=status, cause=cause),
         )
 
     def _targets(self) -> list[str]:

@@ -18,10 +18,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from agentrl._enum import NamedEnum
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy"]
@@ -31,7 +31,7 @@ class RouterError(RuntimeError):
     """The router did not start, refused a worker operation, or could not be reached."""
 
 
-class RouterPolicy(str, Enum):
+class RouterPolicy(NamedEnum):
     """Routing policies of sglang-router 0.3.2's core. ``_router_entry`` sets each through the router's
     Python API, since ``consistent_hashing`` and ``prefix_hash`` are not choices of its command line."""
 

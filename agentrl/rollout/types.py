@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from agentrl._enum import NamedEnum
+
 __all__ = [
+    "AbortCause",
     "FinishKind",
     "FinishReason",
     "GenerateResult",
@@ -57,7 +59,7 @@ class ProtocolError(InferenceError):
     """The engine's answer does not have the shape the client relies on (never guessed around)."""
 
 
-class FinishKind(str, Enum):
+class FinishKind(NamedEnum):
     """Why generation stopped. ``ABORT`` is resumable: it is not a completed turn."""
 
     STOP = "stop"
@@ -65,15 +67,41 @@ class FinishKind(str, Enum):
     ABORT = "abort"
 
 
+class AbortCause(NamedEnum):
+    """Who ended an ``ABORT`` turn. Only ``ENGINE`` and ``CLIENT`` aborts are deliberate (resumable);
+    ``UNAVAILABLE`` and ``DEADLINE`` are engine failures the agent loop records as such."""
+
+    ENGINE = "engine"  # the engine aborted it (abort_request, pause_generation, a weight update)
+    CLIENT = "client"  # this client's abort() / abort_all()
+    UNAVAILABLE = "unavailable"  # transport errors, 429 or 5xx on every attempt: no answer at all
+    DEADLINE = "deadline"  # the request's deadline ran out
+
+    @property
+    def failure(self) -> bool:
+        """True when the abort means the engine failed rather than someone asking for it."""
+        return self in (AbortCause.UNAVAILABLE, AbortCause.DEADLINE)
+
+
 @dataclass(frozen=True)
 class FinishReason:
     """``kind`` plus what matched (a stop token id, a stop string or a list of ids) for ``STOP``,
-    and the engine's or client's message for ``ABORT`` (``status_code`` when one was given)."""
+    and the engine's or client's message for ``ABORT`` (``status_code`` when one was given).
+
+    ``cause`` says who ended an ``ABORT`` (:class:`AbortCause`); an abort the engine reports is
+    ``ENGINE`` unless the client knows better (it asked for it, or it gave up on the engine)."""
 
     kind: FinishKind
     matched: int | str | tuple[int, ...] | None = None
     message: str | None = None
     status_code: int | None = None
+    cause: AbortCause | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind is FinishKind.ABORT and self.cause is None:
+            object.__setattr__(self, "cause", AbortCause.ENGINE)
+        elif self.kind is not FinishKind.ABORT and self.cause is not None:
+            raise ValueError(f"FinishReason.cause={self.cause!r}: only an 'abort' finish has a cause, got kind "
+                             f"{self.kind.value!r}")
 
     @classmethod
     def from_meta(cls, raw: Any) -> FinishReason:

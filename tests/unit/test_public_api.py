@@ -8,11 +8,12 @@ import importlib
 import pytest
 
 REQUIRED: dict[str, set[str]] = {
-    "agentrl": {"Trajectory", "Segment", "SegmentKind", "Status", "StopReason", "TrajectoryError"},
+    "agentrl": {"Trajectory", "Segment", "SegmentKind", "Status", "StopReason", "TrajectoryError", "Episode",
+                "save_episodes", "load_episodes", "iter_episodes"},
     "agentrl.chat": {"ChatTemplate", "parse_tool_calls", "Message", "ToolCall", "ParsedReply", "ToolCallFailure",
                      "FailureKind", "BridgeResult", "BridgeOutcome", "validate_arguments"},
     "agentrl.rollout": {"InferenceClient", "SamplingParams", "GenerateResult", "SGLangEngine", "Router",
-                        "continuation_budget", "run_episode", "AgentConfig"},
+                        "continuation_budget", "run_episode", "AgentConfig", "Episode", "AbortCause"},
     "agentrl.algorithms": {"group_advantages", "kl", "ppo_clip_loss", "gspo_loss", "cispo_loss", "tis_weights",
                            "mis_weights", "reduce_loss", "logprobs_from_logits", "entropy_from_logits"},
     "agentrl.train": {"TorchTrainBackend", "build_training_batch", "plan_micro_batches"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import pytest
@@ -19,6 +20,7 @@ from agentrl.train import (
     TrainingBatch,
     build_training_batch,
 )
+from agentrl.trajectory import Status, Trajectory
 
 
 def _config(**loss: object) -> TorchBackendConfig:
@@ -179,6 +181,27 @@ def test_clear_errors_for_vocab_and_batch_problems() -> None:
         TorchTrainBackend(copy.deepcopy(model), _config(kl_loss_coef=0.1))
     with pytest.raises(ValueError, match="device: expected 'auto' or one of"):
         TorchTrainBackend(copy.deepcopy(model), TorchBackendConfig(device="tpu"))
+
+
+def test_a_padding_id_trains_like_any_sampled_token() -> None:
+    # The agent loop keeps ids in [len(tokenizer), embedding rows) verbatim and trainable; so does the trainer.
+    model = tiny_model(0)
+    rows = model.get_input_embeddings().weight.shape[0]
+    padding = vocab_size() + 1
+    assert vocab_size() < padding < rows
+    traj = Trajectory.from_prompt([5, 6, 7], vocab_size=rows, group_id="g", rollout_id="r")
+    traj.append_model([11, padding, 12], [-1.0, -2.0, -1.5])
+    traj.finish(Status.COMPLETED)
+    traj.reward = 1.0
+    other = Trajectory.from_dict({**traj.to_dict(), "rollout_id": "r2", "reward": 0.0})
+    batch = build_training_batch([traj, other])
+    backend = TorchTrainBackend(copy.deepcopy(model), _config(), vocab_size=vocab_size())
+    logprobs = backend.compute_logprobs(batch)[0]
+    assert math.isfinite(logprobs[4]) and logprobs[4] < 0
+    before = backend.model.get_input_embeddings().weight[padding].detach().clone()
+    metrics = backend.train_step(batch)
+    assert math.isfinite(metrics["loss"])
+    assert not torch.equal(backend.model.get_input_embeddings().weight[padding], before)
 
 
 class _LeakyModel(torch.nn.Module):
