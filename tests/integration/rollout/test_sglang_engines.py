@@ -60,11 +60,16 @@ async def client(group: EngineGroup) -> AsyncIterator[InferenceClient]:
 
 
 async def test_engine_that_cannot_start_fails_fast(tmp_path: Path) -> None:
-    config = EngineConfig(model_path=str(tmp_path / "no-such-model"), device="cpu", log_dir=tmp_path,
-                          startup_timeout_s=300)
+    # a folder that passes the up-front check (tests/unit) but holds no loadable model
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    (broken / "model.safetensors").write_bytes(b"")
+    (broken / "tokenizer_config.json").write_text("{}")
+    config = EngineConfig(model_path=broken, device="cpu", log_dir=tmp_path, startup_timeout_s=300)
     with pytest.raises(EngineError, match="exited with code") as info:
         await SGLangEngine.launch(config)
-    assert "no-such-model" in str(info.value)  # the log tail says what went wrong
+    assert "no-such-architecture" in str(info.value)  # the log tail says what went wrong
 
 
 async def test_generate_with_logprobs_and_rescore(client: InferenceClient) -> None:

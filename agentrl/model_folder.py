@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ModelFolderError", "Need", "check_model_folder", "model_vocab_size"]
+__all__ = ["ModelFolderError", "Need", "check_model_folder", "has_tokenizer", "model_vocab_size"]
 
 Need = Literal["config", "weights", "tokenizer"]
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf", "*.safetensors.index.json", "*.bin.index.json")
@@ -42,7 +42,12 @@ def _missing(folder: Path, need: str) -> str | None:
         found = any(next(folder.glob(p), None) is not None for p in _WEIGHT_PATTERNS)
         return None if found else "weights (*.safetensors or *.bin)"
     found = any((folder / name).is_file() for name in _TOKENIZER_FILES)
-    return None if found else "a tokenizer (tokenizer.json or tokenizer_config.json)"
+    return None if found else "tokenizer files (tokenizer.json or tokenizer_config.json)"
+
+
+def has_tokenizer(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds tokenizer files."""
+    return _missing(Path(folder), "tokenizer") is None
 
 
 def check_model_folder(path: str | os.PathLike[str], *, needs: Iterable[Need] = _NEEDS,
@@ -64,7 +69,7 @@ def check_model_folder(path: str | os.PathLike[str], *, needs: Iterable[Need] = 
         raise ModelFolderError(f"{what}: {os.fspath(path)!r} is a file; expected a model folder")
     missing = [m for m in (_missing(folder, n) for n in wanted) if m is not None]
     if missing:
-        raise ModelFolderError(f"{what}: {os.fspath(path)!r} is not a model folder: it has no {' and no '.join(missing)}")
+        raise ModelFolderError(f"{what}: {os.fspath(path)!r} is not a model folder: it lacks {'; '.join(missing)}")
     return folder
 
 
