@@ -55,8 +55,10 @@ __all__ = ["ClientConfig", "InferenceClient", "parse_generate_response"]
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 # sglang-router 0.3.2 re-serialises request bodies and drops these sampling keys (measured by the unit
-# tests). spaces_between_special_tokens only changes the detokenised `text`, never the token ids.
-ROUTER_DROPPED_SAMPLING_KEYS = frozenset({"spaces_between_special_tokens"})
+# tests). spaces_between_special_tokens only changes the detokenised `text`, never the token ids;
+# logit_bias changes what is sampled, so a client bound to a router refuses it rather than lose it.
+ROUTER_DROPPED_SAMPLING_KEYS = frozenset({"spaces_between_special_tokens", "logit_bias"})
+ROUTER_REFUSED_SAMPLING_KEYS = frozenset({"logit_bias"})
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class ClientConfig:
     ``deadline_s`` is the default total time of one :meth:`InferenceClient.generate` call including
     retries (``None``: no deadline). Backoff before retry ``n`` is
     ``min(backoff_max_s, backoff_initial_s * backoff_multiplier**n)`` times a random factor in
-    ``[1 - jitter, 1 + jitter]``.
+    ``[1 - jitter, 1 + jitter]``. ``via_router``: ``base_url`` is an sglang-router (set by
+    :meth:`EngineGroup.client`); sampling options the router would silently drop are then refused.
     """
 
     base_url: str
@@ -81,6 +84,7 @@ class ClientConfig:
     jitter: float = 0.2
     abort_grace_s: float = 5.0
     control_timeout_s: float = 10.0
+    via_router: bool = False
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -234,9 +238,15 @@ class InferenceClient:
         if len(input_ids) == 0:
             raise ValueError("generate(input_ids=[]): expected at least one prompt token")
         rid = rid or uuid.uuid4().hex
+        sampling_payload = sampling.to_payload()
+        if self.config.via_router:
+            lost = sorted(ROUTER_REFUSED_SAMPLING_KEYS & set(sampling_payload))
+            if lost:
+                raise ValueError(f"generate(sampling=...): {', '.join(lost)} would be dropped by sglang-router "
+                                 f"({self.config.base_url}) without notice; send such requests to an engine URL")
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
-            "sampling_params": sampling.to_payload(),
+            "sampling_params": sampling_payload,
             "return_logprob": return_logprob,
         }
         if logprob_start_len is not None:

@@ -118,7 +118,7 @@ class EngineGroup:
 
     def client(self, **overrides: object) -> InferenceClient:
         """A client for this group: data path through the router, aborts to the engines."""
-        config = replace(ClientConfig(base_url=self.router.url), **overrides)  # type: ignore[arg-type]
+        config = replace(ClientConfig(base_url=self.router.url, via_router=True), **overrides)  # type: ignore[arg-type]
         return InferenceClient(config, control_urls=self.engine_urls)
 
     async def add_engine(self, engine: SGLangEngine) -> None:

@@ -29,7 +29,7 @@ def _client(cluster: FakeCluster, **kw: object) -> InferenceClient:
 async def test_generate_through_router_returns_worker_answer(cluster: FakeCluster) -> None:
     params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, min_new_tokens=1,
                             stop=("zz",), stop_token_ids=(999,), repetition_penalty=1.05, frequency_penalty=0.1,
-                            presence_penalty=0.2, sampling_seed=3)
+                            presence_penalty=0.2, sampling_seed=3, regex="[0-9]+", logit_bias={15: -2.0})
     async with _client(cluster) as client:
         res = await client.generate([10, 11, 12], params, rid="req-1", routing_key="s1", top_logprobs_num=2)
     assert res.output_ids == (13, 14, 15, 16, 17)
@@ -41,10 +41,20 @@ async def test_generate_through_router_returns_worker_answer(cluster: FakeCluste
     body = seen[0]
     # every sampling field but the one sglang-router 0.3.2 is known to drop survived its re-serialisation
     sent = params.to_payload()
-    assert ROUTER_DROPPED_SAMPLING_KEYS == {"spaces_between_special_tokens"}
+    assert ROUTER_DROPPED_SAMPLING_KEYS == {"spaces_between_special_tokens", "logit_bias"}
     assert body["sampling_params"] == {k: v for k, v in sent.items() if k not in ROUTER_DROPPED_SAMPLING_KEYS}
     assert body["input_ids"] == [10, 11, 12] and body["rid"] == "req-1"
     assert body["return_logprob"] is True and body["top_logprobs_num"] == 2
+
+
+async def test_a_router_bound_client_refuses_what_the_router_would_drop(cluster: FakeCluster) -> None:
+    biased = SamplingParams(max_new_tokens=2, logit_bias={15: -2.0})
+    async with _client(cluster, via_router=True) as client:
+        with pytest.raises(ValueError, match="logit_bias would be dropped by sglang-router"):
+            await client.generate([10], biased)
+        ok = await client.generate([10], SamplingParams(max_new_tokens=2, regex="[0-9]+"))  # kept by the router
+    assert ok.completion_tokens == 2
+    assert [r["sampling_params"].get("regex") for w in cluster.workers for r in w.state.requests] == ["[0-9]+"]
 
 
 async def test_routing_key_keeps_a_session_on_one_worker(cluster: FakeCluster) -> None:
