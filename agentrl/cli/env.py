@@ -23,7 +23,8 @@ import typer
 
 __all__ = ["check", "env_app", "load_environment_class", "load_rows"]
 
-env_app = typer.Typer(name="env", help="Check environments.", no_args_is_help=True, add_completion=False)
+env_app = typer.Typer(name="env", help="Check environments.", no_args_is_help=True, add_completion=False,
+                      rich_markup_mode=None)
 
 
 def load_environment_class(target: str) -> type[Any]:
@@ -70,7 +71,7 @@ def load_rows(path: Path, limit: int) -> list[Any]:
     return rows
 
 
-@env_app.command("check")
+@env_app.command("check", short_help="Run scripted episodes and report contract violations.")
 def check(
     target: Annotated[str, typer.Argument(help="The environment class, as module:Class.")],
     data: Annotated[Path, typer.Option("--data", help="JSONL file of dataset rows.")],
