@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -27,19 +27,13 @@ from rich.table import Table
 from rich.text import Text
 
 from agentrl.chat import TEMPLATE_NAMES, ChatTemplate, ChatTemplateError, check_conversation
+from agentrl.cli._errors import fail
 
-__all__ = ["BAD_INPUT", "ConversationFileError", "load_conversation", "render"]
-
-BAD_INPUT = 2  # exit status of every input error
+__all__ = ["ConversationFileError", "load_conversation", "render"]
 
 
 class ConversationFileError(ValueError):
     """The conversation file cannot be read or is not a conversation."""
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=BAD_INPUT)
 
 _MARKUP = re.compile(r"<\|im_start\|>|<\|im_end\|>|<\|endoftext\|>|</?tool_call>|</?tool_response>|</?think>")
 
@@ -104,7 +98,7 @@ def _tokenizer(path: Path | None) -> tuple[Any, str]:
         folder = check_model_folder(path, needs=("tokenizer",), what="--tokenizer")
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True), str(path)
     except (ModelFolderError, OSError, ValueError) as exc:
-        _fail(str(exc).splitlines()[0])
+        fail(str(exc).splitlines()[0])
 
 
 def render(
@@ -121,12 +115,12 @@ def render(
 ) -> None:
     """Render a conversation with a chat template, exactly as Hugging Face apply_chat_template would."""
     if template not in TEMPLATE_NAMES:
-        _fail(f"--template: unknown template {template!r}; expected one of {', '.join(TEMPLATE_NAMES)}")
+        fail(f"--template: unknown template {template!r}; expected one of {', '.join(TEMPLATE_NAMES)}")
     try:
         raw_messages, raw_tools, kwargs = load_conversation(conversation)
         messages, tools = check_conversation(raw_messages, raw_tools)
     except ValueError as exc:  # ConversationFileError included
-        _fail(str(exc) if isinstance(exc, ConversationFileError) else f"{conversation}: {exc}")
+        fail(str(exc) if isinstance(exc, ConversationFileError) else f"{conversation}: {exc}")
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
     console = Console()
@@ -135,7 +129,7 @@ def render(
     try:
         text = tpl.render(messages, tools, add_generation_prompt=generation_prompt, **kwargs)
     except (ChatTemplateError, TypeError, ValueError) as exc:
-        _fail(f"{conversation}: {exc}")
+        fail(f"{conversation}: {exc}")
     title = f"{conversation.name} · {template} · tool calls: {tpl.tool_call_format} · {len(text)} characters"
     console.rule(title, align="left")
     # Soft wrap: the terminal may fold long lines, but no line break is added to the rendered text.

@@ -171,7 +171,7 @@ def test_env_check_command_reports_violations_and_bad_arguments(tmp_path: Path, 
     monkeypatch.chdir(HERE)  # broken_envs.py is importable from here, as a user's module would be
     data = _rows_file(tmp_path, [{"answer": "3"}])
     result = CliRunner().invoke(app, ["env", "check", "broken_envs:OutOfRangeEnv", "--data", str(data)])
-    assert result.exit_code == 1 and "[reward_range] row 0" in result.output
+    assert result.exit_code == 1 and "[reward_range] line 1" in result.output
     bad = CliRunner().invoke(app, ["env", "check", "broken_envs:Nope", "--data", str(data)])
     assert bad.exit_code == 2 and "has no attribute 'Nope'" in _flat(bad.output)
     not_env = CliRunner().invoke(app, ["env", "check", "broken_envs:EchoTool", "--data", str(data)])
@@ -180,3 +180,16 @@ def test_env_check_command_reports_violations_and_bad_arguments(tmp_path: Path, 
     bad_rows = CliRunner().invoke(app, ["env", "check", "broken_envs:GoodEnv", "--data", str(tmp_path / "bad.jsonl"),
                                         "--rows", "5"])
     assert bad_rows.exit_code == 2 and "bad.jsonl:2: not a JSON row" in _flat(bad_rows.output)
+    assert bad_rows.output.startswith("error: ")
+
+
+def test_env_check_command_names_file_lines_and_says_when_rows_run_out(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(HERE)
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"answer": 3}\n\n{"answer": "x"}\n', encoding="utf-8")  # a blank line, then a bad row
+    result = CliRunner().invoke(app, ["env", "check", "broken_envs:TypedRowEnv", "--data", str(data), "--rows", "10",
+                                      "--verbose"])
+    assert result.exit_code == 1, result.output
+    assert "note: --rows 10, but" in result.output and "has 2 rows; checking 2" in result.output
+    assert "[row] line 3: TypedRowEnv(row) refused the row" in result.output
+    assert "--- line 1, tools episode" in result.output
