@@ -147,6 +147,29 @@ async def test_retool_refuses_a_shared_sandbox_together_with_sandbox_options() -
         assert env.python is not None and env.python.sandbox is shared and not shared.closed
 
 
+async def test_ready_environments_take_a_system_prompt(tok: Any) -> None:
+    row = make_arithmetic_rows(1)[0]
+    template = ChatTemplate.from_name("qwen3", tokenizer=tok)
+    default = await ToyArithmeticEnv(row).reset()
+    custom = await ToyArithmeticEnv(row, system_prompt="Multiply.").reset()
+    bare = await ToyArithmeticEnv(row, system_prompt=None).reset()
+    assert [m.role for m in default] == ["system", "user"] and custom[0].content == "Multiply."
+    assert [m.role for m in bare] == ["user"]
+    with pytest.raises(TypeError, match="system_prompt"):
+        ToyArithmeticEnv(row, system_prompt=3)  # type: ignore[arg-type]
+    retool_env = RetoolMathEnv({"prompt": "1+1?", "label": "2"}, system_prompt="Be brief.")
+    try:
+        assert (await retool_env.reset())[0].content == "Be brief."
+    finally:
+        await retool_env.close()
+    # the prompt is most of a CPU run's sequence: the default (system text + tool schema) stays short
+    tools = ToyArithmeticEnv(row).tool_specs()
+    full = len(template.encode(default, tools, add_generation_prompt=True))
+    assert full < 300, full  # 331 tokens before the prompt and the calculator's descriptions were trimmed
+    assert len(template.encode(bare, tools, add_generation_prompt=True)) < full
+    assert pickle.loads(pickle.dumps(ToyArithmeticEnv(row, system_prompt="x"))).system_prompt == "x"
+
+
 # -- the command line -----------------------------------------------------------------------------
 def _flat(output: str) -> str:
     """CLI output without the panel frame and line wrapping that rich adds to usage errors."""
