@@ -91,6 +91,12 @@ class EngineConfig:
     or any path-like (``model_path`` is kept as ``str``, the folders as :class:`~pathlib.Path`).
     Values are checked at construction; the model folder itself is checked at launch (it may not
     exist on the machine that builds the config).
+
+    ``log_level_http`` is the level of the engine's HTTP server (uvicorn) log, ``error`` by default:
+    sglang-router 0.3.2 probes every worker it registers for gRPC as well as HTTP, at once, and the
+    gRPC probe's HTTP/2 preface reaches the engine's HTTP port, which logs each one as a warning,
+    "Invalid HTTP request received." (two per registration; the router has no option to skip the
+    probe). ``None`` uses ``log_level``.
     """
 
     model_path: str | os.PathLike[str]
@@ -109,6 +115,7 @@ class EngineConfig:
     random_seed: int | None = None
     enable_memory_saver: bool = False
     log_level: str = "warning"
+    log_level_http: str | None = "error"
     startup_timeout_s: float = 600.0
     health_poll_s: float = 1.0
     shim_dir: str | os.PathLike[str] | None = None
@@ -129,6 +136,8 @@ class EngineConfig:
         _one_of("device", self.device, DEVICES)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("log_level", self.log_level, LOG_LEVELS)
+        if self.log_level_http is not None:
+            _one_of("log_level_http", self.log_level_http, LOG_LEVELS)
         if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
                                       or not 1 <= self.port <= 65535):
             raise ValueError(f"EngineConfig.port={self.port!r}: expected None (a free port) or an int in [1, 65535]")
@@ -163,7 +172,7 @@ class EngineConfig:
             ("--context-length", self.context_length), ("--max-total-tokens", self.max_total_tokens),
             ("--mem-fraction-static", self.mem_fraction_static), ("--attention-backend", self.attention_backend),
             ("--served-model-name", self.served_model_name), ("--weight-version", self.weight_version),
-            ("--random-seed", self.random_seed),
+            ("--random-seed", self.random_seed), ("--log-level-http", self.log_level_http),
         ]
         for flag, value in optional:
             if value is not None:
