@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.rollout import EngineConfig, ModelFolderError, SGLangEngine, check_model_folder, model_vocab_size
+from agentrl.rollout import (
+    EngineConfig,
+    ModelFolderError,
+    RouterConfig,
+    SGLangEngine,
+    check_model_folder,
+    model_vocab_size,
+)
 from agentrl.testing import build_tiny_model, build_tokenizer
 
 
@@ -86,3 +93,11 @@ def test_engine_config_accepts_paths_and_refuses_bad_values(tmp_path: Path) -> N
         kwargs: dict[str, object] = {"model_path": "m", **changes}
         with pytest.raises(ValueError, match=f"EngineConfig.{message}"):
             EngineConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_router_config_refuses_bad_ports_and_takes_path_strings(tmp_path: Path) -> None:
+    assert RouterConfig(log_dir=str(tmp_path)).log_dir == tmp_path
+    with pytest.raises(ValueError, match=r"RouterConfig.port=70000: expected None \(a free port\) or an int"):
+        RouterConfig(port=70000)
+    with pytest.raises(ValueError, match=r"RouterConfig.prometheus_port=0"):
+        RouterConfig(prometheus_port=0)
