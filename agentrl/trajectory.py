@@ -31,10 +31,11 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +167,9 @@ class Trajectory:
     def from_prompt(cls, prompt_ids: Iterable[int], *, messages: Iterable[Message] | None = None,
                     vocab_size: int | None = None, **ids: Any) -> Trajectory:
         """A new pending trajectory whose prompt is ``prompt_ids`` (one ``prompt`` segment)."""
-        tokens = [int(t) for t in prompt_ids]
+        tokens = list(prompt_ids)
+        if set(map(type, tokens)) - {int}:  # numpy ints and the like become plain ints (JSON, pickling)
+            tokens = [int(t) for t in tokens]
         if not tokens:
             raise TrajectoryError("prompt_ids: expected at least one token, got an empty prompt")
         traj = cls(tokens=tokens, prompt_length=len(tokens), messages=list(messages or []),
@@ -226,6 +229,22 @@ class Trajectory:
         self.status = Status.RUNNING
         return seg
 
+    def mask_model_segments(self, where: Callable[[Segment], bool]) -> int:
+        """Stops training on the model segments ``where`` selects (loss mask 0, ``trainable=False``).
+
+        The tokens and their logprobs stay: only the mask changes (e.g. tokens sampled by an older
+        weight version, under ``mask_offpolicy``). Returns the number of tokens masked.
+        """
+        masked = 0
+        for i, seg in enumerate(self.segments):
+            if seg.kind is not SegmentKind.MODEL or not seg.trainable or not where(seg):
+                continue
+            lo, hi = seg.start - self.prompt_length, seg.end - self.prompt_length
+            self.loss_mask[lo:hi] = [0] * (hi - lo)
+            self.segments[i] = dataclasses.replace(seg, trainable=False)
+            masked += hi - lo
+        return masked
+
     # -- outcome -----------------------------------------------------------------------------
     def finish(self, status: Status, stop_reason: StopReason | None = None) -> bool:
         """Sets a terminal status. An earlier terminal status is never overwritten: returns False then."""
@@ -264,6 +283,8 @@ class Trajectory:
 
     def _check_ids(self, ids: list[int], what: str) -> None:
         limit = self.vocab_size
+        if not ids or (min(ids) >= 0 and (limit is None or max(ids) < limit)):
+            return
         for i, t in enumerate(ids):
             if t < 0 or (limit is not None and t >= limit):
                 raise TrajectoryError(f"{what}[{i}] = {t}; expected an id in [0, {limit if limit is not None else 'inf'})")

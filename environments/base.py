@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
+from agentrl.chat.schema import check_parameters_schema
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.policy import EnvLimits, FailureAction, FailurePolicy
 from agentrl.rewards.types import RewardValue
@@ -71,6 +72,7 @@ class StepResult:
     - ``done``: whether the episode is over; ``stop_reason`` says why (required when done);
     - ``reward_parts``: step-level shaping (e.g. ``failure_penalty``), summed over the episode;
     - ``failures``: every failure this step saw, by kind (counted in the trajectory's metrics);
+      a tolerated parse failure the policy only records is counted too, under ``tolerated``;
     - ``info``: free-form, logged.
     """
 
@@ -80,6 +82,7 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     stop_reason: StopReason | None = None
     failures: list[FailureKind] = field(default_factory=list)
+    tolerated: list[FailureKind] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.done and self.stop_reason is None:
@@ -165,6 +168,10 @@ class Environment(ABC):
             raise TypeError(f"register_tool: expected a tool with a non-empty 'name' and an async __call__, got {tool!r:.120}")
         if name in self._tools:
             raise ValueError(f"register_tool: a tool named {name!r} is already registered")
+        try:
+            check_parameters_schema(name, getattr(tool, "parameters", None))
+        except ValueError as exc:
+            raise ValueError(f"register_tool: {exc}") from None
         self._tools[name] = tool
 
     @property
@@ -190,9 +197,14 @@ class Environment(ABC):
         feedback: list[Message] = []
         end = False
         for f in failures:
-            end |= self._apply_failure(result, f.kind, f"Error: {f.kind.value}: {f.message}", feedback, None)
+            if f.tolerated and self.failure_policy.action_for(f.kind, tolerated=True) is FailureAction.RECORD:
+                self.failure_counts[f"tolerated/{f.kind.value}"] += 1
+                result.tolerated.append(f.kind)
+                continue
+            end |= self._apply_failure(result, f.kind, f"Error: {f.kind.value}: {f.message}", feedback, None,
+                                       tolerated=f.tolerated)
         calls = list(reply.tool_calls)
-        if not calls and not failures:
+        if not calls and not feedback and not end:
             return self._finish(result, StopReason.NO_TOOL_CALLS)
         room = max(self.limits.max_tool_calls - self.tool_calls, 0)
         run, skipped = calls[:room], calls[room:]
@@ -239,13 +251,19 @@ class Environment(ABC):
         return result
 
     def _apply_failure(self, result: StepResult, kind: FailureKind, text: str, sink: list[Message],
-                       msg: Message | None) -> bool:
-        """Records one failure; appends feedback to ``sink`` unless the policy ends the episode."""
+                       msg: Message | None, tolerated: bool = False) -> bool:
+        """Records one failure; appends feedback to ``sink`` unless the policy ends the episode.
+
+        ``record`` appends nothing for a parse failure (``msg`` None); a failed tool call still gets
+        its tool message, which the conversation needs.
+        """
         self.failure_counts[kind.value] += 1
         result.failures.append(kind)
-        action = self.failure_policy.action_for(kind)
+        action = self.failure_policy.action_for(kind, tolerated=tolerated)
         if action is FailureAction.END:
             return True
+        if action is FailureAction.RECORD and msg is None:
+            return False
         if action is FailureAction.PENALIZE:
             result.reward_parts["failure_penalty"] = (result.reward_parts.get("failure_penalty", 0.0)
                                                       + self.failure_policy.penalty)

@@ -8,7 +8,14 @@ failures from the chat core, tool errors, timeouts and sandbox crashes from the 
   may recover on its next turn;
 - ``penalize``: the same feedback, plus ``penalty`` added to the episode's reward parts
   (``failure_penalty``). Keep it small next to the outcome reward: GRPO rescales differences;
-- ``end``: the episode ends with status ``failed`` (stop reason ``failed``).
+- ``end``: the episode ends with status ``failed`` (stop reason ``failed``);
+- ``record``: counted, nothing else (no message to the model, no penalty).
+
+A *tolerated* parse failure (``ToolCallFailure.tolerated``: a defect SGLang's parser lets
+through, such as text after a call or a missing ``arguments`` key, whose call still runs) is
+recorded only, whatever ``default`` says: by default it changes neither the conversation nor the
+reward, so training sees what serving would. Naming its kind in ``overrides`` acts on it like on
+any failure of that kind.
 
 Example::
 
@@ -34,6 +41,7 @@ class FailureAction(NamedEnum):
     FEEDBACK = "feedback"
     PENALIZE = "penalize"
     END = "end"
+    RECORD = "record"
 
 
 def _coerce(enum: type[Enum], value: Any, where: str) -> Any:
@@ -62,8 +70,10 @@ class FailurePolicy:
         if self.penalty > 0:
             raise ValueError(f"FailurePolicy.penalty: got {self.penalty}; expected a value <= 0")
 
-    def action_for(self, kind: FailureKind) -> FailureAction:
-        return FailureAction(self.overrides.get(kind, self.default))
+    def action_for(self, kind: FailureKind, *, tolerated: bool = False) -> FailureAction:
+        """The action for a failure of ``kind``; a tolerated one is recorded unless ``overrides`` names its kind."""
+        fallback = FailureAction.RECORD if tolerated else self.default
+        return FailureAction(self.overrides.get(kind, fallback))
 
 
 @dataclass(frozen=True)

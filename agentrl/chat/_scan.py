@@ -2,20 +2,24 @@
 
 The scan is a single left-to-right pass that cuts the text into regions: ``think`` (reasoning),
 ``call`` (a ``<tool_call>`` block) and ``function`` (an XML ``<function=...>`` written without
-its ``<tool_call>`` wrapper). Whatever lies between regions is content. Marker look-ups go
-through :class:`Finder`, which caches the next occurrence of each marker so that hostile inputs
-with thousands of markers still scan in linear time.
+its ``<tool_call>`` wrapper). Whatever lies between regions is content. Blocks end where SGLang's
+parsers end them (``qwen25``: at the first ``\n</tool_call>`` after ``<tool_call>\n``;
+``qwen3_coder``: at the first ``</tool_call>``), so the parser sees the calls SGLang sees. Marker
+look-ups go through :class:`Finder`, which caches the next occurrence of each marker so that
+hostile inputs with thousands of markers still scan in linear time.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
+# The qwen25 (JSON) framing: SGLang only reads blocks written exactly so.
+JSON_OPEN = "<tool_call>\n"
+JSON_CLOSE = "\n</tool_call>"
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
 PARAMETER_OPEN = "<parameter="
@@ -57,6 +61,8 @@ class Region:
     body_start: int
     body_end: int
     closed: bool
+    # JSON only: False when ``<tool_call>`` is not followed by a newline (SGLang ignores the block).
+    framed: bool = True
 
 
 def turn_end(text: str) -> int:
@@ -70,27 +76,56 @@ def _first(finder: Finder, markers: tuple[str, ...], pos: int) -> int:
     return min(hits, default=-1)
 
 
-def _is_json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except (ValueError, RecursionError):
-        return False
+def _think(finder: Finder, start: int) -> Region:
+    body_start = start + len(THINK_OPEN)
+    close = finder.next(THINK_CLOSE, body_start)
+    if close == -1:
+        return Region("think", start, len(finder.text), body_start, len(finder.text), False)
+    return Region("think", start, close + len(THINK_CLOSE), body_start, close, True)
 
 
-def _region(finder: Finder, kind: str, start: int, opener: str, closer: str,
-            interrupters: tuple[str, ...], json_body: bool = False) -> Region:
-    """The region opened at ``start``: up to ``closer``, or, unclosed, up to an interrupter or the end.
+def _json_block(finder: Finder, start: int) -> Region:
+    """A qwen25 block: ``<tool_call>\\n`` up to the first ``\\n</tool_call>``, as SGLang's regex reads it.
 
-    With ``json_body``, an interrupter inside a body that is a whole JSON object up to the closer
-    (a ``<tool_call>`` inside a string argument) does not interrupt, as with the engines' regex.
+    Unclosed (no such closer anywhere after it), it runs to the next ``<tool_call>`` or the end. A
+    ``<tool_call>`` without its newline is not a block for SGLang; it runs to its ``</tool_call>``
+    (or the next ``<tool_call>``) and is marked unframed.
     """
-    body_start = start + len(opener)
-    close = finder.next(closer, body_start)
-    stop = _first(finder, interrupters, body_start)
-    if close != -1 and (stop == -1 or close < stop or (json_body and _is_json_object(finder.text[body_start:close]))):
-        return Region(kind, start, close + len(closer), body_start, close, True)
+    text = finder.text
+    if text.startswith(JSON_OPEN, start):
+        body_start = start + len(JSON_OPEN)
+        close = finder.next(JSON_CLOSE, body_start)
+        if close != -1:
+            return Region("call", start, close + len(JSON_CLOSE), body_start, close, True)
+        nxt = finder.next(CALL_OPEN, body_start)
+        end = nxt if nxt != -1 else len(text)
+        return Region("call", start, end, body_start, end, False)
+    body_start = start + len(CALL_OPEN)
+    close = finder.next(CALL_CLOSE, body_start)
+    nxt = finder.next(CALL_OPEN, body_start)
+    if close != -1 and (nxt == -1 or close < nxt):
+        return Region("call", start, close + len(CALL_CLOSE), body_start, close, True, framed=False)
+    end = nxt if nxt != -1 else len(text)
+    return Region("call", start, end, body_start, end, False, framed=False)
+
+
+def _xml_block(finder: Finder, start: int) -> Region:
+    """A qwen3_coder block: ``<tool_call>`` up to the first ``</tool_call>``, else to the end."""
+    body_start = start + len(CALL_OPEN)
+    close = finder.next(CALL_CLOSE, body_start)
+    if close == -1:
+        return Region("call", start, len(finder.text), body_start, len(finder.text), False)
+    return Region("call", start, close + len(CALL_CLOSE), body_start, close, True)
+
+
+def _bare_function(finder: Finder, start: int) -> Region:
+    body_start = start + len(FUNCTION_OPEN)
+    close = finder.next(FUNCTION_CLOSE, body_start)
+    stop = _first(finder, (CALL_OPEN, FUNCTION_OPEN), body_start)
+    if close != -1 and (stop == -1 or close < stop):
+        return Region("function", start, close + len(FUNCTION_CLOSE), body_start, close, True)
     end = stop if stop != -1 else len(finder.text)
-    return Region(kind, start, end, body_start, end, False)
+    return Region("function", start, end, body_start, end, False)
 
 
 def scan(text: str, xml: bool) -> list[Region]:
@@ -100,9 +135,8 @@ def scan(text: str, xml: bool) -> list[Region]:
       reasoning block (Qwen3.5's generation prompt ends with ``<think>\\n``): everything before
       it is reasoning, tool-call tags included.
     - ``<think>`` opens reasoning up to ``</think>``, or to the end when the block never closes.
-    - ``<tool_call>`` opens a call up to ``</tool_call>``; a second ``<tool_call>`` before the
-      closer ends the first one unterminated, unless (JSON format) the whole body up to the closer
-      is a JSON object, i.e. the tag sits inside a string argument.
+    - ``<tool_call>`` opens a call block, ended as SGLang's parser for the format ends it (see
+      :func:`_json_block`, :func:`_xml_block`); tags inside a block belong to the block.
     - In XML mode, a bare ``<function=`` outside any block opens a wrapper-less call up to
       ``</function>`` (or the next ``<tool_call>``/``<function=``, or the end).
     """
@@ -120,10 +154,10 @@ def scan(text: str, xml: bool) -> list[Region]:
         if start == -1:
             return regions
         if text.startswith(THINK_OPEN, start):
-            region = _region(finder, "think", start, THINK_OPEN, THINK_CLOSE, ())
+            region = _think(finder, start)
         elif text.startswith(CALL_OPEN, start):
-            region = _region(finder, "call", start, CALL_OPEN, CALL_CLOSE, (CALL_OPEN,), json_body=not xml)
+            region = _xml_block(finder, start) if xml else _json_block(finder, start)
         else:
-            region = _region(finder, "function", start, FUNCTION_OPEN, FUNCTION_CLOSE, (CALL_OPEN, FUNCTION_OPEN))
+            region = _bare_function(finder, start)
         regions.append(region)
         pos = region.end

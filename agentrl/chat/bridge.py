@@ -209,6 +209,25 @@ class BridgeSession:
         self.prompt_ids: list[int] = template.tokenize(self._text)
         self.closed = False
 
+    @classmethod
+    def from_render(cls, template: ChatTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    text: str, prompt_ids: Sequence[int], **template_kwargs: Any) -> BridgeSession:
+        """A session whose opening was rendered and tokenised before (a hit of :class:`agentrl.rollout.OpeningCache`).
+
+        ``messages`` and ``tools`` must be normalised (``normalize_messages`` / ``normalize_tools``) and
+        ``text`` / ``prompt_ids`` must be their render with the generation prompt and its ids: the
+        session copies them, so one cached opening serves many episodes.
+        """
+        session = cls.__new__(cls)
+        session.template = template
+        session.tools = tools
+        session.template_kwargs = template_kwargs
+        session.messages = list(messages)
+        session._text = text
+        session.prompt_ids = list(prompt_ids)
+        session.closed = False
+        return session
+
     @property
     def text(self) -> str:
         """What the token buffer decodes to after the last successful step: the full render of the conversation

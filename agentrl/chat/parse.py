@@ -4,24 +4,28 @@
 SGLang parser ``qwen25``); ``format="xml"`` reads Qwen3-Coder/Qwen3.5 calls
 (``<tool_call>\\n<function=N>\\n<parameter=k>\\nv\\n</parameter>\\n</function>\\n</tool_call>``,
 SGLang parser ``qwen3_coder``), converting each value by the tool's JSON schema as SGLang does.
+The block, function and parameter boundaries follow those parsers (``_scan``, ``_attempts``,
+``_xml``), and value conversion their type rules (``_values``).
 
-Where the engines skip, drop or guess, this parser reports: every call the model attempted ends up
-either in ``ParsedReply.calls`` or as typed ``ParsedReply.failures`` (malformed, unknown tool,
-unterminated, missing or ill-typed argument, empty call, text after the call, too many calls).
-The contract:
+By default the parser runs exactly the calls SGLang's parser for the format serves, with the same
+argument values (docs/chat.md, "Serving parity"), and reports every call the model attempted:
+each one ends up either in ``ParsedReply.calls`` or as typed ``ParsedReply.failures``
+(malformed, unknown tool, unterminated, missing or ill-typed argument, empty call, text after the
+call, too many calls). The contract:
 
-- It never raises on any text. (A malformed ``tools`` list, an unknown ``format`` or a bad
-  ``max_calls`` are caller bugs and raise ``TypeError``/``ValueError`` naming the field.)
+- It never raises on any text or tool schema. (A ``tools`` argument that is not a list of named
+  tools, an unknown ``format`` or a bad ``max_calls`` are caller bugs and raise
+  ``TypeError``/``ValueError`` naming the field; a bad schema only turns validation off.)
 - ``reasoning`` is the text inside ``<think>...</think>`` (``None`` when there is none); a
   completion that starts inside the block (only ``</think>``, as after Qwen3.5's generation
   prompt) has everything before ``</think>`` as reasoning. Calls inside reasoning are not calls.
 - ``content`` is the text outside reasoning and call blocks, stripped at its ends. The turn ends
   at the first ``<|im_end|>``/``<|endoftext|>``: those markers and anything after them are not content.
 - Accepted calls get deterministic ids ``call_0``, ``call_1``, ... and their span in the text.
-- Lenient mode (default) accepts what the engines accept (an unterminated parameter, function or
-  ``<tool_call>`` block whose body is complete, stray text inside a block, a ``<function=>``
-  without its ``<tool_call>`` wrapper) and still reports each such defect as a failure whose
-  ``call_id`` names the accepted call. Strict mode rejects those calls.
+- A defect SGLang lets through (text after a call, a missing ``arguments`` key, an unterminated
+  parameter or last block, a broken closing tag, stray text...) leaves the call running and is
+  reported as a failure with ``tolerated=True`` and the call's ``call_id``. ``strict=True``
+  rejects those calls instead (and reports nothing as tolerated).
 - With ``tools=None`` every name is accepted and nothing is validated; XML values stay strings
   (except ``null``). With tools, an unknown name is an ``unknown_tool`` failure, not a call.
 
@@ -34,20 +38,19 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal, Protocol
 
-from agentrl.chat._attempts import Attempt, json_attempt, xml_bare_function, xml_block
-from agentrl.chat._scan import Finder, Region, scan, turn_end
-from agentrl.chat.schema import (
-    check_parameters_schema,
-    convert_xml_value,
-    tool_name,
-    tool_parameters,
-    tool_properties,
-    validate_arguments,
-)
+import orjson
+
+from agentrl.chat._attempts import Attempt, json_attempts
+from agentrl.chat._scan import FUNCTION_OPEN, Finder, Region, scan, turn_end
+from agentrl.chat._values import conversion_properties, normalize_schema_types, xml_value
+from agentrl.chat._xml import block_attempts, dropped_attempt, fallback_attempts
+from agentrl.chat.schema import tool_name, usable_schema, validate_arguments
 from agentrl.chat.template import decode_keeping_special_tokens
 from agentrl.chat.types import FailureKind, ParsedReply, ToolCall, ToolCallFailure
 
@@ -60,26 +63,59 @@ FORMATS: tuple[str, ...] = ("json", "xml")
 @dataclass(frozen=True)
 class _ToolSpec:
     name: str
-    schema: dict[str, Any]
-    properties: dict[str, Any]
+    schema: dict[str, Any] | None  # normalised and valid, or None: nothing is validated
+    properties: dict[str, Any]  # where XML values look their type up (SGLang's rule)
     required: tuple[str, ...]
 
 
 def _tool_spec(tool: Any) -> _ToolSpec:
+    """A tool's name (a caller bug raises) and what its schema allows (a bad schema never raises)."""
+    raw: Any
     if isinstance(tool, Mapping):
-        name, schema = tool_name(tool), tool_parameters(tool)
+        name = tool_name(tool)
+        raw = tool.get("function", tool).get("parameters")
     else:
-        attr_name, attr_schema = getattr(tool, "name", None), getattr(tool, "parameters", None)
+        attr_name, raw = getattr(tool, "name", None), getattr(tool, "parameters", None)
         if not isinstance(attr_name, str) or not attr_name:
             raise TypeError("expected an OpenAI tool dict or an object with 'name' and 'parameters', "
                             f"got {type(tool).__name__}: {tool!r:.200}")
-        if attr_schema is not None and not isinstance(attr_schema, Mapping):
-            raise ValueError(f"tool {attr_name!r}: parameters: expected a JSON-schema object, "
-                             f"got {attr_schema!r:.200}")
-        name, schema = attr_name, dict(attr_schema or {})
-    props, required = tool_properties({"name": name, "parameters": schema})
-    check_parameters_schema(name, schema)
-    return _ToolSpec(name, schema, props, tuple(required))
+        name = attr_name
+    try:
+        key = json.dumps(raw, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return _spec(name, raw)
+    return _cached_spec(name, key)
+
+
+@lru_cache(maxsize=256)
+def _cached_spec(name: str, schema_json: str) -> _ToolSpec:
+    return _spec(name, json.loads(schema_json))
+
+
+def _spec(name: str, raw: Any) -> _ToolSpec:
+    schema = usable_schema(name, raw)
+    required = (schema or {}).get("required")
+    return _ToolSpec(name, schema, conversion_properties(normalize_schema_types(raw)),
+                     tuple(r for r in required if isinstance(r, str)) if isinstance(required, list) else ())
+
+
+_SPEC_CACHE: dict[bytes, dict[str, _ToolSpec] | None] = {}
+
+
+def _cached_tool_specs(tools: Iterable[Any] | None) -> dict[str, _ToolSpec] | None:
+    """:func:`_tool_specs`, memoised by the tools' JSON: every episode of a run lists the same tools, and
+    building the specs costs more than parsing a short turn. Specs are never mutated."""
+    if tools is None or not isinstance(tools, (list, tuple)):
+        return _tool_specs(tools)
+    try:
+        key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # tool objects rather than dicts
+        return _tool_specs(tools)
+    if key not in _SPEC_CACHE:
+        if len(_SPEC_CACHE) >= 256:
+            _SPEC_CACHE.clear()
+        _SPEC_CACHE[key] = _tool_specs(tools)
+    return _SPEC_CACHE[key]
 
 
 def _tool_specs(tools: Iterable[Any] | None) -> dict[str, _ToolSpec] | None:
@@ -99,96 +135,133 @@ def _tool_specs(tools: Iterable[Any] | None) -> dict[str, _ToolSpec] | None:
     return specs
 
 
-_Problem = tuple[FailureKind, str, str | None]
+# (kind, message, argument, tolerated)
+_Problem = tuple[FailureKind, str, "str | None", bool]
 
 
 def _typed_arguments(att: Attempt, spec: _ToolSpec | None) -> tuple[dict[str, Any], list[_Problem]]:
-    """Converts XML values by the schema, validates, and flags calls whose required arguments are all blank."""
+    """Converts XML values as SGLang does, validates, and notes calls whose required arguments are all blank.
+
+    A coerced value (a boolean that was neither true nor false) is tolerated unless validation
+    fails on the same argument; a value JSON cannot carry and every validation failure are fatal.
+    """
     problems: list[_Problem] = []
+    notes: dict[str, str] = {}
     args = att.arguments
-    failed: set[str] = set()
     name = att.name or ""
     if att.xml:
         props = spec.properties if spec is not None else {}
         args = {}
         for key, raw in att.arguments.items():
-            args[key], err = convert_xml_value(raw, key, props)
-            if err is not None:
-                failed.add(key)
-                problems.append((FailureKind.INVALID_ARGUMENT_TYPE, f"{name}: argument {key!r}: {err}", key))
-    if spec is None:
-        return args, problems
+            out = xml_value(raw, key, props)
+            args[key] = out.value
+            if out.note is not None and out.fatal:
+                problems.append((FailureKind.INVALID_ARGUMENT_TYPE, f"{name}: argument {key!r}: {out.note}", key, False))
+            elif out.note is not None:
+                notes[key] = f"{name}: argument {key!r}: {out.note}"
+    if spec is None or spec.schema is None:
+        return args, problems + [(FailureKind.INVALID_ARGUMENT_TYPE, m, k, True) for k, m in notes.items()]
+    failed = {p[2] for p in problems}
     for f in validate_arguments(spec.name, args, spec.schema):
-        if f.argument is None or f.argument not in failed:
-            problems.append((f.kind, f.message, f.argument))
-    if (not problems and spec.required
+        if f.argument is not None and f.argument in failed:
+            continue
+        message = f"{notes.pop(f.argument)}; {f.message}" if f.argument in notes else f.message
+        problems.append((f.kind, message, f.argument, False))
+    problems += [(FailureKind.INVALID_ARGUMENT_TYPE, m, k, True) for k, m in notes.items()]
+    if (not any(not p[3] for p in problems) and spec.required
             and all(isinstance(args.get(r), str) and not args[r].strip() for r in spec.required)):
         problems.append((FailureKind.EMPTY_CALL,
-                         f"{name}: every required argument is blank ({', '.join(spec.required)})", None))
+                         f"{name}: every required argument is blank ({', '.join(spec.required)})", None, True))
     return args, problems
 
 
 def _merge(problems: list[_Problem]) -> list[_Problem]:
-    """One entry per kind and argument, distinct messages joined in order of appearance."""
-    merged: dict[tuple[FailureKind, str | None], list[str]] = {}
-    for kind, message, argument in problems:
-        if message not in merged.setdefault((kind, argument), []):
-            merged[(kind, argument)].append(message)
-    return [(kind, "; ".join(messages), argument) for (kind, argument), messages in merged.items()]
+    """One entry per kind, argument and tolerance, distinct messages joined in order of appearance."""
+    merged: dict[tuple[FailureKind, str | None, bool], list[str]] = {}
+    for kind, message, argument, tolerated in problems:
+        if message not in merged.setdefault((kind, argument, tolerated), []):
+            merged[(kind, argument, tolerated)].append(message)
+    return [(kind, "; ".join(messages), argument, tol) for (kind, argument, tol), messages in merged.items()]
+
+
+def _problems(att: Attempt, specs: dict[str, _ToolSpec] | None) -> tuple[dict[str, Any], list[_Problem]]:
+    problems: list[_Problem] = [(k, m, None, False) for k, m in att.fatal]
+    problems += [(k, m, None, True) for k, m in att.tolerated]
+    if att.name is None or att.fatal:
+        return {}, problems
+    spec = specs.get(att.name) if specs is not None else None
+    if specs is not None and spec is None:
+        available = ", ".join(sorted(specs)) or "none"
+        problems.append((FailureKind.UNKNOWN_TOOL,
+                         f"tool {att.name!r:.200} is not available (available: {available:.500})", None, False))
+        return {}, problems
+    args, arg_problems = _typed_arguments(att, spec)
+    return args, problems + arg_problems
 
 
 def _settle(text: str, attempts: list[Attempt], specs: dict[str, _ToolSpec] | None, strict: bool,
             max_calls: int | None) -> tuple[list[ToolCall], list[ToolCallFailure]]:
-    """Turns attempts into accepted calls (ids ``call_0``...) and typed failures."""
+    """Turns attempts into accepted calls (ids ``call_0``...) and typed failures.
+
+    A call runs when it has no fatal problem (strict: no problem at all); its tolerated problems
+    are reported with its ``call_id`` and ``tolerated=True``. A rejected call reports every problem.
+    """
     calls: list[ToolCall] = []
     failures: list[ToolCallFailure] = []
     for att in attempts:
-        problems = _merge([(k, m, None) for k, m in att.fatal])
-        tolerated = _merge([(k, m, None) for k, m in att.tolerated])
+        args, problems = _problems(att, specs)
         if strict:
-            problems += tolerated
-            tolerated = []
-        args: dict[str, Any] = {}
-        if att.name is not None and not att.fatal:
-            spec = specs.get(att.name) if specs is not None else None
-            if specs is not None and spec is None:
-                available = ", ".join(sorted(specs)) or "none"
-                problems.append((FailureKind.UNKNOWN_TOOL,
-                                 f"tool {att.name!r:.200} is not available (available: {available:.500})", None))
-            else:
-                args, arg_problems = _typed_arguments(att, spec)
-                problems += arg_problems
+            problems = [(k, m, a, False) for k, m, a, _ in problems]
         call_id = None
-        if not problems:
+        if not any(not p[3] for p in problems):
             if max_calls is not None and len(calls) >= max_calls:
                 problems.append((FailureKind.TOO_MANY_CALLS,
-                                 f"{att.name}: more than max_calls={max_calls} calls in one turn", None))
+                                 f"{att.name}: more than max_calls={max_calls} calls in one turn", None, False))
             else:
                 call_id = f"call_{len(calls)}"
                 calls.append(ToolCall(name=att.name or "", arguments=args, id=call_id, span=att.span))
-        if call_id is None:  # rejected: one failure per kind and argument
-            problems = _merge(problems + tolerated)
-            tolerated = []
+        if call_id is None:  # rejected: every problem counts, one failure per kind and argument
+            problems = [(k, m, a, False) for k, m, a, _ in problems]
         raw = text[att.span[0]:att.span[1]]
-        for kind, message, argument in problems:
-            failures.append(ToolCallFailure(kind, message, raw, att.span, att.name, argument))
-        for kind, message, _ in tolerated:
-            failures.append(ToolCallFailure(kind, message, raw, att.span, att.name, call_id=call_id))
+        for kind, message, argument, tolerated in _merge(problems):
+            failures.append(ToolCallFailure(kind, message, raw, att.span, att.name, argument,
+                                            call_id=call_id, tolerated=tolerated))
     return calls, failures
 
 
-def _attempts(text: str, regions: list[Region], xml: bool) -> list[Attempt]:
+def _xml_attempts(text: str, regions: list[Region]) -> tuple[list[Attempt], list[Region]]:
+    """SGLang's qwen3_coder reading: complete blocks only, else everything from the first call tag."""
     finder = Finder(text)
+    blocks = [r for r in regions if r.kind == "call"]
+    if any(r.closed for r in blocks):
+        attempts: list[Attempt] = []
+        for r in regions:
+            if r.kind == "call" and r.closed:
+                attempts.extend(block_attempts(text, finder, r))
+            elif r.kind in ("call", "function"):
+                attempts.append(dropped_attempt(text, r, "SGLang reads only complete blocks when the turn has one"))
+        return attempts, regions
+    first = next((r for r in regions if r.kind in ("call", "function")), None)
+    if blocks and first is not None and text.find(FUNCTION_OPEN, first.start) != -1:
+        fallback = fallback_attempts(text, finder, first.start, blocks[0].start)
+        if fallback:
+            kept = [r for r in regions if r.end <= first.start]
+            return fallback, [*kept, Region("call", first.start, len(text), first.start, len(text), False)]
+    reason = "a turn without <tool_call> has no calls for SGLang"
+    return [dropped_attempt(text, r, reason) for r in regions if r.kind in ("call", "function")], regions
+
+
+def _attempts(text: str, regions: list[Region], xml: bool) -> tuple[list[Attempt], list[Region]]:
+    if xml:
+        return _xml_attempts(text, regions)
     attempts: list[Attempt] = []
     for region in regions:
         if region.kind == "call":
-            attempts.extend(xml_block(text, finder, region) if xml else [json_attempt(text, region)])
-        elif region.kind == "function":
-            attempts.append(xml_bare_function(text, finder, region))
-    return attempts
+            attempts.extend(json_attempts(text, region))
+    return attempts, regions
 
 
-def _text_after_call(text: str, gaps: list[tuple[int, int]]) -> list[ToolCallFailure]:
+def _text_after_call(text: str, gaps: list[tuple[int, int]], tolerated: bool) -> list[ToolCallFailure]:
     out = []
     for start, end in gaps:
         piece = text[start:end]
@@ -198,7 +271,7 @@ def _text_after_call(text: str, gaps: list[tuple[int, int]]) -> list[ToolCallFai
             out.append(ToolCallFailure(
                 FailureKind.TEXT_AFTER_CALL,
                 f"text after a tool call (the format expects nothing after the calls): {text[s:e]!r:.120}",
-                text[s:e], (s, e)))
+                text[s:e], (s, e), tolerated=tolerated))
     return out
 
 
@@ -221,10 +294,10 @@ def parse_tool_calls(text: str, format: CallFormat = "json", tools: Iterable[Any
     the full contract.
     """
     _check_options(text, format, max_calls)
-    specs = _tool_specs(tools)
     xml = format == "xml"
     turn = text[:turn_end(text)]
-    regions = scan(turn, xml)
+    specs = _cached_tool_specs(tools)
+    attempts, regions = _attempts(turn, scan(turn, xml), xml)
     content: list[str] = []
     reasoning: list[str] = []
     gaps_after_call: list[tuple[int, int]] = []
@@ -239,8 +312,8 @@ def parse_tool_calls(text: str, format: CallFormat = "json", tools: Iterable[Any
         elif region.kind in ("call", "function"):
             seen_call = True
         pos = region.end
-    calls, failures = _settle(turn, _attempts(turn, regions, xml), specs, strict, max_calls)
-    failures += _text_after_call(turn, gaps_after_call)
+    calls, failures = _settle(turn, attempts, specs, strict, max_calls)
+    failures += _text_after_call(turn, gaps_after_call, tolerated=not strict)
     failures.sort(key=lambda f: f.span[0])
     text = "".join(content).strip()
     written = _content_as_written(turn, regions, calls)

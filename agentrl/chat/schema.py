@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 from collections.abc import Mapping
@@ -30,26 +29,22 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import orjson
 
+from agentrl.chat._values import normalize_schema_types, xml_value
 from agentrl.chat.types import FailureKind, ToolCallFailure
 
 __all__ = [
     "check_parameters_schema",
     "convert_xml_value",
     "json_value",
+    "normalize_schema_types",
     "tool_name",
     "tool_parameters",
     "tool_properties",
     "validate_arguments",
 ]
 
-_STRING_TYPES = ("string", "str", "text", "varchar", "char", "enum")
-_INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
-_FLOAT_PREFIXES = ("num", "float")
-_BOOL_TYPES = ("boolean", "bool", "binary")
-_CONTAINER_TYPES = ("object", "array", "arr")
-_CONTAINER_PREFIXES = ("dict", "list")
-_NOT_JSON = object()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,80 +124,12 @@ def json_value(value: Any) -> Any:
     raise ValueError(f"a {type(value).__name__} ({value!r:.80}) is not a JSON value")
 
 
-def _as_json(value: Any) -> Any:
-    """:func:`json_value`, or ``_NOT_JSON`` instead of raising."""
-    try:
-        return json_value(value)
-    except (ValueError, RecursionError):
-        return _NOT_JSON
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
 
 
 # ---------------------------------------------------------------------------------------------
-# XML value conversion (SGLang / vLLM ``qwen3_coder`` semantics)
-
-
-def _schema_type(prop: Any) -> str:
-    """The lower-cased type name that decides how an XML value converts (SGLang's ``param_type``).
-
-    A missing type means ``string``. Nullable forms (``["integer", "null"]``, ``anyOf`` with a
-    ``null`` branch) use their single non-null type; several non-null types fall to ``other``
-    (``ast.literal_eval`` with the string as fallback). A bare ``enum`` of strings is a string.
-    """
-    if not isinstance(prop, Mapping):
-        return "string"
-    t = prop.get("type")
-    if t is None:
-        for key in ("anyOf", "oneOf"):
-            alts = prop.get(key)
-            if isinstance(alts, list):
-                kinds = [_schema_type(a) for a in alts if not (isinstance(a, Mapping) and a.get("type") == "null")]
-                return kinds[0] if len(kinds) == 1 else "other"
-        enum = prop.get("enum")
-        if isinstance(enum, list) and not all(isinstance(e, str) for e in enum):
-            return "other"
-        return "string"
-    if isinstance(t, list):
-        kinds = [str(x).strip().lower() for x in t if x != "null"]
-        return kinds[0] if len(kinds) == 1 else "other"
-    return str(t).strip().lower()
-
-
-def _convert_number(raw: str) -> tuple[Any, str | None]:
-    """SGLang's ``num*``/``float*`` rule: a float, or an int when the text has no ``.``/``e``."""
-    integral = "." not in raw and "e" not in raw.lower()
-    try:
-        if integral:
-            try:
-                return int(raw), None
-            except ValueError:
-                pass  # e.g. "inf": let float() decide
-        value = float(raw)
-    except (ValueError, OverflowError) as exc:
-        return raw, f"expected a number, got {raw!r:.200} ({exc})"
-    if not math.isfinite(value):
-        return raw, f"expected a finite number, got {raw!r:.200}"
-    if integral and value.is_integer():
-        return int(value), None
-    return value, None
-
-
-def _convert_container(raw: str, kind: str) -> tuple[Any, str | None]:
-    """``json.loads``, then ``ast.literal_eval`` (Python-repr dicts as Qwen3-Coder renders them)."""
-    try:
-        value = json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
-            return raw, f"expected {kind} as JSON (or a Python literal), got {raw!r:.200} ({type(exc).__name__})"
-    converted = _as_json(value)
-    if converted is _NOT_JSON:
-        return raw, f"expected {kind} as JSON, got {raw!r:.200} (not representable as JSON)"
-    return converted, None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+# XML value conversion (SGLang ``qwen3_coder`` semantics, in agentrl.chat._values)
 
 
 def convert_xml_value(raw: str, param_name: str, properties: Mapping[str, Any]) -> tuple[Any, str | None]:
@@ -210,44 +137,23 @@ def convert_xml_value(raw: str, param_name: str, properties: Mapping[str, Any]) 
 
     ``raw`` is the parameter text with its framing newlines already removed; ``properties`` is the
     tool schema's ``properties`` object (``{}`` when there is no schema). Returns ``(value, error)``:
-    ``error`` is ``None`` on success, else a sentence saying what was expected, and ``value`` is then
-    the unchanged ``raw`` string. Never raises.
+    ``value`` is what a tool served by SGLang receives, and ``error`` is ``None`` when the text
+    converted cleanly, else a sentence saying what the schema expected. Never raises.
 
-    Rules (SGLang ``_convert_param_value``): ``null`` (any case) is ``None`` for every type; a
-    parameter missing from the schema stays a string; string-like types stay strings; ``int*``
-    types use ``int()``; ``num*``/``float*`` use ``float()`` and become ``int`` when the text has no
-    ``.``/``e``; object/array types use ``json.loads`` then ``ast.literal_eval``; other types try
-    ``ast.literal_eval`` and keep the string when that fails. Two deliberate differences: a boolean
-    that is neither ``true`` nor ``false`` is an error (SGLang silently makes it ``False``), and
-    non-finite numbers (``inf``, ``nan``) are errors (JSON cannot carry them).
+    Rules (SGLang ``_convert_param_value``, after SGLang's rewrite of type aliases such as
+    ``float``/``int``/``str``/``bool``/``dict``/``list``): ``null`` (any case) is ``None`` for every
+    type; a parameter missing from the schema stays a string; string-like types stay strings;
+    integer types use ``int()`` and keep the text when that fails; number types use ``float()`` and
+    become ``int`` when the text has no ``.``/``e``; a boolean that is not ``true``/``false`` reads as
+    ``False`` (with an error saying so); object/array types use ``json.loads`` then
+    ``ast.literal_eval``; other types try ``ast.literal_eval`` and keep the string when that fails.
+    A union type (``["integer", "string"]``) converts by its first non-null member. One deliberate
+    difference: a value JSON cannot carry (``inf``, ``nan``, a set, bytes) is an error and ``value``
+    is then the unchanged ``raw`` text.
     """
-    if raw.lower() == "null":
-        return None, None
-    if param_name not in properties:
-        return raw, None
-    kind = _schema_type(properties[param_name])
-    if kind in _STRING_TYPES:
-        return raw, None
-    if kind.startswith(_INT_PREFIXES):
-        try:
-            return int(raw), None
-        except ValueError as exc:
-            return raw, f"expected an integer, got {raw!r:.200} ({exc})"
-    if kind.startswith(_FLOAT_PREFIXES):
-        return _convert_number(raw)
-    if kind in _BOOL_TYPES:
-        word = raw.strip().lower()
-        if word in ("true", "false"):
-            return word == "true", None
-        return raw, f"expected a boolean (true or false), got {raw!r:.200}"
-    if kind in _CONTAINER_TYPES or kind.startswith(_CONTAINER_PREFIXES):
-        return _convert_container(raw, "an array" if kind.startswith(("arr", "list")) else "an object")
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return raw, None
-    converted = _as_json(value)
-    return (raw, None) if converted is _NOT_JSON else (converted, None)
+    normalized = {k: normalize_schema_types(v) for k, v in properties.items()}
+    out = xml_value(raw, param_name, normalized)
+    return out.value, out.note
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,16 +162,17 @@ def convert_xml_value(raw: str, param_name: str, properties: Mapping[str, Any]) 
 
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
-    """A checked jsonschema validator for one (canonically serialised) schema."""
-    schema = json.loads(schema_json)
+    """A checked jsonschema validator for one (canonically serialised) schema, type aliases rewritten."""
+    schema = normalize_schema_types(json.loads(schema_json))
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
     return cls(schema)
 
 
 def _compiled(tool: str, schema: Mapping[str, Any]) -> Any:
-    try:
-        key = json.dumps(schema, sort_keys=True)
+    """The validator of ``schema`` with its type aliases rewritten (:func:`normalize_schema_types`)."""
+    try:  # orjson: this runs for every tool of every environment instance
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"tool {tool!r}: parameters: expected a JSON-serialisable JSON schema ({exc})") from exc
     try:
@@ -274,10 +181,38 @@ def _compiled(tool: str, schema: Mapping[str, Any]) -> Any:
         raise ValueError(f"tool {tool!r}: parameters is not a valid JSON schema: {exc.message}") from exc
 
 
-def check_parameters_schema(tool_name: str, schema: Mapping[str, Any] | None) -> None:
-    """Raises ``ValueError`` naming the tool when ``schema`` is not a valid JSON schema (``{}``/None are valid)."""
+def check_parameters_schema(tool_name: str, schema: Any) -> None:
+    """Raises ``ValueError`` naming the tool when ``schema`` is not a usable JSON schema.
+
+    ``{}`` and ``None`` are valid (anything accepted); non-standard type names that SGLang rewrites
+    (``float``, ``int``, ``str``, ``bool``, ``dict``, ``list``, ...) are accepted as their JSON-schema
+    equivalents. This is the check for tool registration; the parser never raises on a schema.
+    """
+    if schema is None:
+        return
+    if not isinstance(schema, Mapping):
+        raise ValueError(f"tool {tool_name!r}: parameters: expected a JSON-schema object, "
+                         f"got {type(schema).__name__}: {schema!r:.200}")
     if schema:
-        _compiled(tool_name, schema)
+        try:
+            _compiled(tool_name, schema)
+        except RecursionError:
+            raise ValueError(f"tool {tool_name!r}: parameters: the schema is nested too deeply") from None
+
+
+def usable_schema(tool_name: str, schema: Any) -> dict[str, Any] | None:
+    """``schema`` with type aliases rewritten when it is a valid, non-empty JSON schema; else ``None``.
+
+    Never raises: the parser uses it so that a bad schema turns validation off instead of failing.
+    """
+    if not isinstance(schema, Mapping) or not schema:
+        return None
+    try:
+        validator = _compiled(tool_name, schema)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    normalized = validator.schema
+    return dict(normalized) if isinstance(normalized, Mapping) else None
 
 
 def _expected(err: jsonschema.exceptions.ValidationError) -> str:

@@ -111,6 +111,7 @@ class ChatTemplate:
         self._compiled = compile_template(source)
         self._special_tokens: dict[str, Any] = {}
         self._turn_close_id: int | None = None
+        self._stop_ids: dict[bool, tuple[int, ...]] = {}  # resolved once: every episode asks
         if tokenizer is not None:
             # apply_chat_template passes the special tokens (bos_token, eos_token, ...) to the template too.
             self._special_tokens = {k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {})).items()
@@ -235,7 +236,11 @@ class ChatTemplate:
 
     def stop_token_ids(self, *, one_call_per_turn: bool = False) -> tuple[int, ...]:
         """Ids of :meth:`stop_strings`, resolved by string from the tokenizer (each must be one token)."""
-        return tuple(self.token_id(s) for s in self.stop_strings(one_call_per_turn=one_call_per_turn))
+        ids = self._stop_ids.get(one_call_per_turn)
+        if ids is None:
+            ids = self._stop_ids[one_call_per_turn] = tuple(
+                self.token_id(s) for s in self.stop_strings(one_call_per_turn=one_call_per_turn))
+        return ids
 
     # -- parsing ------------------------------------------------------------------------------
     def parse(self, completion: str | Sequence[int], tools: Sequence[Any] | None = None, *, strict: bool = False,

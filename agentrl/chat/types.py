@@ -161,12 +161,17 @@ class ToolCallFailure:
     tool_name: str | None = None
     # The argument the failure is about (missing_required_argument, invalid_argument_type).
     argument: str | None = None
-    # Set when the call was accepted anyway (lenient parsing of a defect the engines tolerate).
+    # Set when the call was accepted anyway (a defect SGLang's parser lets through): the call's id.
     call_id: str | None = None
+    # True for a defect that does not stop the call (or, text after a call, the turn) from being what
+    # SGLang would serve: counted and shown, but by default it changes neither the conversation nor
+    # the reward (an environment's FailurePolicy may still act on its kind). Never set by strict parsing.
+    tolerated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "message": self.message, "raw": self.raw, "span": list(self.span),
-                "tool_name": self.tool_name, "argument": self.argument, "call_id": self.call_id}
+                "tool_name": self.tool_name, "argument": self.argument, "call_id": self.call_id,
+                "tolerated": self.tolerated}
 
 
 @dataclass

@@ -9,15 +9,25 @@
 - :class:`Router` / :class:`RouterConfig`: the sglang-router subprocess and its worker API.
 - :class:`EngineGroup` / :class:`HealthConfig`: router + engines + the monitor that restarts dead engines.
 - :func:`run_episode` / :class:`AgentConfig` / :class:`Episode`: the multi-turn agent loop that owns the
-  token boundary between an environment and an engine.
+  token boundary between an environment and an engine; :class:`EpisodeRunner` is the same loop as a
+  resumable object (partial rollouts); :class:`OpeningCache` renders a group's shared opening once.
+- :class:`Scheduler` / :class:`SchedulerConfig`: one training step's batch of complete prompt groups
+  (:class:`StepBatch` of :class:`RolloutGroup`), dynamic sampling (:class:`FilterResult`,
+  :func:`drop_uniform_rewards`), abort, partial rollouts, staleness; :class:`StepReport` accounts for
+  every prompt. :func:`evaluate` / :class:`EvalConfig` / :class:`EvalReport`: eval rollouts.
 """
 
 from agentrl.model_folder import ModelFolderError, check_model_folder, model_vocab_size
-from agentrl.rollout.agent import AgentConfig, Episode, GenerateClient, run_episode
+from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, run_episode
 from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
 from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
+from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate, pass_at_k
+from agentrl.rollout.groups import FilterResult, GroupFilter, RolloutGroup, drop_uniform_rewards
 from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
+from agentrl.rollout.opening import OpeningCache
+from agentrl.rollout.report import AccountingError, StepReport
 from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
+from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError, StepBatch
 from agentrl.rollout.types import (
     AbortCause,
     FinishKind,
@@ -33,35 +43,51 @@ from agentrl.rollout.types import (
 
 __all__ = [
     "AbortCause",
+    "AccountingError",
     "AgentConfig",
     "ClientConfig",
     "EngineConfig",
     "EngineError",
     "EngineGroup",
     "Episode",
+    "EpisodeRunner",
+    "EvalConfig",
+    "EvalReport",
+    "FilterResult",
     "FinishKind",
     "FinishReason",
     "GenerateClient",
     "GenerateResult",
+    "GroupFilter",
     "HealthConfig",
     "HealthEvent",
     "InferenceClient",
     "InferenceError",
     "ModelFolderError",
+    "OpeningCache",
     "PromptTooLongError",
     "ProtocolError",
     "RequestRejectedError",
+    "RolloutGroup",
     "Router",
     "RouterConfig",
     "RouterError",
     "RouterPolicy",
     "SGLangEngine",
     "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerError",
+    "StepBatch",
+    "StepReport",
     "check_model_folder",
     "continuation_budget",
     "default_shim_dir",
     "detect_device",
+    "drop_uniform_rewards",
+    "evaluate",
     "model_vocab_size",
     "parse_generate_response",
+    "pass_at_k",
     "run_episode",
 ]

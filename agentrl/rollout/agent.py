@@ -56,6 +56,15 @@ strips earlier reasoning), the episode forks: a new sequence starts from the fre
 shares the rollout id. :class:`Episode` holds every sequence; all of them get the episode's final
 status and reward.
 
+Suspending and resuming (partial rollouts): :class:`EpisodeRunner` is the loop itself, as an object.
+``await runner.advance(should_abort)`` runs until the episode ends (it returns the :class:`Episode`) or
+until it is aborted (it returns ``None``; the runner is *suspended*): the trajectory keeps every token
+sampled so far, including the first part of a turn the engine cut short, and the environment stays
+open. A later ``advance`` continues the *same* assistant turn from those tokens, asking only for what
+is left of the turn's budget (:func:`~agentrl.rollout.types.continuation_budget`), and parses the
+turn as a whole once it ends. Each model segment keeps the weight version that produced it.
+:func:`run_episode` is ``advance`` once, with an abort ending the episode as ``aborted``.
+
 Example::
 
     episode = await run_episode(env, template, client, AgentConfig(sampling=SamplingParams(max_new_tokens=512)))
@@ -65,6 +74,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -77,16 +87,20 @@ from agentrl.chat.types import Message, ToolCallFailure
 from agentrl.environments.base import Environment, StepResult
 from agentrl.episode import Episode
 from agentrl.rewards.types import score
+from agentrl.rollout.opening import OpeningCache
+from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.types import (
     FinishKind,
     GenerateResult,
     InferenceError,
     PromptTooLongError,
     SamplingParams,
+    continuation_budget,
 )
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory, TrajectoryError
 
-__all__ = ["AgentConfig", "Episode", "GenerateClient", "run_episode", "status_for"]  # Episode: agentrl.episode
+# Episode lives in agentrl.episode (saving and batching it need no rollout code); re-exported here.
+__all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"]
 
 
 class GenerateClient(Protocol):
@@ -165,20 +179,40 @@ async def run_episode(env: Environment, template: ChatTemplate, client: Generate
     ``reset()`` or in rendering the opening propagates (there is no trajectory without a prompt). A cancelled task aborts its
     in-flight request (when the client has ``abort``) and re-raises ``CancelledError``.
     """
-    runner = _Runner(env, template, client, config or AgentConfig(), should_abort or (lambda: False))
     try:
-        return await runner.run(group_id=group_id, rollout_id=rollout_id or uuid.uuid4().hex, sample_id=sample_id)
-    finally:
+        runner = EpisodeRunner(env, template, client, config, group_id=group_id, rollout_id=rollout_id,
+                               sample_id=sample_id)
+    except BaseException:
         await env.close()
+        raise
+    try:
+        episode = await runner.advance(should_abort)
+        return episode if episode is not None else runner.finish_aborted()
+    finally:
+        await runner.close()
 
 
-class _Runner:
-    """Per-episode state; created for one call of :func:`run_episode` and discarded."""
+class EpisodeRunner:
+    """One episode's agent loop as a resumable object (see "Suspending and resuming" in the module doc).
 
-    def __init__(self, env: Environment, template: ChatTemplate, client: GenerateClient, config: AgentConfig,
-                 should_abort: Callable[[], bool]) -> None:
+    Single-use: built for one environment, advanced until :meth:`advance` returns an :class:`Episode`
+    (or :meth:`finish_aborted` gives up on a suspended one), then closed with :meth:`close`. ``tool_slots``
+    bounds concurrent environment steps that run tool calls (shared by the episodes of a scheduler);
+    ``opening_cache`` renders a group's shared opening once; ``pacer`` spreads the CPU work of many
+    episodes over event-loop passes (:class:`~agentrl.rollout.pacing.Pacer`). Not thread-safe.
+    """
+
+    def __init__(self, env: Environment, template: ChatTemplate, client: GenerateClient,
+                 config: AgentConfig | None = None, *, group_id: str | None = None, rollout_id: str | None = None,
+                 sample_id: str | None = None, tool_slots: asyncio.Semaphore | None = None,
+                 opening_cache: OpeningCache | None = None, pacer: Pacer | None = None) -> None:
+        config = config or AgentConfig()
         self.env, self.template, self.client, self.config = env, template, client, config
-        self.should_abort = should_abort
+        self.group_id, self.rollout_id, self.sample_id = group_id, rollout_id or uuid.uuid4().hex, sample_id
+        self.should_abort: Callable[[], bool] = lambda: False
+        self.tool_slots = tool_slots
+        self.opening_cache = opening_cache
+        self.pacer = pacer
         self.tools: list[dict[str, Any]] = []  # read after reset(): environments may register tools there
         self.kwargs = dict(config.template_kwargs)
         own = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)  # raises without a tokenizer
@@ -192,29 +226,97 @@ class _Runner:
         self.context = min(limits) if limits else None
         self.sequences: list[Trajectory] = []
         self.metrics: Counter[str] = Counter()
+        self.timings: dict[str, float] = {"time/generate_s": 0.0, "time/env_s": 0.0, "time/reward_s": 0.0}
         self.reward_parts: dict[str, float] = {}
         self.env_info: list[dict[str, Any]] = []
         self._pending_failures: list[ToolCallFailure] = []
         self._last_ids: tuple[int, ...] = ()
+        self._turn_ids: list[int] = []  # ids of the current turn sampled before an abort (a partial turn)
         self.bridge_session: BridgeSession | None = None
+        self.suspensions = 0
+        self.abort_message: str | None = None  # the engine's or client's message of the last aborted turn
+        self._result: Episode | None = None
+        self._closed = False
 
     @property
     def traj(self) -> Trajectory:
         return self.sequences[-1]
 
-    async def run(self, *, group_id: str | None, rollout_id: str, sample_id: str | None) -> Episode:
+    @property
+    def started(self) -> bool:
+        return bool(self.sequences)
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    @property
+    def partial_turn_tokens(self) -> int:
+        """Tokens of the current turn sampled before the last abort (0 between turns)."""
+        return len(self._turn_ids)
+
+    def episode(self) -> Episode:
+        """The episode as it stands (its sequences may still be running when suspended)."""
+        return self._result if self._result is not None else Episode(sequences=self.sequences, env_info=self.env_info)
+
+    async def advance(self, should_abort: Callable[[], bool] | None = None) -> Episode | None:
+        """Runs until the episode ends (returns it, scored) or is aborted (returns None: suspended).
+
+        ``should_abort`` is checked before every engine request; an engine answer that was aborted
+        suspends too. Calling ``advance`` again resumes; after the episode ended it returns it again.
+        """
+        if self._result is not None:
+            return self._result
+        if self._closed:
+            raise RuntimeError("EpisodeRunner.advance: the runner is closed")
+        self.should_abort = should_abort or (lambda: False)
+        if not self.sequences:
+            if self.pacer is not None:
+                await self.pacer.turn()
+            await self._start()
+        reason = await self._loop()
+        if reason is StopReason.ABORTED:
+            self.suspensions += 1
+            return None
+        self._finish(reason)
+        if self.pacer is not None:
+            await self.pacer.turn()
+        started = time.perf_counter()
+        await self._score()
+        self.traj.metrics["time/reward_s"] = time.perf_counter() - started
+        self._result = Episode(sequences=self.sequences, env_info=self.env_info)
+        return self._result
+
+    def finish_aborted(self) -> Episode:
+        """Ends a suspended (or never started) episode as ``aborted``, unscored."""
+        if self._result is not None:
+            return self._result
+        if self.sequences:
+            self._finish(StopReason.ABORTED)
+            if self.abort_message:
+                self.traj.info.setdefault("abort_reason", self.abort_message)
+        self._result = Episode(sequences=self.sequences, env_info=self.env_info)
+        return self._result
+
+    async def close(self) -> None:
+        """Closes the environment (once)."""
+        if not self._closed:
+            self._closed = True
+            await self.env.close()
+
+    async def _start(self) -> None:
         opening = await self.env.reset()
         self.tools = self.env.tool_specs()
-        self.bridge_session = BridgeSession(self.template, opening, tools=self.tools, **self.kwargs)
+        if self.opening_cache is not None:
+            self.bridge_session = self.opening_cache.session(opening, tools=self.tools, **self.kwargs)
+        else:
+            self.bridge_session = BridgeSession(self.template, opening, tools=self.tools, **self.kwargs)
         prompt_ids = self.bridge_session.prompt_ids
+        group_id = self.group_id
         session = group_id if self.config.routing == "group" and group_id else uuid.uuid4().hex
         self.sequences.append(Trajectory.from_prompt(prompt_ids, messages=list(opening), vocab_size=self.vocab_size,
-                                                     group_id=group_id, rollout_id=rollout_id, sample_id=sample_id,
-                                                     session_id=session))
-        reason = await self._loop()
-        self._finish(reason)
-        await self._score()
-        return Episode(sequences=self.sequences, env_info=self.env_info)
+                                                     group_id=group_id, rollout_id=self.rollout_id,
+                                                     sample_id=self.sample_id, session_id=session))
 
     async def _loop(self) -> StopReason:
         while True:
@@ -222,19 +324,29 @@ class _Runner:
                 return StopReason.ABORTED
             budget = self._budget()
             if budget <= 0:
+                if self._turn_ids and len(self._turn_ids) >= self.config.sampling.max_new_tokens:
+                    return self._end_partial_turn()  # a resumed turn that had used its whole budget
                 return StopReason.CONTEXT_BUDGET
-            outcome = await self._generate(budget)
+            started = time.perf_counter()
+            try:
+                outcome = await self._generate(budget)
+            finally:
+                self.timings["time/generate_s"] += time.perf_counter() - started
             if isinstance(outcome, StopReason):
                 return outcome
-            reason = await self._env_turn(outcome)
+            started = time.perf_counter()
+            try:
+                reason = await self._env_turn(outcome)
+            finally:
+                self.timings["time/env_s"] += time.perf_counter() - started
             if reason is not None:
                 return reason
 
     def _budget(self) -> int:
         per_turn = self.config.sampling.max_new_tokens
         if self.context is None:
-            return per_turn
-        return min(per_turn, self.context - len(self.traj.tokens))
+            return max(0, per_turn - len(self._turn_ids))
+        return continuation_budget(per_turn, len(self._turn_ids), len(self.traj.tokens), self.context)
 
     async def _generate(self, budget: int) -> StopReason | Message:
         """One model turn: request, append verbatim, parse. Returns the parsed message or a stop reason."""
@@ -253,6 +365,8 @@ class _Runner:
         except InferenceError as exc:
             traj.info["engine_error"] = f"{type(exc).__name__}: {exc}"
             return StopReason.FAILED
+        if self.pacer is not None:  # many answers arrive together: take turns with the other episodes
+            await self.pacer.turn()
         if len(result.output_logprobs) != len(result.output_ids):
             traj.info["engine_error"] = (f"the engine returned {len(result.output_ids)} ids but "
                                          f"{len(result.output_logprobs)} logprobs; nothing was appended")
@@ -263,38 +377,54 @@ class _Runner:
         except TrajectoryError as exc:  # e.g. a positive logprob or an id outside the vocabulary
             traj.info["engine_error"] = f"the engine's answer breaks a trajectory invariant; nothing was appended: {exc}"
             return StopReason.FAILED
-        self._last_ids = result.output_ids
         self.metrics["generated_tokens"] += len(result.output_ids)
         self.metrics["padding_tokens"] += sum(1 for t in result.output_ids if t >= self.decodable)
-        self.metrics["turns"] += 1
+        self.metrics["prompt_tokens"] += result.prompt_tokens
+        self.metrics["cached_tokens"] += result.cached_tokens
         if result.finish_reason.kind is FinishKind.ABORT:
-            return self._aborted(result)
-        parsed = self.template.parse(result.output_ids, self.tools, strict=self.config.strict_parsing,
+            cause = result.finish_reason.cause
+            if cause is not None and cause.failure:  # the engine is down or too slow: a failure with its reason
+                traj.info["engine_error"] = result.finish_reason.message or f"the request ended: {cause.value}"
+                return StopReason.FAILED
+            self.abort_message = result.finish_reason.message
+            self._turn_ids.extend(result.output_ids)  # resumed later from here, same turn
+            return StopReason.ABORTED
+        turn_ids = (*self._turn_ids, *result.output_ids)
+        self._turn_ids = []
+        self._last_ids = turn_ids
+        self.metrics["turns"] += 1
+        parsed = self.template.parse(turn_ids, self.tools, strict=self.config.strict_parsing,
                                      max_calls=self.config.max_calls_per_turn)
         message = parsed.to_message()
         traj.messages.append(message)
         if result.finish_reason.kind is FinishKind.LENGTH:
             traj.info["last_message_partial"] = True
-            cut_by_context = budget < self.config.sampling.max_new_tokens
+            cut_by_context = len(turn_ids) < self.config.sampling.max_new_tokens
             return StopReason.CONTEXT_BUDGET if cut_by_context else StopReason.ENGINE_LENGTH
         self._pending_failures = parsed.failures
         return message
 
-    def _aborted(self, result: GenerateResult) -> StopReason:
-        """A deliberate abort is resumable (``aborted``); an engine that failed is a failure with its reason."""
-        finish = result.finish_reason
-        if finish.cause is not None and finish.cause.failure:
-            self.traj.info["engine_error"] = finish.message or f"the request ended: {finish.cause.value}"
-            return StopReason.FAILED
-        if finish.message:
-            self.traj.info["abort_reason"] = finish.message
-        return StopReason.ABORTED
+    def _end_partial_turn(self) -> StopReason:
+        """A resumed turn whose earlier parts used the whole per-turn budget: it ends as if cut by length."""
+        turn_ids = tuple(self._turn_ids)
+        self._turn_ids = []
+        self._last_ids = turn_ids
+        self.metrics["turns"] += 1
+        parsed = self.template.parse(turn_ids, self.tools, strict=self.config.strict_parsing,
+                                     max_calls=self.config.max_calls_per_turn)
+        self.traj.messages.append(parsed.to_message())
+        self.traj.info["last_message_partial"] = True
+        return StopReason.ENGINE_LENGTH
 
     async def _env_turn(self, message: Message) -> StopReason | None:
         """One environment step and its bridge. Returns a stop reason when the episode ends."""
         traj = self.traj
         try:
-            step = await self.env.step(message, self._pending_failures)
+            if self.tool_slots is not None and message.tool_calls:
+                async with self.tool_slots:
+                    step = await self.env.step(message, self._pending_failures)
+            else:
+                step = await self.env.step(message, self._pending_failures)
         except Exception as exc:  # the environment's bug ends the episode as a value, not a crash
             traj.info["env_error"] = f"{type(exc).__name__}: {exc}"
             return StopReason.FAILED
@@ -316,6 +446,8 @@ class _Runner:
     def _record_step(self, step: StepResult) -> None:
         for kind in step.failures:
             self.metrics[f"failures/{kind.value}"] += 1
+        for kind in step.tolerated:
+            self.metrics[f"tolerated/{kind.value}"] += 1
         for name, value in step.reward_parts.items():
             self.reward_parts[name] = self.reward_parts.get(name, 0.0) + value
         if step.info:
@@ -366,6 +498,7 @@ class _Runner:
             seq.finish(status, reason)
         last = self.traj
         last.metrics.update({k: float(v) for k, v in self.metrics.items()})
+        last.metrics.update(self.timings)
         last.metrics["sequences"] = float(len(self.sequences))
         last.metrics["tool_calls"] = float(self.env.tool_calls)
         last.metrics["successful_tool_calls"] = float(self.env.successful_tool_calls)

@@ -4,7 +4,8 @@ It answers the routes the real sglang-router probes (``/health``, ``/server_info
 and the SGLang routes the client uses (``/generate``, ``/abort_request``, ``/flush_cache``,
 ``/update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``, ``/v1/loads``), in SGLang 0.5.23's
 response shape. Generation is deterministic: output token ``i`` is ``(last_input_id + 1 + i) % vocab``
-with log-probability ``-0.1 * (i + 1)``; ``token_delay_s`` makes each token take time so aborts and
+with log-probability ``-0.1 * (i + 1)``, or, with a ``script``, turn ``k``'s scripted ids where ``k``
+counts the ``script_marker`` ids in the prompt (e.g. the tool-response tag: a tool call, then an answer); ``token_delay_s`` makes each token take time so aborts and
 deadlines can be exercised. ``meta_info.worker`` names the worker that answered (the router passes
 response bodies through unchanged). Every ``/generate`` body and its headers are recorded.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,8 @@ class FakeWorkerState:
     aborted: set[str] = field(default_factory=set)
     running: dict[str, bool] = field(default_factory=dict)
     control_calls: list[str] = field(default_factory=list)
+    script: list[list[int]] | None = None
+    script_marker: int | None = None
 
 
 class FakeWorker:
@@ -125,7 +129,11 @@ class FakeWorker:
                    f"({s.context_length} tokens).")
             return web.json_response({"error": {"message": msg}}, status=400)
         rid = str(body.get("rid") or id(body))
-        out, finish = await self._decode(rid, int(ids[-1]), max_new, set(sp.get("stop_token_ids") or []))
+        scripted = None
+        if s.script:
+            turn = ids.count(s.script_marker) if s.script_marker is not None else 0
+            scripted = s.script[min(turn, len(s.script) - 1)]
+        out, finish = await self._decode(rid, int(ids[-1]), max_new, set(sp.get("stop_token_ids") or []), scripted)
         lps = [[-0.1 * (i + 1), t, None] for i, t in enumerate(out)]
         meta = {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": 0,
                 "finish_reason": finish, "weight_version": s.weight_version, "worker": s.name}
@@ -133,7 +141,8 @@ class FakeWorker:
             meta["output_token_logprobs"] = lps
         return web.json_response({"text": "", "output_ids": out, "meta_info": meta})
 
-    async def _decode(self, rid: str, last: int, max_new: int, stops: set[int]) -> tuple[list[int], dict[str, Any]]:
+    async def _decode(self, rid: str, last: int, max_new: int, stops: set[int],
+                      scripted: list[int] | None = None) -> tuple[list[int], dict[str, Any]]:
         s = self.state
         s.running[rid] = True
         out: list[int] = []
@@ -144,7 +153,12 @@ class FakeWorker:
                     return out, {"type": "abort", "message": "Abort before prefill" if not out else "aborted"}
                 if s.token_delay_s:
                     await asyncio.sleep(s.token_delay_s)
-                tok = (last + 1 + i) % s.vocab_size
+                if scripted is not None:
+                    if i >= len(scripted):
+                        return out, {"type": "stop", "matched": None}
+                    tok = scripted[i]
+                else:
+                    tok = (last + 1 + i) % s.vocab_size
                 out.append(tok)
                 if tok in stops:
                     return out, {"type": "stop", "matched": tok}
@@ -219,8 +233,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="fake")
     parser.add_argument("--no-record", action="store_true", help="do not keep request bodies (benchmarks)")
+    parser.add_argument("--token-delay", type=float, default=0.0, help="seconds per generated token")
+    parser.add_argument("--script", help='JSON file {"marker": id, "turns": [[ids...], ...]}: scripted replies')
     args = parser.parse_args()
-    state = FakeWorkerState(name=args.name, record=not args.no_record)
+    state = FakeWorkerState(name=args.name, record=not args.no_record, token_delay_s=args.token_delay)
+    if args.script:
+        with open(args.script, encoding="utf-8") as f:
+            spec = json.load(f)
+        state.script = [[int(t) for t in turn] for turn in spec["turns"]]
+        state.script_marker = spec.get("marker")
     web.run_app(FakeWorker(state).app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 

@@ -111,3 +111,33 @@ def test_valid_calls_are_always_found(code: str, n: int, prefix: str) -> None:
         reply = parse_tool_calls(as_xml, "xml", [CALC])
         if code.strip() and code.lower() != "null":
             assert [c.arguments for c in reply.calls] == [args] and reply.failures == []
+
+
+# Schemas as real tool specs write them, and broken ones: type aliases, unions, garbage types,
+# properties and required of the wrong shape, nesting. None of it may make the parser raise.
+_TYPE_NAMES = st.sampled_from(["string", "integer", "number", "boolean", "object", "array", "null", "float", "int",
+                               "str", "bool", "dict", "list", "int64", "varchar(8)", "tuple", "weird", 3, None])
+_prop_schema = st.recursive(
+    st.fixed_dictionaries({}, optional={"type": _TYPE_NAMES | st.lists(_TYPE_NAMES, max_size=3),
+                                        "enum": st.lists(st.none() | st.integers() | st.text(max_size=3), max_size=3)}),
+    lambda inner: st.fixed_dictionaries({}, optional={"anyOf": st.lists(inner, max_size=3), "items": inner,
+                                                      "properties": st.dictionaries(st.sampled_from(["a", "b"]), inner,
+                                                                                    max_size=2)}),
+    max_leaves=6,
+) | st.integers() | st.text(max_size=5)
+_parameters = st.none() | st.lists(st.integers(), max_size=2) | st.fixed_dictionaries({}, optional={
+    "type": _TYPE_NAMES,
+    "properties": st.dictionaries(st.sampled_from(["code", "n", "x", "opts"]), _prop_schema, max_size=4)
+    | st.lists(st.integers(), max_size=2),
+    "required": st.lists(st.sampled_from(["code", "n", "zzz"]), max_size=2) | st.text(max_size=3),
+    "additionalProperties": st.booleans(),
+})
+
+
+@settings(max_examples=1500, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(text=hostile_text, parameters=_parameters, strict=st.booleans())
+def test_no_schema_makes_the_parser_raise(text: str, parameters: Any, strict: bool) -> None:
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": parameters}}]
+    for fmt in ("json", "xml"):
+        check_well_formed(text, parse_tool_calls(text, fmt, tools, strict=strict))  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ def test_public_names_are_pinned_and_resolve() -> None:
         agentrl.rewards: ["GroupRewardFn", "MathReward", "Reward", "RewardFn", "RewardValue", "as_reward",
                           "extract_answer_line", "extract_boxed", "final_answer_text", "math_answer_reward",
                           "math_equal", "score", "score_group"],
-        agentrl.rollout.agent: ["AgentConfig", "Episode", "GenerateClient", "run_episode", "status_for"],
+        agentrl.rollout.agent: ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"],
     }
     for module, names in expected.items():
         assert sorted(module.__all__) == sorted(names), module.__name__

@@ -1,0 +1,638 @@
+"""The rollout scheduler: one training step's batch of complete prompt groups, every prompt accounted for.
+
+:meth:`Scheduler.collect` turns prompts into exactly ``groups_per_step`` accepted groups of
+``group_size`` episodes each, as fast as the engines allow:
+
+1. **Buffer first.** Groups an earlier step cut short (``partial_rollout``) resume before any fresh
+   prompt is drawn. Staleness is bounded by admission, not by discarding finished work: a group
+   whose tokens would be too old for the *next* step is one this step must finish, so the batch
+   waits for it (and makes room for it, moving a fresh group to the buffer); a buffered group that
+   is already beyond the bound (the policy jumped several versions) is not resumed but dropped and
+   counted. Long episodes are therefore not starved by short ones.
+2. **Groups in flight.** Each group's G members run concurrently through the agent loop
+   (:class:`~agentrl.rollout.agent.EpisodeRunner`); a group is judged when all its members end,
+   groups complete independently (first done, first judged). A member that fails for an
+   infrastructure reason (engine unavailable, environment or reward exception) is **regenerated
+   alone**, up to ``member_retries`` times; the rest of its group is kept. A group still short of
+   ``min_group_size`` finished members after that fails (counted with its reason).
+3. **Dynamic sampling.** The optional filter accepts or rejects each finished group; rejections are
+   counted by reason and replaced by new groups, so the batch has exactly N accepted groups.
+   ``over_sampling`` keeps extra groups in flight to hide the rejection rate; a filter that rejects
+   ``max_rejected_groups`` groups in one step stops the run with :class:`SchedulerError`.
+4. **Abort when full.** Every request of this step still in flight is aborted on its engine, by
+   request id (other clients' requests, an evaluation for instance, are left alone), until every
+   episode has settled; then the engines are polled (``/v1/loads``) until idle. Episodes in their
+   tool phase honour the abort before their next engine call.
+5. **Leftovers.** With ``partial_rollout`` a cut-short group waits in the buffer with its work (its
+   environments open, each member's partial turn kept), and surplus finished groups wait whole.
+   Without it the work is discarded, environments closed, and the prompt is *recycled*: served
+   again from scratch next step.
+6. **Hand-over.** With ``mask_offpolicy`` tokens sampled by an older weight version than the current
+   policy get loss mask 0; otherwise they are kept for TIS/MIS to correct. Every accepted group's
+   staleness (``policy_version − oldest version among its trainable tokens``) is within the bound.
+
+The :class:`~agentrl.rollout.report.StepReport` lists where every prompt went and the step's
+metrics. The scheduler is a plain object driven from one event loop (no threads, no Ray); the
+runner wraps it in an actor. Concurrency: ``max_requests_per_engine × engines`` generation requests
+in flight, ``max_tool_concurrency`` environment steps that run tools, each bound separately; a
+request that waited for a slot checks the abort flag before it is sent.
+
+Example::
+
+    scheduler = Scheduler(ToyArithmeticEnv, template, client, source,
+                          SchedulerConfig(groups_per_step=8, group_size=8), agent=AgentConfig(...))
+    batch = await scheduler.collect()
+    batch.trajectories(); batch.report.check()
+    scheduler.set_policy_version(1)        # after the weight update
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.chat.template import ChatTemplate
+from agentrl.data.source import DataExhausted, DataRow, DataSource
+from agentrl.environments.base import Environment
+from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient
+from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
+from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter, version_number
+from agentrl.rollout.opening import OpeningCache
+from agentrl.rollout.pacing import Pacer
+from agentrl.rollout.report import StepReport
+from agentrl.rollout.stats import StepStats
+from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
+from agentrl.trajectory import SegmentKind, Status
+
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
+
+EnvFactory = Callable[[dict[str, Any]], Environment]
+LoadProbe = Callable[[], Awaitable[int]]
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler cannot fill a step (a filter that rejects everything, no data left...)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Settings of the rollout scheduler (see the module doc for what each does)."""
+
+    groups_per_step: int = 8
+    group_size: int = 8
+    over_sampling: float = 0.0
+    max_inflight_groups: int | None = None
+    max_requests_per_engine: int = 256
+    max_tool_concurrency: int = 64
+    member_retries: int = 2
+    min_group_size: int = 2
+    max_rejected_groups: int | None = None
+    partial_rollout: bool = False
+    mask_offpolicy: bool = False
+    max_staleness: int | None = None
+    abort_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("groups_per_step", "group_size", "max_requests_per_engine", "max_tool_concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SchedulerConfig.{name}={value!r}: expected an int >= 1")
+        if not 0.0 <= self.over_sampling <= 16.0:
+            raise ValueError(f"SchedulerConfig.over_sampling={self.over_sampling!r}: expected a fraction in [0, 16]")
+        if self.max_inflight_groups is not None and self.max_inflight_groups < 1:
+            raise ValueError(f"SchedulerConfig.max_inflight_groups={self.max_inflight_groups!r}: expected None or >= 1")
+        if self.member_retries < 0:
+            raise ValueError(f"SchedulerConfig.member_retries={self.member_retries!r}: expected an int >= 0")
+        if not 1 <= self.min_group_size <= self.group_size:
+            raise ValueError(f"SchedulerConfig.min_group_size={self.min_group_size!r}: expected an int in "
+                             f"[1, group_size={self.group_size}]")
+        if self.max_rejected_groups is not None and self.max_rejected_groups < 1:
+            raise ValueError(f"SchedulerConfig.max_rejected_groups={self.max_rejected_groups!r}: expected None or >= 1")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"SchedulerConfig.max_staleness={self.max_staleness!r}: expected None or an int >= 0")
+        if self.abort_timeout_s <= 0:
+            raise ValueError(f"SchedulerConfig.abort_timeout_s={self.abort_timeout_s!r}: expected > 0")
+
+    @property
+    def rejection_budget(self) -> int:
+        return self.max_rejected_groups if self.max_rejected_groups is not None else 20 * self.groups_per_step
+
+
+@dataclass
+class StepBatch:
+    """One step's accepted groups and its report."""
+
+    groups: list[RolloutGroup]
+    report: StepReport
+
+    def trajectories(self) -> list[Any]:
+        return [t for g in self.groups for t in g.trajectories()]
+
+    def episodes(self) -> list[Episode]:
+        return [ep for g in self.groups for ep in g.episodes]
+
+
+# -- per-step state ------------------------------------------------------------------------------
+@dataclass
+class _Step:
+    index: int
+    aborted: bool = False
+    inflight: set[str] = field(default_factory=set)
+    stats: StepStats = field(default_factory=StepStats)
+
+
+class _StepClient:
+    """The scheduler's view of the inference client for one step: request slots, abort flag, rid tracking."""
+
+    def __init__(self, client: GenerateClient, slots: asyncio.Semaphore, step: _Step) -> None:
+        self.client, self.slots, self.step = client, slots, step
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
+                       routing_key: str | None = None) -> GenerateResult:
+        rid = rid or uuid.uuid4().hex
+        async with self.slots:
+            if self.step.aborted:  # checked after the slot: a waiting request must not start after the abort
+                return _not_sent(rid)
+            self.step.inflight.add(rid)
+            try:
+                return await self.client.generate(input_ids, sampling, rid=rid, routing_key=routing_key)
+            finally:
+                self.step.inflight.discard(rid)
+
+    async def abort(self, rid: str) -> None:
+        abort = getattr(self.client, "abort", None)
+        if abort is not None:
+            await abort(rid)
+
+
+def _not_sent(rid: str) -> GenerateResult:
+    return GenerateResult(rid=rid, output_ids=(), output_logprobs=(), weight_version=None, prompt_tokens=0,
+                          cached_tokens=0, completion_tokens=0,
+                          finish_reason=FinishReason(FinishKind.ABORT, message="the step was full; not sent"))
+
+
+@dataclass
+class _Member:
+    runner: EpisodeRunner | None = None
+    episode: Episode | None = None
+    lost: str | None = None
+    stale: bool = False
+    retries: int = 0
+    start_version: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.episode is not None
+
+
+@dataclass
+class _Group:
+    group_id: str
+    row: DataRow
+    members: list[_Member]
+    regenerated: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return all(m.finished for m in self.members)
+
+    def runners(self) -> list[EpisodeRunner]:
+        return [m.runner for m in self.members if m.runner is not None]
+
+
+def _lost_reason(episode: Episode) -> str | None:
+    """Why an episode is not usable for training for an infrastructure reason (None: usable)."""
+    traj = episode.trajectory
+    if traj.status is Status.FAILED:
+        for key in ("engine_error", "env_error"):
+            if key in traj.info:
+                return key
+    if traj.reward is None and traj.status is not Status.ABORTED:
+        return "reward_error" if "reward_error" in traj.info else "unscored"
+    if traj.status is Status.ABORTED:
+        return "aborted"
+    return None
+
+
+class Scheduler:
+    """Collects training steps from a data source; see the module doc.
+
+    ``env_factory`` builds one environment from one row's data (an :class:`Environment` subclass
+    works); ``client`` is the engine group's client (:meth:`InferenceClient.abort` reaches the engines
+    by request id); ``load_probe`` returns the number of requests running or waiting on the engines
+    (used to check that an abort left them idle; ``None``: not checked); ``engines`` sizes the request
+    bound (``max_requests_per_engine × engines``).
+    """
+
+    def __init__(self, env_factory: EnvFactory, template: ChatTemplate, client: GenerateClient, data: DataSource,
+                 config: SchedulerConfig | None = None, *, agent: AgentConfig | None = None,
+                 group_filter: GroupFilter | None = None, load_probe: LoadProbe | None = None,
+                 engines: int = 1) -> None:
+        self.config = config or SchedulerConfig()
+        self.env_factory, self.template, self.client, self.data = env_factory, template, client, data
+        self.agent = agent or AgentConfig()
+        self.group_filter = group_filter
+        self.load_probe = load_probe
+        data.require(self.config.groups_per_step)
+        self.policy_version = 0
+        self.steps = 0
+        self._slots = asyncio.Semaphore(self.config.max_requests_per_engine * max(engines, 1))
+        self._tool_slots = asyncio.Semaphore(self.config.max_tool_concurrency)
+        self.opening_cache = OpeningCache(template)
+        self.pacer = Pacer()
+        self._buffer: deque[_Group] = deque()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._current: _Step | None = None
+        self._bad_rows_reported = False
+
+    # -- public ------------------------------------------------------------------------------
+    def set_policy_version(self, version: int) -> None:
+        """The trainer's current weight version (after each weight update); never goes back."""
+        if version < self.policy_version:
+            raise ValueError(f"set_policy_version({version}): the policy is already at version {self.policy_version}")
+        self.policy_version = version
+
+    @property
+    def buffered_groups(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def inflight_requests(self) -> int:
+        """Generation requests of the current step on the engines right now."""
+        return len(self._current.inflight) if self._current is not None else 0
+
+    def buffered_prompt_ids(self) -> list[str]:
+        return [g.row.prompt_id for g in self._buffer]
+
+    async def collect(self) -> StepBatch:
+        """Collects one step: exactly ``groups_per_step`` accepted groups (fewer only when the data ran out)."""
+        step = _Step(index=self.steps)
+        self._current = step
+        self.steps += 1
+        report = StepReport(step=step.index, policy_version=self.policy_version)
+        if not self._bad_rows_reported:
+            report.bad_rows, self._bad_rows_reported = len(self.data.bad_rows), True
+        step.stats.start()
+        accepted: list[_Group] = []
+        running: dict[asyncio.Task[None], _Group] = {}
+        try:
+            await self._fill(step, report, accepted, running)
+        except BaseException:
+            await self._abort(step, running)
+            await self._discard(list(running.values()))
+            raise
+        await self._abort(step, running)
+        self._keep_leftovers(list(running.values()), report)
+        groups = self._hand_over(accepted, report)
+        step.stats.finish(report, groups)
+        report.check()
+        return StepBatch(groups=groups, report=report)
+
+    async def evaluate(self, rows: Sequence[dict[str, Any]], config: EvalConfig | None = None) -> EvalReport:
+        """Eval rollouts of ``rows`` with their own settings (:func:`~agentrl.rollout.eval.evaluate`); no
+        training side effects, never aborted by a step, may run while :meth:`collect` does."""
+        return await evaluate(self.env_factory, self.template, self.client, rows, config, agent=self.agent,
+                              opening_cache=self.opening_cache, tool_slots=self._tool_slots)
+
+    async def shutdown(self) -> None:
+        """Ends every buffered episode and closes its environment (no sandbox or process is left)."""
+        buffered, self._buffer = list(self._buffer), deque()
+        await self._discard(buffered)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data cursor, the policy version and the buffered groups (rows and trajectories so far)."""
+        return {
+            "data": self.data.state_dict(), "policy_version": self.policy_version, "steps": self.steps,
+            "buffer": [{"group_id": g.group_id, "prompt_id": g.row.prompt_id, "epoch": g.row.epoch,
+                        "row": g.row.data, "members": [_member_state(m) for m in g.members]} for g in self._buffer],
+        }
+
+    # -- filling a step ------------------------------------------------------------------------
+    async def _fill(self, step: _Step, report: StepReport, accepted: list[_Group],
+                    running: dict[asyncio.Task[None], _Group]) -> None:
+        cfg = self.config
+        rejected = 0
+        while len(accepted) < cfg.groups_per_step or any(self._must_finish(g) for g in running.values()):
+            if len(accepted) < cfg.groups_per_step:
+                self._top_up(step, report, accepted, running)
+            if not running:
+                if len(accepted) < cfg.groups_per_step:
+                    report.data_exhausted = True
+                return
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = running.pop(task)
+                task.result()  # a bug in the scheduler itself propagates
+                verdict = await self._judge(group, report)
+                if verdict == "accepted":
+                    self._accept(group, accepted, report)
+                elif verdict == "rejected":
+                    rejected += 1
+                    if rejected >= cfg.rejection_budget:
+                        raise SchedulerError(
+                            f"the group filter rejected {rejected} groups in step {step.index} "
+                            f"(max_rejected_groups={cfg.rejection_budget}) with {len(accepted)} of "
+                            f"{cfg.groups_per_step} accepted; reasons: {report.filtered}")
+
+    def _accept(self, group: _Group, accepted: list[_Group], report: StepReport) -> None:
+        """Adds a finished group; a full batch makes room for a group that cannot wait another step."""
+        if len(accepted) < self.config.groups_per_step:
+            accepted.append(group)
+            return
+        if self._must_finish(group):
+            for i in range(len(accepted) - 1, -1, -1):
+                if not self._must_finish(accepted[i]):
+                    evicted = accepted.pop(i)
+                    accepted.append(group)
+                    self._keep_leftovers([evicted], report)
+                    return
+        self._keep_leftovers([group], report)  # finished after the batch was full: surplus
+
+    def _must_finish(self, group: _Group) -> bool:
+        """Whether the group would exceed ``max_staleness`` if it waited for the next step (its tokens are
+        as old as the bound allows): the step then waits for it rather than leaving it to go stale."""
+        bound = self.config.max_staleness
+        if bound is None or self.config.mask_offpolicy or not self.config.partial_rollout:
+            return False
+        oldest = min((_oldest_version(_member_sequences(m), m.start_version) for m in group.members),
+                     default=self.policy_version)
+        return self.policy_version + 1 - oldest > bound
+
+    def _target_inflight(self, missing: int) -> int:
+        cfg = self.config
+        target = math.ceil(missing * (1.0 + cfg.over_sampling))
+        if cfg.max_inflight_groups is not None:
+            target = min(target, cfg.max_inflight_groups)
+        return max(target, 1 if missing > 0 else 0)
+
+    def _top_up(self, step: _Step, report: StepReport, accepted: list[_Group],
+                running: dict[asyncio.Task[None], _Group]) -> None:
+        target = self._target_inflight(self.config.groups_per_step - len(accepted))
+        while len(running) < target:
+            group = self._next_group(report)
+            if group is None:
+                return
+            if group.complete:  # a surplus group of an earlier step, finished: judged at once
+                task = asyncio.ensure_future(asyncio.sleep(0))
+            else:
+                task = asyncio.ensure_future(self._run_group(group, step))
+            running[task] = group
+
+    def _next_group(self, report: StepReport) -> _Group | None:
+        while self._buffer:
+            group = self._buffer.popleft()
+            report.from_buffer += 1
+            if self._group_too_stale(group):
+                report.count("stale")
+                self._close_later(group)
+                continue
+            return group
+        try:
+            (row,) = self.data.draw(1)
+        except DataExhausted:
+            return None
+        report.drawn += 1
+        return _Group(group_id=uuid.uuid4().hex, row=row,
+                      members=[_Member(start_version=self.policy_version) for _ in range(self.config.group_size)])
+
+    # -- one group -----------------------------------------------------------------------------
+    async def _run_group(self, group: _Group, step: _Step) -> None:
+        await asyncio.gather(*(self._run_member(group, i, m, step) for i, m in enumerate(group.members)
+                               if not m.finished))
+
+    def _new_runner(self, group: _Group, index: int, step: _Step) -> EpisodeRunner:
+        env = self.env_factory(dict(group.row.data))
+        return EpisodeRunner(env, self.template, _StepClient(self.client, self._slots, step), self.agent,
+                             group_id=group.group_id, rollout_id=uuid.uuid4().hex,
+                             sample_id=f"{group.row.prompt_id}:{index}", tool_slots=self._tool_slots,
+                             opening_cache=self.opening_cache, pacer=self.pacer)
+
+    async def _run_member(self, group: _Group, index: int, member: _Member, step: _Step) -> None:
+        member.stale = False
+        while True:
+            if member.runner is None:
+                await self.pacer.turn()  # building an environment is CPU work: take turns
+                member.start_version = self.policy_version
+                try:
+                    member.runner = self._new_runner(group, index, step)
+                except Exception as exc:  # the factory rejected a row it was validated against
+                    member.lost = f"env_build_error: {type(exc).__name__}: {exc}"
+                    member.episode = Episode(sequences=[])
+                    return
+            else:
+                member.runner.client = _StepClient(self.client, self._slots, step)
+            runner = member.runner
+
+            def should_abort(m: _Member = member) -> bool:
+                if step.aborted:
+                    return True
+                if self._member_too_stale(m):
+                    m.stale = True
+                    return True
+                return False
+
+            try:
+                episode = await runner.advance(should_abort)
+            except Exception as exc:  # reset() or the opening render raised: a lost member, not a crash
+                await runner.close()
+                member.runner = None
+                if member.retries < self.config.member_retries and not step.aborted:
+                    member.retries += 1
+                    group.regenerated += 1
+                    continue
+                member.lost = f"env_error: {type(exc).__name__}: {exc}"
+                member.episode = Episode(sequences=[])
+                return
+            if episode is None:
+                if step.aborted or member.stale:  # suspended by this step's abort or the staleness bound
+                    step.stats.suspended += 1
+                    return
+                # the engine aborted the turn on its own (a restart, another client's abort_all): resume it
+                if member.retries < self.config.member_retries:
+                    member.retries += 1
+                    group.regenerated += 1
+                    continue
+                episode = runner.finish_aborted()
+                episode.trajectory.info.setdefault("engine_error", f"aborted by the engine: {runner.abort_message}")
+            lost = _lost_reason(episode)
+            step.stats.add_episode(episode, lost)
+            await runner.close()
+            if lost is not None and member.retries < self.config.member_retries and not step.aborted:
+                member.runner = None
+                member.retries += 1
+                group.regenerated += 1
+                continue
+            member.episode, member.lost = episode, lost
+            return
+
+    def _member_too_stale(self, member: _Member) -> bool:
+        bound = self.config.max_staleness
+        if bound is None or self.config.mask_offpolicy or member.runner is None:
+            return False
+        oldest = _oldest_version(member.runner.sequences, member.start_version)
+        return self.policy_version - oldest > bound
+
+    def _group_too_stale(self, group: _Group) -> bool:
+        bound = self.config.max_staleness
+        if bound is None or self.config.mask_offpolicy:
+            return False
+        oldest = min((_oldest_version(_member_sequences(m), m.start_version) for m in group.members),
+                     default=self.policy_version)
+        return self.policy_version - oldest > bound
+
+    async def _judge(self, group: _Group, report: StepReport) -> str:
+        """Decides a finished group: ``accepted``, ``rejected`` (filter), ``failed`` or ``stale``."""
+        if any(m.stale for m in group.members):
+            report.count("stale")
+            await self._discard([group])
+            return "stale"
+        kept = [m for m in group.members if m.finished and m.lost is None]
+        report.members_regenerated += group.regenerated
+        report.members_lost += len(group.members) - len(kept)
+        if len(kept) < self.config.min_group_size:
+            reasons = Counter((m.lost or "unfinished").split(":")[0] for m in group.members if m not in kept)
+            report.count("failed", reasons.most_common(1)[0][0] if reasons else "too_few_members")
+            return "failed"
+        rollout = self._as_rollout_group(group, kept)
+        verdict = apply_filter(self.group_filter, rollout)
+        if not verdict.keep:
+            report.count("filtered", verdict.reason)
+            return "rejected"
+        group.members = kept
+        return "accepted"
+
+    def _as_rollout_group(self, group: _Group, members: list[_Member]) -> RolloutGroup:
+        episodes = [m.episode for m in members if m.episode is not None]
+        return RolloutGroup(group_id=group.group_id, prompt_id=group.row.prompt_id, row=group.row.data,
+                            episodes=episodes, epoch=group.row.epoch, lost=len(group.members) - len(members),
+                            regenerated=group.regenerated)
+
+    # -- the end of a step ----------------------------------------------------------------------
+    async def _abort(self, step: _Step, running: dict[asyncio.Task[None], _Group]) -> None:
+        """Aborts this step's requests until every group task settled, then waits for idle engines."""
+        step.aborted = True
+        started = time.perf_counter()
+        deadline = started + self.config.abort_timeout_s
+        pending = {t for t in running if not t.done()}
+        client = _StepClient(self.client, self._slots, step)
+        rounds = 0
+        while pending and time.perf_counter() < deadline:
+            rids = list(step.inflight)
+            if rids:
+                rounds += 1
+                await asyncio.gather(*(client.abort(r) for r in rids), return_exceptions=True)
+            _, pending = await asyncio.wait(pending, timeout=0.2)
+        for task in pending:  # past the deadline: cancelling aborts each task's own request
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+            step.stats.abort_cancelled += len(pending)
+        step.stats.abort_rounds = rounds
+        step.stats.abort_settle_s = time.perf_counter() - started
+        if self.load_probe is not None:
+            step.stats.engine_requests_after_abort = await self._wait_idle(deadline + self.config.abort_timeout_s)
+            step.stats.abort_idle_s = time.perf_counter() - started
+
+    async def _wait_idle(self, deadline: float) -> int:
+        assert self.load_probe is not None
+        while True:
+            try:
+                left = await self.load_probe()
+            except Exception:
+                return -1
+            if left == 0 or time.perf_counter() >= deadline:
+                return left
+            await asyncio.sleep(0.05)
+
+    def _keep_leftovers(self, groups: list[_Group], report: StepReport) -> None:
+        for group in groups:
+            if self.config.partial_rollout:
+                self._buffer.append(group)
+                report.count("buffered")
+            else:
+                self._close_later(group)
+                fresh = _Group(group_id=uuid.uuid4().hex, row=group.row,
+                               members=[_Member() for _ in range(self.config.group_size)])
+                self._buffer.append(fresh)
+                report.count("recycled")
+
+    def _close_later(self, group: _Group) -> None:
+        runners = group.runners()
+        for m in group.members:
+            m.runner = None
+        for runner in runners:
+            runner.finish_aborted()
+        if runners:
+            task = asyncio.ensure_future(_close_all(runners))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _discard(self, groups: list[_Group]) -> None:
+        runners = [r for g in groups for r in g.runners()]
+        for g in groups:
+            for m in g.members:
+                m.runner = None
+        for runner in runners:
+            runner.finish_aborted()
+        await _close_all(runners)
+        if self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
+
+    def _hand_over(self, accepted: list[_Group], report: StepReport) -> list[RolloutGroup]:
+        current = self.policy_version
+        out: list[RolloutGroup] = []
+        for group in accepted:
+            rollout = self._as_rollout_group(group, group.members)
+            rollout.lost = self.config.group_size - len(group.members)
+            if self.config.mask_offpolicy:
+                for traj in rollout.trajectories():
+                    report.masked_offpolicy_tokens += traj.mask_model_segments(
+                        lambda seg: _segment_version(seg.weight_version, current) < current)
+            versions = rollout.weight_versions()
+            staleness = current - min(versions) if versions else 0
+            if self.config.max_staleness is not None and staleness > self.config.max_staleness:
+                report.count("stale")
+                continue
+            report.staleness[staleness] = report.staleness.get(staleness, 0) + 1
+            report.count("trained")
+            out.append(rollout)
+        return out
+
+
+def _segment_version(version: str | None, default: int) -> int:
+    v = version_number(version)
+    return default if v is None else v
+
+
+def _member_sequences(member: _Member) -> list[Any]:
+    if member.episode is not None:
+        return list(member.episode.sequences)
+    return list(member.runner.sequences) if member.runner is not None else []
+
+
+def _oldest_version(sequences: Sequence[Any], default: int) -> int:
+    oldest = default
+    for traj in sequences:
+        for seg in traj.segments:
+            if seg.kind is SegmentKind.MODEL and seg.trainable:
+                v = version_number(seg.weight_version)
+                if v is not None and v < oldest:
+                    oldest = v
+    return oldest
+
+
+def _member_state(member: _Member) -> dict[str, Any]:
+    seqs = _member_sequences(member)
+    return {"finished": member.finished, "lost": member.lost, "start_version": member.start_version,
+            "partial_turn_tokens": member.runner.partial_turn_tokens if member.runner is not None else 0,
+            "sequences": [t.to_dict() for t in seqs]}
+
+
+async def _close_all(runners: Sequence[EpisodeRunner]) -> None:
+    await asyncio.gather(*(r.close() for r in runners), return_exceptions=True)
