@@ -1,11 +1,14 @@
 """agentrl: reinforcement learning of tool-using language models.
 
 The public surface is re-exported here; see ``agentrl.chat`` for templates and tool-call parsing
-and :class:`agentrl.Trajectory` for the verified token buffer of one episode.
+and :class:`agentrl.Trajectory` for the verified token buffer of one sequence; :class:`agentrl.Episode`
+holds all of an episode's sequences and is what to save and batch.
 """
 
+from agentrl.episode import Episode, iter_episodes, load_episodes, save_episodes
 from agentrl.trajectory import Segment, SegmentKind, Status, StopReason, Trajectory, TrajectoryError
 
 __version__ = "0.1.0"
 
-__all__ = ["Segment", "SegmentKind", "Status", "StopReason", "Trajectory", "TrajectoryError", "__version__"]
+__all__ = ["Episode", "Segment", "SegmentKind", "Status", "StopReason", "Trajectory", "TrajectoryError", "__version__",
+           "iter_episodes", "load_episodes", "save_episodes"]

@@ -37,9 +37,9 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from agentrl._enum import NamedEnum
 from agentrl.chat.types import Message
 
 __all__ = [
@@ -71,7 +71,7 @@ def _check_logprobs(logprobs: list[float], what: str) -> None:
             raise TrajectoryError(f"{what}[{i}] = {lp!r}; expected a finite value <= 0")
 
 
-class SegmentKind(str, Enum):
+class SegmentKind(NamedEnum):
     """Where a span of tokens came from."""
 
     PROMPT = "prompt"
@@ -81,7 +81,7 @@ class SegmentKind(str, Enum):
     SCAFFOLD = "scaffold"
 
 
-class Status(str, Enum):
+class Status(NamedEnum):
     """Lifecycle of an episode. The last four are terminal."""
 
     PENDING = "pending"
@@ -96,7 +96,7 @@ class Status(str, Enum):
         return self not in (Status.PENDING, Status.RUNNING)
 
 
-class StopReason(str, Enum):
+class StopReason(NamedEnum):
     """Why an episode ended."""
 
     NO_TOOL_CALLS = "no_tool_calls"  # the model answered without calling a tool

@@ -30,10 +30,11 @@ from agentrl.rewards.math import final_answer_text, math_answer_reward
 from agentrl.tools import Tool, calculator
 from agentrl.trajectory import Trajectory
 
-__all__ = ["ArithmeticTask", "ToyArithmeticEnv", "make_arithmetic_rows"]
+__all__ = ["SYSTEM_PROMPT", "ArithmeticTask", "ToyArithmeticEnv", "make_arithmetic_rows"]
 
-SYSTEM_PROMPT = ("You are a careful assistant. Use the calculator tool for the arithmetic, then give the "
-                 "final answer as \\boxed{N}.")
+# Short on purpose: on CPU the prompt (system text plus the tool schema the template lists) is most of
+# every sequence, so each token here is paid once per rollout and once per training forward.
+SYSTEM_PROMPT = "Use the calculator, then give the answer as \\boxed{N}."
 
 
 class ArithmeticTask(BaseModel):
@@ -65,15 +66,29 @@ def make_arithmetic_rows(n: int, *, seed: int = 0, digits: int = 3) -> list[dict
 
 
 class ToyArithmeticEnv(Environment):
-    """Multiply two numbers with the ``calculator`` tool; reward 1 for the exact boxed product."""
+    """Multiply two numbers with the ``calculator`` tool; reward 1 for the exact boxed product.
+
+    ``system_prompt``: the system message (default :data:`SYSTEM_PROMPT`); ``None`` or ``""`` opens
+    with the user question alone (the template still lists the tool).
+    """
 
     task_type = ArithmeticTask
     tools: ClassVar[tuple[Tool, ...]] = (calculator,)
     reward_range = (0.0, 1.0)
     default_limits = EnvLimits(max_turns=3, max_tool_calls=2)
 
+    def __init__(self, task: Any, *, system_prompt: str | None = SYSTEM_PROMPT, **kwargs: Any) -> None:
+        super().__init__(task, **kwargs)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise TypeError(f"ToyArithmeticEnv(system_prompt=...): expected a string or None, got "
+                            f"{type(system_prompt).__name__}")
+        self.system_prompt = system_prompt
+
     async def reset(self) -> list[Message]:
-        return [Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=self.task.question)]
+        opening = [Message(role="user", content=self.task.question)]
+        if self.system_prompt:
+            opening.insert(0, Message(role="system", content=self.system_prompt))
+        return opening
 
     def reward(self, trajectory: Trajectory) -> float:
         return math_answer_reward(final_answer_text(trajectory.messages), self.task.answer)

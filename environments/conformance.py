@@ -5,12 +5,20 @@ message-level replies (a reply calling every registered tool with arguments made
 schema, a reply with an unknown tool and a parse failure, a final answer), then reports:
 
 - ``exception``: an exception escaping ``__init__``, ``reset``, ``step``, ``reward`` or ``close``;
-- ``contract``: ``reset`` not returning messages, a bad ``StepResult``, an episode that never ends;
+- ``row``: a dataset row the environment refuses at construction (reported once per row);
+- ``contract``: ``reset`` not returning system/user messages (an assistant turn in the opening is
+  refused), a method that is not ``async``, a bad ``StepResult``, an episode that never ends;
 - ``shared_state``: the row or a class attribute changed, or two identical episodes diverged;
 - ``step_after_done``: ``step`` accepted after the episode was done (it must raise);
 - ``pickle``: a fresh environment that cannot be pickled (naming the attributes at fault);
 - ``leak``: processes (or Docker containers) started during the episode still alive after ``close``;
 - ``reward_range``: a reward outside the class's declared ``reward_range``, or not a number.
+
+Warnings do not fail the check: a tool that raised on every call the checker made (with arguments
+made up from its schema), and, from the command line, ``--rows`` beyond the file. Each problem is
+reported once per row (with how many episodes showed it); rows are named by their file line when
+the caller passes ``row_numbers``. ``verbose=True`` keeps every episode's transcript for
+:meth:`CheckReport.format`.
 
 Example::
 
@@ -22,6 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import inspect
+import json
 import math
 import os
 import pickle
@@ -43,14 +54,21 @@ _FINAL_ANSWER = "The answer is \\boxed{0}."
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken contract: which check, on which row, and what happened."""
+    """One broken contract: which check, on which row, and what happened.
+
+    ``row`` is the row's index in the list checked; ``line`` its line in the data file when known.
+    """
 
     check: str
     message: str
     row: int | None = None
+    line: int | None = None
 
     def __str__(self) -> str:
-        where = f"row {self.row}: " if self.row is not None else ""
+        if self.line is not None:
+            where = f"line {self.line}: "
+        else:
+            where = f"row {self.row}: " if self.row is not None else ""
         return f"[{self.check}] {where}{self.message}"
 
 
@@ -60,9 +78,12 @@ class CheckReport:
     rows_checked: int = 0
     episodes: int = 0
     violations: list[Violation] = field(default_factory=list)
+    warnings: list[Violation] = field(default_factory=list)
+    transcripts: list[str] = field(default_factory=list)  # filled with verbose=True
 
     @property
     def ok(self) -> bool:
+        """No violation (warnings do not count)."""
         return not self.violations
 
     @property
@@ -72,7 +93,12 @@ class CheckReport:
     def format(self) -> str:
         head = (f"{self.env_name}: {self.rows_checked} rows, {self.episodes} episodes, "
                 f"{len(self.violations)} violation(s)")
-        return "\n".join([head, *(f"  {v}" for v in self.violations)]) if self.violations else head + " — OK"
+        if self.warnings:
+            head += f", {len(self.warnings)} warning(s)"
+        lines = [*self.transcripts, head + ("" if self.violations else " — OK")]
+        lines += [f"  {v}" for v in self.violations]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
 
 
 def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,9 +191,10 @@ class _Episode:
     script: str
     violations: list[Violation] = field(default_factory=list)
     transcript: list[Any] = field(default_factory=list)
+    tool_outcomes: list[tuple[str, dict[str, Any], str | None]] = field(default_factory=list)  # name, args, error
 
     def fail(self, check: str, message: str) -> None:
-        self.violations.append(Violation(check, f"[{self.script} episode] {message}", self.row_index))
+        self.violations.append(Violation(check, message, self.row_index))
 
     def replies(self, env: Environment) -> list[tuple[Message, list[ToolCallFailure]]]:
         answer: tuple[Message, list[ToolCallFailure]] = (Message(role="assistant", content=_FINAL_ANSWER), [])
@@ -183,6 +210,11 @@ class _Episode:
         return [answer]
 
     async def guarded(self, what: str, coro: Any) -> tuple[bool, Any]:
+        if not inspect.isawaitable(coro):
+            name = what.split("(")[0]
+            self.fail("contract", f"{what} returned {type(coro).__name__} instead of an awaitable: define it as "
+                      f"`async def {name}(self, ...)`")
+            return False, None
         try:
             return True, await coro
         except Exception as exc:
@@ -212,6 +244,11 @@ class _Episode:
         if not isinstance(opening, list) or not opening or not all(isinstance(m, Message) for m in opening):
             self.fail("contract", f"reset() must return a non-empty list of Message, got {opening!r:.120}")
             return
+        roles = [m.role for m in opening]
+        if any(r not in ("system", "user") for r in roles):
+            self.fail("contract", f"reset() must return system and user messages only (the model writes the "
+                      f"assistant turns), got roles {roles}")
+            return
         messages = list(opening)
         self.transcript.append([m.to_dict() for m in opening])
         script = self.replies(env)
@@ -226,6 +263,7 @@ class _Episode:
                 self.fail("contract", f"step() must return a StepResult, got {type(res).__name__}")
                 return
             self.check_picklable(res, f"StepResult of turn {turn + 1}")
+            self.record_tool_outcomes(reply, res)
             messages.append(reply)
             messages.extend(res.messages)
             self.transcript.append(([m.to_dict() for m in res.messages], res.done,
@@ -238,6 +276,16 @@ class _Episode:
             return
         await self.check_step_after_done(env, script[-1])
         await self.check_reward(env, messages)
+
+    def record_tool_outcomes(self, reply: Message, res: StepResult) -> None:
+        if self.script != "tools":
+            return
+        answers = {m.tool_call_id: m for m in res.messages if m.role == "tool" and m.tool_call_id}
+        for call in reply.tool_calls:
+            answer = answers.get(call.id) if call.id is not None else None
+            text = str(answer.content) if answer is not None else ""
+            error = text if text.startswith(f"Error: {FailureKind.TOOL_ERROR.value}:") else None
+            self.tool_outcomes.append((call.name, call.arguments, error))
 
     def check_picklable(self, obj: Any, what: str) -> None:
         try:
@@ -299,28 +347,89 @@ def _describe(pid: int) -> str:
     return f"pid {pid} ({cmd[:60]})"
 
 
-async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, max_rows: int = 3) -> CheckReport:
-    """Runs the scripted episodes on up to ``max_rows`` rows and returns every violation found."""
+def _merge(episodes: Sequence[_Episode]) -> list[Violation]:
+    """One violation per (check, message) over a row's episodes, naming the episodes that showed it."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    first: dict[tuple[str, str], Violation] = {}
+    for ep in episodes:
+        for v in ep.violations:
+            key = (v.check, v.message)
+            first.setdefault(key, v)
+            if ep.script not in seen.setdefault(key, []):
+                seen[key].append(ep.script)
+    return [Violation(v.check, f"{v.message} (in the {', '.join(seen[k])} episode{'s' if len(seen[k]) > 1 else ''})",
+                      v.row) for k, v in first.items()]
+
+
+def _tool_warnings(episodes: Sequence[_Episode]) -> list[Violation]:
+    calls: dict[str, list[tuple[dict[str, Any], str | None]]] = {}
+    for ep in episodes:
+        for name, args, error in ep.tool_outcomes:
+            calls.setdefault(name, []).append((args, error))
+    out = []
+    for name, outcomes in calls.items():
+        if all(error is not None for _, error in outcomes):
+            args, error = outcomes[0]
+            out.append(Violation("tool_error", f"tool {name!r} raised on every call ({len(outcomes)}), e.g. with "
+                                 f"{json.dumps(args)[:120]}: {str(error)[:160]}"))
+    return out
+
+
+def _transcript(ep: _Episode, label: str) -> str:
+    lines = [f"--- {label}, {ep.script} episode"]
+    for i, entry in enumerate(ep.transcript):
+        lines.append(f"    {'reset' if i == 0 else f'step {i}' if not isinstance(entry, float) else 'reward'}: "
+                     f"{json.dumps(entry, ensure_ascii=False, default=str)[:400]}")
+    return "\n".join(lines)
+
+
+async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, max_rows: int = 3,
+                            row_numbers: Sequence[int] | None = None, verbose: bool = False) -> CheckReport:
+    """Runs the scripted episodes on up to ``max_rows`` rows and returns every violation found.
+
+    ``row_numbers``: how to name each row in the report (e.g. its line in the data file); default:
+    its index. ``verbose``: keep each episode's transcript in :attr:`CheckReport.transcripts`.
+    """
     if not (isinstance(env_cls, type) and issubclass(env_cls, Environment)):
         raise TypeError(f"check_environment: expected an Environment subclass, got {env_cls!r}")
     if not rows:
         raise ValueError("check_environment: rows is empty; expected at least one dataset row")
+    if row_numbers is not None and len(row_numbers) < min(len(rows), max_rows):
+        raise ValueError(f"check_environment: row_numbers has {len(row_numbers)} entries for {len(rows)} rows")
     report = CheckReport(env_name=f"{env_cls.__module__}:{env_cls.__qualname__}")
+    every: list[_Episode] = []
     for index, row in enumerate(rows[:max_rows]):
-        row_before, class_before = copy.deepcopy(row), _class_state(env_cls)
-        runs = [_Episode(env_cls, row, index, s) for s in ("tools", "tools", "failures", "answer")]
-        for ep in runs:
-            await ep.run()
-            report.violations.extend(ep.violations)
-            report.episodes += 1
-        if row != row_before:
-            report.violations.append(Violation("shared_state", "the dataset row was modified by an episode", index))
-        changed = [k for k, v in _class_state(env_cls).items() if class_before.get(k, v) != v]
-        if changed:
-            report.violations.append(Violation("shared_state", "class attributes changed across episodes: "
-                                               + ", ".join(sorted(changed)), index))
-        if runs[0].transcript and runs[1].transcript and runs[0].transcript != runs[1].transcript:
-            report.violations.append(Violation("shared_state", "two identical episodes produced different "
-                                               "transcripts (state leaks from one episode into the next)", index))
+        line = row_numbers[index] if row_numbers is not None else None
+        found = await _check_row(env_cls, row, index, report, every, verbose, line)
+        report.violations.extend(dataclasses.replace(v, line=line) for v in found)
         report.rows_checked += 1
+    report.warnings.extend(_tool_warnings(every))
     return report
+
+
+async def _check_row(env_cls: type[Environment], row: Any, index: int, report: CheckReport,
+                     every: list[_Episode], verbose: bool, line: int | None) -> list[Violation]:
+    try:
+        env_cls(row)
+    except Exception as exc:  # a bad row: one report, no episodes
+        return [Violation("row", f"{env_cls.__name__}(row) refused the row: {type(exc).__name__}: "
+                          f"{str(exc)[:300]}", index)]
+    row_before, class_before = copy.deepcopy(row), _class_state(env_cls)
+    runs = [_Episode(env_cls, row, index, s) for s in ("tools", "tools", "failures", "answer")]
+    for ep in runs:
+        await ep.run()
+        report.episodes += 1
+        if verbose:
+            report.transcripts.append(_transcript(ep, f"line {line}" if line is not None else f"row {index}"))
+    every.extend(runs)
+    found = _merge(runs)
+    if row != row_before:
+        found.append(Violation("shared_state", "the dataset row was modified by an episode", index))
+    changed = [k for k, v in _class_state(env_cls).items() if class_before.get(k, v) != v]
+    if changed:
+        found.append(Violation("shared_state", "class attributes changed across episodes: "
+                               + ", ".join(sorted(changed)), index))
+    if runs[0].transcript and runs[1].transcript and runs[0].transcript != runs[1].transcript:
+        found.append(Violation("shared_state", "two identical episodes produced different "
+                               "transcripts (state leaks from one episode into the next)", index))
+    return found

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from agentrl._enum import NamedEnum
 from agentrl.chat.types import FailureKind
 
 __all__ = ["EnvLimits", "FailureAction", "FailurePolicy"]
 
 
-class FailureAction(str, Enum):
+class FailureAction(NamedEnum):
     """What an environment does when a tool call fails."""
 
     FEEDBACK = "feedback"

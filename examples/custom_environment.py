@@ -1,12 +1,15 @@
 """Write your own environment: a small tool-using task, checked and run end to end.
 
     python examples/custom_environment.py                 # scripted policy: no model, no GPU
-    python examples/custom_environment.py --engine-url http://127.0.0.1:30000 --tokenizer /path/to/model
+    python examples/custom_environment.py --engine-url http://127.0.0.1:30000 --model /path/to/model \
+        --seed 3 --save episodes.jsonl
 
 The environment below asks how many seconds are in some amount of time and gives the model a
 ``to_seconds`` tool. The script then (1) runs the conformance checker that ``agentrl env check``
 runs, (2) plays one episode through the real agent loop — with a scripted policy by default, or
-against a running SGLang server — and (3) prints the trajectory: its segments, masks and reward.
+against a running SGLang server (attach to it with ``--engine-url``; ``--model`` is the folder it
+serves, for the tokenizer and the model's vocabulary) — and (3) prints every sequence of the
+episode: its segments, masks and reward, and appends the whole episode to ``--save``.
 Fork it: change the task, the tool and the reward, keep the rest.
 """
 
@@ -19,10 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from agentrl import Episode, save_episodes
 from agentrl.chat import ChatTemplate, Message
 from agentrl.environments import Environment, EnvLimits, FailurePolicy, check_environment
 from agentrl.rewards import final_answer_text, math_answer_reward
-from agentrl.rollout import ClientConfig, InferenceClient, SamplingParams
+from agentrl.rollout import ClientConfig, InferenceClient, SamplingParams, model_vocab_size
 from agentrl.rollout.agent import AgentConfig, GenerateClient, run_episode
 from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient
@@ -87,38 +91,54 @@ def scripted_policy(tokenizer: Any, row: dict[str, Any]) -> ScriptedClient:
     return ScriptedClient(tokenizer, [call, copy_the_result])
 
 
-def show(traj: Trajectory, template: ChatTemplate) -> None:
-    print(f"status={traj.status.value} stop_reason={traj.stop_reason.value if traj.stop_reason else None} "
-          f"reward={traj.reward} metrics={traj.metrics}")
-    for seg in traj.segments:
-        text = template.decode(traj.tokens[seg.start:seg.end]).replace("\n", "\\n")
-        print(f"  {seg.kind.value:8} [{seg.start:4},{seg.end:4}) trained={seg.trainable!s:5} {text[:70]!r}")
+def show(episode: Episode, template: ChatTemplate) -> None:
+    """Every sequence of the episode (more than one when the template rewrote history and it forked)."""
+    print(f"status={episode.status.value} stop_reason={episode.stop_reason.value if episode.stop_reason else None} "
+          f"reward={episode.reward} sequences={len(episode.sequences)} metrics={episode.trajectory.metrics}")
+    for why in ("engine_error", "env_error", "bridge_error", "reward_error", "abort_reason"):
+        if why in episode.trajectory.info:  # a failed episode says why
+            print(f"  {why}: {episode.trajectory.info[why]}")
+    for traj in episode.sequences:
+        for seg in traj.segments:
+            text = template.decode(traj.tokens[seg.start:seg.end]).replace("\n", "\\n")
+            print(f"  [{traj.sequence_index}] {seg.kind.value:8} [{seg.start:4},{seg.end:4}) "
+                  f"trained={seg.trainable!s:5} {text[:70]!r}")
 
 
-async def main(engine_url: str | None, tokenizer_path: str | None) -> None:
+async def main(engine_url: str | None, model_path: str | None, seed: int, save: str | None) -> Episode:
     report = await check_environment(SecondsEnv, ROWS)
     print(report.format())
 
-    if tokenizer_path:
+    vocab_size = None
+    if model_path:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        vocab_size = model_vocab_size(model_path)  # the model's ids: checkpoints pad beyond the tokenizer
     else:
         tokenizer = build_tokenizer()  # agentrl's small Qwen-style test tokenizer
     template = ChatTemplate.from_name("qwen3", tokenizer=tokenizer)
-    config = AgentConfig(sampling=SamplingParams(max_new_tokens=256, temperature=1.0))
+    config = AgentConfig(sampling=SamplingParams(max_new_tokens=256, temperature=1.0, sampling_seed=seed),
+                         vocab_size=vocab_size)
+    row = ROWS[seed % len(ROWS)]
     if engine_url:
         async with InferenceClient(ClientConfig(base_url=engine_url)) as real:
-            episode = await run_episode(SecondsEnv(ROWS[0]), template, real, config)
+            episode = await run_episode(SecondsEnv(row), template, real, config)
     else:
-        client: GenerateClient = scripted_policy(tokenizer, ROWS[0])
-        episode = await run_episode(SecondsEnv(ROWS[0]), template, client, config)
-    show(episode.trajectory, template)
+        client: GenerateClient = scripted_policy(tokenizer, row)
+        episode = await run_episode(SecondsEnv(row), template, client, config)
+    show(episode, template)
+    if save:
+        save_episodes(save, [episode], append=True)  # the whole episode: every sequence, lossless JSONL
+    return episode
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine-url", help="a running SGLang server (default: a scripted policy)")
-    parser.add_argument("--tokenizer", help="the served model's tokenizer folder (with --engine-url)")
+    parser.add_argument("--engine-url", help="a running SGLang server to attach to (default: a scripted policy)")
+    parser.add_argument("--model", "--tokenizer", dest="model",
+                        help="the folder the server serves (its tokenizer and vocabulary; with --engine-url)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed; also picks the row (default 0)")
+    parser.add_argument("--save", help="append the episode to this JSONL file")
     args = parser.parse_args()
-    asyncio.run(main(args.engine_url, args.tokenizer))
+    asyncio.run(main(args.engine_url, args.model, args.seed, args.save))

@@ -6,9 +6,16 @@ function dict ``{"type": "function", "function": {"name", "description", "parame
 chat templates render unchanged.
 
 Tools report failures as values, never as exceptions out of the agent loop: arguments are validated
-against the schema before the call (``missing_required_argument``, ``invalid_argument_type``), an
-exception inside the tool becomes a ``tool_error`` result with a short message, and a call that
-exceeds the tool's ``timeout_s`` becomes ``tool_timeout``.
+against the schema before the call (``missing_required_argument``, ``invalid_argument_type`` — an
+argument the function does not take included), an exception inside the tool becomes a
+``tool_error`` result with a short message, and a call that exceeds the tool's ``timeout_s``
+becomes ``tool_timeout``.
+
+Parameter types: the JSON scalars, ``Literal``, ``Optional``, ``list``/``dict[str, ...]``/``set``/
+``tuple`` with their item types, ``Enum``, ``datetime``/``date``/``time``, pydantic models and
+dataclasses (see :mod:`agentrl.tools._hints`); the function receives values of those types (a
+model instance, a ``datetime``, a ``set``, an ``Enum`` member). A docstring entry for a parameter
+the function does not take, or a hint that cannot be resolved, fails at decoration.
 
 Example::
 
@@ -38,14 +45,16 @@ import inspect
 import json
 import re
 import time
-import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload, runtime_checkable
 
+import pydantic
+
 from agentrl.chat.schema import validate_arguments
 from agentrl.chat.types import FailureKind, ToolCallFailure
+from agentrl.tools._hints import Converter, hint_schema
 
 __all__ = ["FunctionTool", "Tool", "ToolResult", "function_parameters", "tool", "tool_schema", "validate_call"]
 
@@ -97,38 +106,6 @@ def short_error(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------------- schema from hints
 
-_SCALARS: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
-
-
-def _json_type(hint: Any, where: str) -> dict[str, Any]:
-    """The JSON schema of a type hint (str/int/float/bool, list/dict, Literal, Enum, Optional)."""
-    if hint in _SCALARS:
-        return {"type": _SCALARS[hint]}
-    if hint is Any:
-        return {}
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Literal:
-        kinds = {type(a) for a in args}
-        schema: dict[str, Any] = {"enum": list(args)}
-        if len(kinds) == 1 and next(iter(kinds)) in _SCALARS:
-            schema["type"] = _SCALARS[next(iter(kinds))]
-        return schema
-    if origin in (typing.Union, types.UnionType):
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            return _json_type(rest[0], where)
-        return {"anyOf": [_json_type(a, where) for a in rest]}
-    if hint is list or origin is list:
-        return {"type": "array", **({"items": _json_type(args[0], where)} if args else {})}
-    if hint is dict or origin is dict:
-        return {"type": "object"}
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        values = [m.value for m in hint]
-        return {"type": "string", "enum": values} if all(isinstance(v, str) for v in values) else {"enum": values}
-    raise TypeError(f"{where}: unsupported type hint {hint!r}; expected str, int, float, bool, list[...], dict, "
-                    "Literal[...], an Enum or Optional[...] of those")
-
-
 _SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Example|Examples)\s*:\s*$")
 
 
@@ -159,29 +136,67 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return "\n".join(summary).strip(), params
 
 
-def function_parameters(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
-    """``(description, parameters_schema)`` derived from ``fn``'s signature, hints and docstring."""
+def _type_hints(fn: Callable[..., Any], localns: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``fn``'s resolved hints; an unresolvable forward reference fails naming it."""
+    name = getattr(fn, "__name__", repr(fn))
+    try:
+        return typing.get_type_hints(fn, localns=dict(localns) if localns is not None else None)
+    except NameError as exc:
+        missing = getattr(exc, "name", None) or str(exc)
+        raise TypeError(f"@tool {name}: cannot resolve the type hint {missing!r}; define or import it at module "
+                        "level before the function (or quote nothing: use the class itself)") from None
+
+
+def describe_function(fn: Callable[..., Any], localns: Mapping[str, Any] | None = None) -> tuple[
+        str, dict[str, Any], dict[str, Converter]]:
+    """``(description, parameters_schema, converters)`` from ``fn``'s signature, hints and docstring.
+
+    ``converters`` turn each checked JSON value into its hint's type (models, datetimes, sets...).
+    Raises ``TypeError`` at decoration for what cannot be described: a missing or unsupported hint,
+    ``*args``/``**kwargs``, an unresolvable forward reference, or a docstring entry for a
+    parameter the function does not take. ``localns`` resolves hints naming local classes.
+    """
     name = getattr(fn, "__name__", repr(fn))
     description, docs = _parse_docstring(inspect.getdoc(fn) or "")
-    hints = typing.get_type_hints(fn)
+    signature = inspect.signature(fn)
+    unknown = [d for d in docs if d not in signature.parameters]
+    if unknown:
+        raise TypeError(f"@tool {name}: the docstring describes {', '.join(map(repr, unknown))}, which {name}() does "
+                        f"not take (parameters: {', '.join(signature.parameters) or 'none'}); fix the docstring")
+    hints = _type_hints(fn, localns)
     properties: dict[str, Any] = {}
     required: list[str] = []
-    for pname, param in inspect.signature(fn).parameters.items():
+    defs: dict[str, Any] = {}
+    converters: dict[str, Converter] = {}
+    for pname, param in signature.parameters.items():
         where = f"@tool {name}({pname})"
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
             raise TypeError(f"{where}: tools take named arguments only; *args, **kwargs and positional-only "
                             "parameters cannot be described by a JSON schema")
         if pname not in hints:
             raise TypeError(f"{where}: missing type hint; expected e.g. `{pname}: str`")
-        prop = _json_type(hints[pname], where)
+        prop, convert = hint_schema(hints[pname], defs, where)
+        if convert is not None:
+            converters[pname] = convert
         if pname in docs:
             prop["description"] = docs[pname]
         if param.default is param.empty:
             required.append(pname)
         elif param.default is not None and isinstance(param.default, (str, int, float, bool)):
-            prop["default"] = param.default
+            prop["default"] = param.default.value if isinstance(param.default, enum.Enum) else param.default
+        elif isinstance(param.default, enum.Enum) and isinstance(param.default.value, (str, int, float, bool)):
+            prop["default"] = param.default.value
         properties[pname] = prop
-    return description, {"type": "object", "properties": properties, "required": required}
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    if defs:
+        schema["$defs"] = defs
+    return description, schema, converters
+
+
+def function_parameters(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+    """``(description, parameters_schema)`` derived from ``fn``'s signature, hints and docstring."""
+    description, schema, _ = describe_function(fn)
+    return description, schema
 
 
 # --------------------------------------------------------------------------- FunctionTool
@@ -202,12 +217,12 @@ class FunctionTool:
     """A Python function (sync or async) exposed as a :class:`Tool`. Built by :func:`tool`."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
-                 timeout_s: float | None = 30.0) -> None:
+                 timeout_s: float | None = 30.0, localns: Mapping[str, Any] | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"FunctionTool: expected a function, got {fn!r}")
         if timeout_s is not None and (isinstance(timeout_s, bool) or timeout_s <= 0):
             raise ValueError(f"@tool(timeout_s=...): expected a positive number or None, got {timeout_s!r}")
-        doc_description, self.parameters = function_parameters(fn)
+        doc_description, self.parameters, self._converters = describe_function(fn, localns)
         self.name = name or fn.__name__
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", self.name):
             raise ValueError(f"@tool(name=...): expected letters, digits, '_', '.' or '-' (max 64), got {self.name!r}")
@@ -219,10 +234,35 @@ class FunctionTool:
     def schema(self) -> dict[str, Any]:
         return tool_schema(self)
 
-    async def __call__(self, **arguments: Any) -> ToolResult:
-        failures = validate_arguments(self.name, arguments, self.parameters)
+    def _checked(self, arguments: dict[str, Any]) -> dict[str, Any] | list[ToolCallFailure]:
+        """The arguments converted to the function's types, or the failures that keep it from being called."""
+        allowed = self.parameters["properties"]
+        failures = [ToolCallFailure(FailureKind.INVALID_ARGUMENT_TYPE,
+                                    f"{self.name}: argument {k!r}: got {v!r:.200}, expected no such argument "
+                                    f"(allowed: {', '.join(allowed) or 'none'})", tool_name=self.name, argument=k)
+                    for k, v in arguments.items() if k not in allowed]
+        failures += validate_arguments(self.name, arguments, self.parameters)
         if failures:
-            return ToolResult.from_failures(failures)
+            return failures
+        converted = dict(arguments)
+        for key, convert in self._converters.items():
+            if key not in converted or converted[key] is None:
+                continue
+            try:
+                converted[key] = convert(converted[key])
+            except (pydantic.ValidationError, ValueError, TypeError) as exc:
+                detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()) \
+                    if isinstance(exc, pydantic.ValidationError) else str(exc)
+                failures.append(ToolCallFailure(FailureKind.INVALID_ARGUMENT_TYPE,
+                                                f"{self.name}: argument {key!r}: {detail[:300]}",
+                                                tool_name=self.name, argument=key))
+        return failures or converted
+
+    async def __call__(self, **arguments: Any) -> ToolResult:
+        checked = self._checked(arguments)
+        if isinstance(checked, list):
+            return ToolResult.from_failures(checked)
+        arguments = checked
         start = time.monotonic()
         try:
             if self._is_async:
@@ -255,12 +295,19 @@ def tool(*, name: str | None = None, description: str | None = None,
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
          timeout_s: float | None = 30.0) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
-    """Turns a typed, documented function into a :class:`FunctionTool` (``@tool`` or ``@tool(...)``)."""
+    """Turns a typed, documented function into a :class:`FunctionTool` (``@tool`` or ``@tool(...)``).
+
+    Hints may name classes local to the decorating scope (a model defined inside a function): that
+    scope's names resolve them.
+    """
+    caller = inspect.currentframe()
+    localns = dict(caller.f_back.f_locals) if caller is not None and caller.f_back is not None else None
+    del caller
     if fn is not None:
-        return FunctionTool(fn, name=name, description=description, timeout_s=timeout_s)
+        return FunctionTool(fn, name=name, description=description, timeout_s=timeout_s, localns=localns)
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
-        return FunctionTool(f, name=name, description=description, timeout_s=timeout_s)
+        return FunctionTool(f, name=name, description=description, timeout_s=timeout_s, localns=localns)
 
     return wrap
 

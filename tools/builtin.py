@@ -165,10 +165,10 @@ def _eval(node: ast.AST) -> Any:
 
 @tool(timeout_s=5)
 def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression exactly as written and return the number.
+    """Evaluate an arithmetic expression exactly.
 
     Args:
-        expression: An arithmetic expression such as "(3 + 4) * 12 / 7" or "sqrt(2) ** 2".
+        expression: e.g. "(3 + 4) * 12 / 7" or "sqrt(2) ** 2".
     """
     if len(expression) > MAX_EXPRESSION:
         raise ValueError(f"expression longer than {MAX_EXPRESSION} characters")

@@ -18,10 +18,10 @@ estimator                  advantage                            policy loss     
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from enum import Enum
 
 import torch
 
+from agentrl._enum import NamedEnum
 from agentrl.algorithms.advantages import (
     _token_rewards,
     gae_advantages,
@@ -34,7 +34,7 @@ from agentrl.algorithms.reduce import LossAggregation
 __all__ = ["AdvantageEstimator", "PolicyLossKind", "compute_advantages", "default_aggregation", "policy_loss_for"]
 
 
-class AdvantageEstimator(str, Enum):
+class AdvantageEstimator(NamedEnum):
     GRPO = "grpo"
     DR_GRPO = "dr_grpo"
     GSPO = "gspo"
@@ -44,7 +44,7 @@ class AdvantageEstimator(str, Enum):
     PPO = "ppo"
 
 
-class PolicyLossKind(str, Enum):
+class PolicyLossKind(NamedEnum):
     PPO = "ppo"
     GSPO = "gspo"
     CISPO = "cispo"

@@ -19,14 +19,15 @@ Other modes:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import Enum
 
 import torch
+
+from agentrl._enum import NamedEnum
 
 __all__ = ["LossAggregation", "reduce_loss", "rollout_denominators"]
 
 
-class LossAggregation(str, Enum):
+class LossAggregation(NamedEnum):
     """How per-token losses become the step objective."""
 
     ROLLOUT_TOKEN_MEAN = "rollout_token_mean"

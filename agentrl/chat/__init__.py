@@ -11,6 +11,7 @@ from agentrl.chat.bridge import (
     PieceKind,
     bridge_turn,
 )
+from agentrl.chat.conversation import check_conversation, check_tools
 from agentrl.chat.parse import parse_token_ids, parse_tool_calls
 from agentrl.chat.schema import convert_xml_value, tool_properties, validate_arguments
 from agentrl.chat.template import (
@@ -50,6 +51,8 @@ __all__ = [
     "ToolCallFormat",
     "as_message_dicts",
     "bridge_turn",
+    "check_conversation",
+    "check_tools",
     "convert_xml_value",
     "detect_tool_call_format",
     "parse_token_ids",

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentrl._enum import NamedEnum
 from agentrl.chat._jinja import normalize_messages, normalize_tools
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ __all__ = ["BridgeOutcome", "BridgePiece", "BridgeResult", "BridgeSession", "Pie
 PieceKind = Literal["scaffold", "tool", "user"]
 
 
-class BridgeOutcome(str, Enum):
+class BridgeOutcome(NamedEnum):
     """How the next prompt can be built from the tokens so far."""
 
     APPEND = "append"

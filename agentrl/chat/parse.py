@@ -315,9 +315,24 @@ def parse_tool_calls(text: str, format: CallFormat = "json", tools: Iterable[Any
     calls, failures = _settle(turn, attempts, specs, strict, max_calls)
     failures += _text_after_call(turn, gaps_after_call, tolerated=not strict)
     failures.sort(key=lambda f: f.span[0])
-    return ParsedReply(content="".join(content).strip(),
-                       reasoning="\n\n".join(reasoning) if reasoning else None,
-                       calls=calls, failures=failures)
+    text = "".join(content).strip()
+    written = _content_as_written(turn, regions, calls)
+    return ParsedReply(content=text, reasoning="\n\n".join(reasoning) if reasoning else None,
+                       calls=calls, failures=failures, message_content=None if written == text else written)
+
+
+def _content_as_written(turn: str, regions: list[Region], calls: list[ToolCall]) -> str:
+    """The text outside reasoning and accepted calls: a call block nothing was accepted from stays in
+    place, so the assistant message re-renders to what the model wrote (see ``ParsedReply.message_content``)."""
+    accepted = [c.span[0] for c in calls if c.span is not None]
+    pieces: list[str] = []
+    pos = 0
+    for region in regions:
+        if region.kind == "think" or any(region.start <= start < region.end for start in accepted):
+            pieces.append(turn[pos:region.start])
+            pos = region.end
+    pieces.append(turn[pos:])
+    return "".join(pieces).strip()
 
 
 class TokenDecoder(Protocol):

@@ -61,11 +61,17 @@ def _fast_backend(tokenizer: Any) -> Any:
 
 def decode_keeping_special_tokens(tokenizer: Any, token_ids: Sequence[int]) -> str:
     """``tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)``,
-    through a fast tokenizer's Rust backend when it has one (same text, without the Python wrapper)."""
+    through a fast tokenizer's Rust backend when it has one (same text, without the Python wrapper).
+
+    Padding ids (``>= len(tokenizer)``: rows a checkpoint adds beyond the tokenizer, which the
+    engine can sample) have no text and decode to nothing, with every kind of tokenizer (the Rust
+    backend skips them itself)."""
     backend = _fast_backend(tokenizer)
     if backend is not None:
         return str(backend.decode(list(token_ids), skip_special_tokens=False))
-    return str(tokenizer.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else None  # a bare decoder: nothing to filter by
+    ids = [t for t in token_ids if size is None or 0 <= t < size]
+    return str(tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
 
 class ChatTemplateError(ValueError):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Literal, cast
+
+from agentrl._enum import NamedEnum
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
@@ -20,7 +21,7 @@ ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 REASONING_KEYS: tuple[str, ...] = ("reasoning_content", "thinking", "reasoning")
 
 
-class FailureKind(str, Enum):
+class FailureKind(NamedEnum):
     """Every way a model's tool use can fail, by name. Parse failures come first, then tool failures."""
 
     # Raised by the tool-call parser (agentrl.chat.parse_tool_calls).
@@ -175,18 +176,27 @@ class ToolCallFailure:
 
 @dataclass
 class ParsedReply:
-    """A parsed assistant turn: text outside calls, reasoning, accepted calls and typed failures."""
+    """A parsed assistant turn: text outside calls, reasoning, accepted calls and typed failures.
+
+    ``message_content`` is ``content`` with the text of every call the parser rejected left where the
+    model wrote it (``None`` when nothing was rejected: then it equals ``content``). The conversation
+    keeps it, so the model (and a reward reading ``messages``) sees its own failed call next turn.
+    """
 
     content: str
     reasoning: str | None = None
     calls: list[ToolCall] = field(default_factory=list)
     failures: list[ToolCallFailure] = field(default_factory=list)
+    message_content: str | None = None
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
     def to_message(self) -> Message:
-        """The assistant message this reply renders as (calls only; failures are not re-rendered)."""
-        return Message(role="assistant", content=self.content, reasoning_content=self.reasoning,
+        """The assistant message the model wrote: accepted calls as ``tool_calls``, every other piece of
+        text (a rejected call included) as content. It re-renders to the sampled text whenever the
+        model wrote the template's own layout, so the bridge needs no fork after a failed call."""
+        content = self.content if self.message_content is None else self.message_content
+        return Message(role="assistant", content=content, reasoning_content=self.reasoning,
                        tool_calls=list(self.calls))

@@ -12,11 +12,21 @@ import typer
 __all__ = ["app", "main"]
 
 app = typer.Typer(name="agentrl", help="Reinforcement learning of tool-using language models.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from agentrl import __version__
+
+        typer.echo(f"agentrl {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the agentrl version and exit.")) -> None:
     """agentrl: render conversations, train, evaluate and inspect tool-using models."""
 
 
@@ -25,9 +35,10 @@ def _register() -> None:
     from agentrl.cli.env import env_app
     from agentrl.cli.render import render
 
-    app.command("render")(render)
-    app.command("doctor")(doctor)
-    app.add_typer(env_app, name="env")
+    # Short one-line help for the command list (click cuts longer first sentences at the terminal width).
+    app.command("render", short_help="Render a conversation with a chat template (and its tokens).")(render)
+    app.command("doctor", short_help="Report what is installed and usable.")(doctor)
+    app.add_typer(env_app, name="env", short_help="Check environments.")
 
 
 _register()

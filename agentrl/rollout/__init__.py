@@ -4,7 +4,8 @@
   ids + logprobs out), retries only on transport errors and 5xx, per-request deadline, abort.
 - :class:`SamplingParams`, :class:`GenerateResult`, :class:`FinishReason`: immutable request/result types;
   :func:`continuation_budget` computes a resumed turn's ``max_new_tokens``.
-- :class:`SGLangEngine` / :class:`EngineConfig`: launch (GPU or CPU) or attach, pause, flush, weight updates.
+- :class:`SGLangEngine` / :class:`EngineConfig`: launch (GPU or CPU) or attach, pause, flush, weight updates;
+  :func:`check_model_folder` / :func:`model_vocab_size`: the up-front model-folder check and the model's vocabulary.
 - :class:`Router` / :class:`RouterConfig`: the sglang-router subprocess and its worker API.
 - :class:`EngineGroup` / :class:`HealthConfig`: router + engines + the monitor that restarts dead engines.
 - :func:`run_episode` / :class:`AgentConfig` / :class:`Episode`: the multi-turn agent loop that owns the
@@ -16,6 +17,7 @@
   every prompt. :func:`evaluate` / :class:`EvalConfig` / :class:`EvalReport`: eval rollouts.
 """
 
+from agentrl.model_folder import ModelFolderError, check_model_folder, model_vocab_size
 from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, run_episode
 from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
 from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
@@ -28,6 +30,7 @@ from agentrl.rollout.report import AccountingError, StepReport
 from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError, StepBatch
 from agentrl.rollout.types import (
+    AbortCause,
     FinishKind,
     FinishReason,
     GenerateResult,
@@ -40,6 +43,7 @@ from agentrl.rollout.types import (
 )
 
 __all__ = [
+    "AbortCause",
     "AccountingError",
     "AgentConfig",
     "ClientConfig",
@@ -60,6 +64,7 @@ __all__ = [
     "HealthEvent",
     "InferenceClient",
     "InferenceError",
+    "ModelFolderError",
     "OpeningCache",
     "Pacer",
     "PromptTooLongError",
@@ -77,11 +82,13 @@ __all__ = [
     "SchedulerError",
     "StepBatch",
     "StepReport",
+    "check_model_folder",
     "continuation_budget",
     "default_shim_dir",
     "detect_device",
     "drop_uniform_rewards",
     "evaluate",
+    "model_vocab_size",
     "parse_generate_response",
     "pass_at_k",
     "run_episode",

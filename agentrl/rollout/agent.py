@@ -24,7 +24,8 @@ Termination (first terminal condition wins; the trajectory never overwrites an e
 =====================  ==========  ==================================================================
 stop reason            status      when
 =====================  ==========  ==================================================================
-``aborted``            aborted     ``should_abort()`` before a request, or the engine aborted the turn
+``aborted``            aborted     ``should_abort()`` before a request, or the turn was aborted on
+                                   purpose (by the engine or the client; reason in ``info``)
 ``context_budget``     truncated   no room left for another token, the prompt was rejected as too
                                    long, the turn hit a budget the context imposed, or the next env
                                    segment would not fit
@@ -34,8 +35,17 @@ stop reason            status      when
 ``max_turns``          completed   the environment's turn limit
 ``env_done``           completed   the environment ended the episode for its own reasons
 ``failed``             failed      failure policy ``end``, an environment exception, a malformed
-                                   engine answer (e.g. no logprobs)
+                                   engine answer (e.g. no logprobs), an engine that could not be
+                                   reached or ran past the deadline (``info["engine_error"]``)
 =====================  ==========  ==================================================================
+
+Token ids: the engine samples from the model's vocabulary, which checkpoints pad beyond the
+tokenizer (the tiny test model has 1,792 rows for 1,790 tokens; Qwen3 151,936 for 151,669). An id
+in ``[len(tokenizer), vocab_size)`` is a *padding id*: a real action of the policy, so it is kept
+verbatim with its logprob and trained on like any sampled token; it has no text, so it decodes to
+nothing (the parser, the bridge and rewards never see it). ``metrics["padding_tokens"]`` counts them.
+Ids at or above ``AgentConfig.vocab_size`` (the model's embedding rows, when given) or below 0 fail
+the episode without appending anything; the trainer checks ids against its own embedding again.
 
 Budget: every request asks for ``min(per-turn max_new_tokens, context − len(tokens))`` where the
 context is the smaller of the engine's ``context_length`` and the environment's
@@ -76,6 +86,7 @@ from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
 from agentrl.chat.template import ChatTemplate
 from agentrl.chat.types import Message, ToolCallFailure
 from agentrl.environments.base import Environment, StepResult
+from agentrl.episode import Episode
 from agentrl.rewards.types import score
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
@@ -89,6 +100,7 @@ from agentrl.rollout.types import (
 )
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory, TrajectoryError
 
+# Episode lives in agentrl.episode (saving and batching it need no rollout code); re-exported here.
 __all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"]
 
 
@@ -145,6 +157,9 @@ class AgentConfig:
     - ``reward_timeout_s``: deadline for an async reward function.
     - ``audit``: after a ``sampled_text_differs`` turn, keep comparing the sampled history with a full
       render each turn (slower; the bridge session does this for free until then).
+    - ``vocab_size``: the model's vocabulary (its embedding rows, ``config.json``'s ``vocab_size``;
+      see :func:`agentrl.rollout.model_vocab_size`): the bound every sampled id is checked against
+      and each trajectory's ``vocab_size``. ``None``: unknown, ids are only checked to be >= 0.
     """
 
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=1024))
@@ -156,6 +171,7 @@ class AgentConfig:
     routing: str = "episode"
     reward_timeout_s: float | None = 300.0
     audit: bool = False
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
@@ -166,31 +182,9 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.context_length: got {self.context_length!r}; expected None or >= 2")
         if self.routing not in ("episode", "group"):
             raise ValueError(f"AgentConfig.routing: got {self.routing!r}; expected 'episode' or 'group'")
-
-
-@dataclass
-class Episode:
-    """The outcome of one episode: its sequences (one unless it forked) and the environment's info."""
-
-    sequences: list[Trajectory]
-    env_info: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def trajectory(self) -> Trajectory:
-        """The last sequence: it holds the whole conversation and the episode's metrics."""
-        return self.sequences[-1]
-
-    @property
-    def status(self) -> Status:
-        return self.trajectory.status
-
-    @property
-    def stop_reason(self) -> StopReason | None:
-        return self.trajectory.stop_reason
-
-    @property
-    def reward(self) -> float | None:
-        return self.trajectory.reward
+        if self.vocab_size is not None and (isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int)
+                                            or self.vocab_size < 1):
+            raise ValueError(f"AgentConfig.vocab_size: got {self.vocab_size!r}; expected None or an int >= 1")
 
 
 async def run_episode(env: Environment, template: ChatTemplate, client: GenerateClient,
@@ -241,7 +235,11 @@ class EpisodeRunner:
         self.tools: list[dict[str, Any]] = []  # read after reset(): environments may register tools there
         self.kwargs = dict(config.template_kwargs)
         own = template.stop_token_ids(one_call_per_turn=config.one_call_per_turn)  # raises without a tokenizer
-        self.vocab_size = len(template.tokenizer)  # every sequence checks its ids against it
+        self.decodable = len(template.tokenizer)  # ids from here up to vocab_size are padding ids
+        if config.vocab_size is not None and config.vocab_size < self.decodable:
+            raise ValueError(f"AgentConfig.vocab_size={config.vocab_size} is smaller than the tokenizer "
+                             f"({self.decodable} tokens); expected the model's vocabulary (tokenizer and model differ?)")
+        self.vocab_size = config.vocab_size  # every sequence checks its ids against it
         self.stops = tuple(dict.fromkeys((*own, *config.sampling.stop_token_ids)))  # the template's, plus the user's
         limits = [c for c in (config.context_length, env.limits.max_context_tokens) if c is not None]
         self.context = min(limits) if limits else None
@@ -314,6 +312,8 @@ class EpisodeRunner:
             return self._result
         if self.sequences:
             self._finish(StopReason.ABORTED)
+            if self.abort_message:
+                self.traj.info.setdefault("abort_reason", self.abort_message)
         self._result = Episode(sequences=self.sequences, env_info=self.env_info)
         return self._result
 
@@ -397,9 +397,15 @@ class EpisodeRunner:
             traj.info["engine_error"] = f"the engine's answer breaks a trajectory invariant; nothing was appended: {exc}"
             return StopReason.FAILED
         self.metrics["generated_tokens"] += len(result.output_ids)
+        if result.output_ids and max(result.output_ids) >= self.decodable:  # rare: counted only when present
+            self.metrics["padding_tokens"] += sum(1 for t in result.output_ids if t >= self.decodable)
         self.metrics["prompt_tokens"] += result.prompt_tokens
         self.metrics["cached_tokens"] += result.cached_tokens
         if result.finish_reason.kind is FinishKind.ABORT:
+            cause = result.finish_reason.cause
+            if cause is not None and cause.failure:  # the engine is down or too slow: a failure with its reason
+                traj.info["engine_error"] = result.finish_reason.message or f"the request ended: {cause.value}"
+                return StopReason.FAILED
             self.abort_message = result.finish_reason.message
             self._turn_ids.extend(result.output_ids)  # resumed later from here, same turn
             return StopReason.ABORTED

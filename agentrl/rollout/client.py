@@ -11,7 +11,9 @@ Failure contract:
 - Transport errors, 429 and 5xx are retried with exponential backoff and jitter, within the request's
   deadline. When retries or the deadline run out the call *returns* a result whose finish reason is
   ``ABORT`` (with the tokens produced so far when the engine could still be asked to abort, none
-  otherwise), so a caller treats it like any aborted turn: resume or give up. A call never hangs.
+  otherwise). A call never hangs. ``finish_reason.cause`` (:class:`~agentrl.rollout.types.AbortCause`)
+  tells such an engine failure (``unavailable``, ``deadline``) from a deliberate abort (``engine``,
+  ``client``), with the reason in ``finish_reason.message``.
 
 Every call gets a request id (``rid``); :meth:`InferenceClient.abort` aborts it on the engines of the
 group (the router does not forward ``/abort_request``, so the client broadcasts it to the engine URLs
@@ -28,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import operator
 import os
@@ -41,6 +44,7 @@ import orjson
 
 from agentrl.rollout._http import HttpPool
 from agentrl.rollout.types import (
+    AbortCause,
     FinishKind,
     FinishReason,
     GenerateResult,
@@ -54,8 +58,10 @@ __all__ = ["ClientConfig", "InferenceClient", "parse_generate_response"]
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 # sglang-router 0.3.2 re-serialises request bodies and drops these sampling keys (measured by the unit
-# tests). spaces_between_special_tokens only changes the detokenised `text`, never the token ids.
-ROUTER_DROPPED_SAMPLING_KEYS = frozenset({"spaces_between_special_tokens"})
+# tests). spaces_between_special_tokens only changes the detokenised `text`, never the token ids;
+# logit_bias changes what is sampled, so a client bound to a router refuses it rather than lose it.
+ROUTER_DROPPED_SAMPLING_KEYS = frozenset({"spaces_between_special_tokens", "logit_bias"})
+ROUTER_REFUSED_SAMPLING_KEYS = frozenset({"logit_bias"})
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 @dataclass(frozen=True)
@@ -68,7 +74,8 @@ class ClientConfig:
     ``deadline_s`` is the default total time of one :meth:`InferenceClient.generate` call including
     retries (``None``: no deadline). Backoff before retry ``n`` is
     ``min(backoff_max_s, backoff_initial_s * backoff_multiplier**n)`` times a random factor in
-    ``[1 - jitter, 1 + jitter]``.
+    ``[1 - jitter, 1 + jitter]``. ``via_router``: ``base_url`` is an sglang-router (set by
+    :meth:`EngineGroup.client`); sampling options the router would silently drop are then refused.
     """
 
     base_url: str
@@ -82,6 +89,7 @@ class ClientConfig:
     jitter: float = 0.2
     abort_grace_s: float = 5.0
     control_timeout_s: float = 10.0
+    via_router: bool = False
     lean_transport: bool = True
 
     def __post_init__(self) -> None:
@@ -261,9 +269,15 @@ class InferenceClient:
         if len(input_ids) == 0:
             raise ValueError("generate(input_ids=[]): expected at least one prompt token")
         rid = rid or os.urandom(16).hex()
+        sampling_payload = _payload(sampling)
+        if self.config.via_router:
+            lost = sorted(ROUTER_REFUSED_SAMPLING_KEYS & set(sampling_payload))
+            if lost:
+                raise ValueError(f"generate(sampling=...): {', '.join(lost)} would be dropped by sglang-router "
+                                 f"({self.config.base_url}) without notice; send such requests to an engine URL")
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
-            "sampling_params": _payload(sampling),
+            "sampling_params": sampling_payload,
             "return_logprob": return_logprob,
         }
         if logprob_start_len is not None:
@@ -314,7 +328,7 @@ class InferenceClient:
             if hasattr(task, "uncancel"):
                 task.uncancel()
             return self._aborted(rid, f"deadline of {deadline:.1f} s exceeded and the engine did not answer "
-                                      "the abort", 0)
+                                      "the abort", 0, cause=AbortCause.DEADLINE)
         finally:
             handle.cancel()
             if state.grace_handle is not None:
@@ -341,11 +355,30 @@ class InferenceClient:
                     delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**attempt)
                     await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
                 continue
-            return parse_generate_response(body, rid, attempts=attempts)
-        if last is None:  # aborted by the client before anything was sent
-            return self._aborted(rid, "aborted by the client before the request was sent", 0)
-        why = "deadline exceeded" if state is not None and state.expired else "engine unavailable"
-        return self._aborted(rid, f"{why} after {attempts} attempts: {last}", attempts, last.status)
+            return self._attribute(parse_generate_response(body, rid, attempts=attempts), rid, state)
+        expired = state is not None and state.expired
+        if last is None:  # aborted before anything was sent
+            if expired:
+                return self._aborted(rid, "deadline exceeded before the request was sent", 0, cause=AbortCause.DEADLINE)
+            return self._aborted(rid, "aborted by the client before the request was sent", 0, cause=AbortCause.CLIENT)
+        why, cause = ("deadline exceeded", AbortCause.DEADLINE) if expired else \
+            ("engine unavailable", AbortCause.UNAVAILABLE)
+        return self._aborted(rid, f"{why} after {attempts} attempts: {last}", attempts, last.status, cause=cause)
+
+    def _attribute(self, result: GenerateResult, rid: str, state: _DeadlineState | None) -> GenerateResult:
+        """An engine-reported abort that this client caused (its deadline, its abort()) says so."""
+        if not result.aborted:
+            return result
+        if state is not None and state.expired:
+            cause, note = AbortCause.DEADLINE, "deadline exceeded"
+        elif rid in self._client_aborted:
+            cause, note = AbortCause.CLIENT, "aborted by the client"
+        else:
+            return result
+        engine_said = result.finish_reason.message
+        message = f"{note} (the engine answered: {engine_said})" if engine_said else note
+        finish = dataclasses.replace(result.finish_reason, cause=cause, message=message)
+        return dataclasses.replace(result, finish_reason=finish)
 
     async def _post_generate(self, payload: dict[str, Any], headers: dict[str, str]) -> Any:
         url = self.config.base_url + "/generate"
@@ -372,11 +405,12 @@ class InferenceClient:
         raise RequestRejectedError(status, message, url)
 
     @staticmethod
-    def _aborted(rid: str, message: str, attempts: int, status: int | None = None) -> GenerateResult:
+    def _aborted(rid: str, message: str, attempts: int, status: int | None = None, *,
+                 cause: AbortCause) -> GenerateResult:
         return GenerateResult(
             rid=rid, output_ids=(), output_logprobs=(), weight_version=None, prompt_tokens=0,
             cached_tokens=0, completion_tokens=0, attempts=attempts,
-            finish_reason=FinishReason(FinishKind.ABORT, message=message, status_code=status),
+            finish_reason=FinishReason(FinishKind.ABORT, message=message, status_code=status, cause=cause),
         )
 
     def _targets(self) -> list[str]:

@@ -27,7 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
+from agentrl.model_folder import Need, check_model_folder
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = [
@@ -63,15 +65,41 @@ def default_shim_dir() -> Path:
     return Path(env) if env else Path(sys.prefix) / "share" / "agentrl" / "sglang-cpu-shims"
 
 
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # sglang.launch_server --dtype choices
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"EngineConfig.{name}={value!r}: expected one of {', '.join(map(repr, allowed))}")
+
+
+def _at_least(name: str, value: float | None, low: float, *, above: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (above and value == low):
+        raise ValueError(f"EngineConfig.{name}={value!r}: expected a number {'>' if above else '>='} {low:g}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How to start one SGLang server. ``None`` leaves SGLang's default; ``port=None`` picks a free port.
 
     ``device="auto"`` resolves to ``cuda`` or ``cpu`` at launch. ``extra_args`` are appended to the
-    command line verbatim; ``env`` is added to the subprocess environment.
+    command line verbatim; ``env`` is added to the subprocess environment. Path fields accept ``str``
+    or any path-like (``model_path`` is kept as ``str``, the folders as :class:`~pathlib.Path`).
+    Values are checked at construction; the model folder itself is checked at launch (it may not
+    exist on the machine that builds the config).
+
+    ``log_level_http`` is the level of the engine's HTTP server (uvicorn) log, ``error`` by default:
+    sglang-router 0.3.2 probes every worker it registers for gRPC as well as HTTP, at once, and the
+    gRPC probe's HTTP/2 preface reaches the engine's HTTP port, which logs each one as a warning,
+    "Invalid HTTP request received." (two per registration; the router has no option to skip the
+    probe). ``None`` uses ``log_level``.
     """
 
-    model_path: str
+    model_path: str | os.PathLike[str]
     host: str = "127.0.0.1"
     port: int | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -87,31 +115,64 @@ class EngineConfig:
     random_seed: int | None = None
     enable_memory_saver: bool = False
     log_level: str = "warning"
+    log_level_http: str | None = "error"
     startup_timeout_s: float = 600.0
     health_poll_s: float = 1.0
-    shim_dir: Path | None = None
-    log_dir: Path | None = None
+    shim_dir: str | os.PathLike[str] | None = None
+    log_dir: str | os.PathLike[str] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"EngineConfig.device={self.device!r}: expected 'auto', 'cpu' or 'cuda'")
-        if self.tp_size < 1 or self.dp_size < 1:
-            raise ValueError(f"EngineConfig.tp_size/dp_size=({self.tp_size}, {self.dp_size}): expected >= 1")
-        if self.context_length is not None and self.context_length < 1:
-            raise ValueError(f"EngineConfig.context_length={self.context_length!r}: expected >= 1")
+        if not isinstance(self.model_path, (str, os.PathLike)) or not os.fspath(self.model_path):
+            raise ValueError(f"EngineConfig.model_path={self.model_path!r}: expected a model folder (str or Path)")
+        object.__setattr__(self, "model_path", os.fspath(self.model_path))
+        for name in ("shim_dir", "log_dir"):
+            value = getattr(self, name)
+            if value is not None:
+                if not isinstance(value, (str, os.PathLike)):
+                    raise ValueError(f"EngineConfig.{name}={value!r}: expected a folder (str or Path) or None")
+                object.__setattr__(self, name, Path(value))
+        _one_of("device", self.device, DEVICES)
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("log_level", self.log_level, LOG_LEVELS)
+        if self.log_level_http is not None:
+            _one_of("log_level_http", self.log_level_http, LOG_LEVELS)
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
+            raise ValueError(f"EngineConfig.port={self.port!r}: expected None (a free port) or an int in [1, 65535]")
+        for name in ("tp_size", "dp_size", "context_length", "max_total_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"EngineConfig.{name}={value!r}: expected an int >= 1")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(f"EngineConfig.mem_fraction_static={self.mem_fraction_static!r}: expected a value in (0, 1]")
+        _at_least("startup_timeout_s", self.startup_timeout_s, 0, above=True)
+        _at_least("health_poll_s", self.health_poll_s, 0, above=True)
+        if isinstance(self.extra_args, str) or not all(isinstance(a, str) for a in self.extra_args):
+            raise ValueError(f"EngineConfig.extra_args={self.extra_args!r}: expected a tuple of strings, one per "
+                             "command-line word")
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(self.env).items()):
+            raise ValueError(f"EngineConfig.env={dict(self.env)!r:.200}: expected str keys and str values")
+
+    @property
+    def folder_needs(self) -> tuple[Need, ...]:
+        """What the model folder must hold: weights and config, and a tokenizer unless another is named."""
+        own_tokenizer = not any(a in ("--tokenizer-path", "--skip-tokenizer-init") or a.startswith("--tokenizer-path=")
+                                for a in self.extra_args)
+        return ("config", "weights", "tokenizer") if own_tokenizer else ("config", "weights")
 
     def command(self, port: int, device: str) -> list[str]:
         """The ``sglang.launch_server`` command line for ``port`` on ``device``."""
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", os.fspath(self.model_path),
                "--host", self.host, "--port", str(port), "--dtype", self.dtype, "--device", device,
                "--tp-size", str(self.tp_size), "--dp-size", str(self.dp_size), "--log-level", self.log_level]
         optional: list[tuple[str, Any]] = [
             ("--context-length", self.context_length), ("--max-total-tokens", self.max_total_tokens),
             ("--mem-fraction-static", self.mem_fraction_static), ("--attention-backend", self.attention_backend),
             ("--served-model-name", self.served_model_name), ("--weight-version", self.weight_version),
-            ("--random-seed", self.random_seed),
+            ("--random-seed", self.random_seed), ("--log-level-http", self.log_level_http),
         ]
         for flag, value in optional:
             if value is not None:
@@ -130,6 +191,15 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
+
+
+def _path_or_none(value: str | os.PathLike[str] | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
@@ -168,7 +238,11 @@ class SGLangEngine:
 
     @classmethod
     async def launch(cls, config: EngineConfig) -> SGLangEngine:
-        """Starts the server and waits until it is healthy; on failure stops it and raises."""
+        """Starts the server and waits until it is healthy; on failure stops it and raises.
+
+        The model folder is checked first (:class:`~agentrl.model_folder.ModelFolderError`
+        in one line, before any process starts)."""
+        check_model_folder(config.model_path, needs=config.folder_needs, what="EngineConfig.model_path")
         engine = cls(url="http://unset", config=config, process=None)
         await engine._start(config.port)
         return engine
@@ -179,9 +253,10 @@ class SGLangEngine:
         device = await asyncio.to_thread(detect_device) if config.device == "auto" else config.device
         port = port or free_port(config.host)
         self.url = f"http://{config.host}:{port}"
-        env = engine_environment(device, extra=config.env, shim_dir=config.shim_dir)
+        env = engine_environment(device, extra=config.env, shim_dir=_path_or_none(config.shim_dir))
+        log_dir = _path_or_none(config.log_dir) or default_log_dir()
         self.process = await ManagedProcess.start(
-            config.command(port, device), env=env, log_path=(config.log_dir or default_log_dir()) / f"sglang-{port}.log",
+            config.command(port, device), env=env, log_path=log_dir / f"sglang-{port}.log",
             name=f"sglang:{port}", ready=lambda process: self._wait_healthy(process, config.startup_timeout_s))
 
     async def wait_healthy(self, timeout_s: float) -> None:
@@ -204,6 +279,12 @@ class SGLangEngine:
             detail = ", ".join(f"{k}: engine has {got!r}, expected {exp!r}" for k, (got, exp) in mismatches.items())
             raise EngineError(f"refusing to attach to {url}: server_info differs from the configuration ({detail})")
         return engine
+
+    @property
+    def local(self) -> bool:
+        """Whether the engine runs on this machine (launched here, or attached on a loopback address),
+        so that a folder path means the same to it as to this process."""
+        return self.process is not None or _is_loopback(self.url)
 
     def alive(self) -> bool:
         """For a launched engine: its process runs. For an attached engine: always True (use healthy)."""
@@ -296,8 +377,13 @@ class SGLangEngine:
     async def update_weights_from_disk(self, model_path: str | os.PathLike[str], weight_version: str, *,
                                        flush_cache: bool = True, abort_all_requests: bool = False,
                                        load_format: str | None = None) -> dict[str, Any]:
-        """Loads weights from ``model_path``; later results echo ``weight_version``."""
-        body: dict[str, Any] = {"model_path": str(model_path), "weight_version": str(weight_version),
+        """Loads weights from ``model_path``; later results echo ``weight_version``.
+
+        For an engine on this machine (launched, or attached on a loopback address) the folder is
+        checked first, so a wrong path fails in one line instead of the engine looking it up on a hub."""
+        if self.local:
+            check_model_folder(model_path, needs=("config", "weights"), what="update_weights_from_disk: model_path")
+        body: dict[str, Any] = {"model_path": os.fspath(model_path), "weight_version": str(weight_version),
                                 "flush_cache": flush_cache, "abort_all_requests": abort_all_requests}
         if load_format is not None:
             body["load_format"] = load_format

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from agentrl.model_folder import check_model_folder
 from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.rollout.engine import EngineConfig, PauseMode, SGLangEngine
 from agentrl.rollout.router import Router, RouterConfig, RouterError
@@ -123,7 +124,7 @@ class EngineGroup:
 
     def client(self, **overrides: object) -> InferenceClient:
         """A client for this group: data path through the router, aborts to the engines."""
-        config = replace(ClientConfig(base_url=self.router.url), **overrides)  # type: ignore[arg-type]
+        config = replace(ClientConfig(base_url=self.router.url, via_router=True), **overrides)  # type: ignore[arg-type]
         return InferenceClient(config, control_urls=self.engine_urls)
 
     async def add_engine(self, engine: SGLangEngine) -> None:
@@ -217,6 +218,8 @@ class EngineGroup:
         ``GenerateResult.weight_version_spans``).
         """
         engines = [t.engine for t in self._tracked if t.in_rotation]
+        if any(e.local for e in engines):  # checked before anything is paused
+            check_model_folder(model_path, needs=("config", "weights"), what="update_weights_from_disk: model_path")
         failed = False
         try:
             if pause_mode is not None:

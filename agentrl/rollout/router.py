@@ -18,10 +18,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from agentrl._enum import NamedEnum
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy"]
@@ -31,7 +31,7 @@ class RouterError(RuntimeError):
     """The router did not start, refused a worker operation, or could not be reached."""
 
 
-class RouterPolicy(str, Enum):
+class RouterPolicy(NamedEnum):
     """Routing policies of sglang-router 0.3.2's core. ``_router_entry`` sets each through the router's
     Python API, since ``consistent_hashing`` and ``prefix_hash`` are not choices of its command line."""
 
@@ -67,12 +67,20 @@ class RouterConfig:
     request_timeout_s: int = 3600
     log_level: str = "warn"
     startup_timeout_s: float = 60.0
-    log_dir: Path | None = None
+    log_dir: str | os.PathLike[str] | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     allow_public_host: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", RouterPolicy(self.policy))
+        for name in ("port", "prometheus_port"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535):
+                raise ValueError(f"RouterConfig.{name}={value!r}: expected None (a free port) or an int in [1, 65535]")
+        if self.log_dir is not None:
+            if not isinstance(self.log_dir, (str, os.PathLike)):
+                raise ValueError(f"RouterConfig.log_dir={self.log_dir!r}: expected a folder (str or Path) or None")
+            object.__setattr__(self, "log_dir", Path(self.log_dir))
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.allow_public_host:
             raise ValueError(f"RouterConfig.host={self.host!r}: expected a loopback address "
                              "(set allow_public_host=True to serve other machines)")
@@ -118,7 +126,7 @@ class Router:
         config = config or RouterConfig()
         port = config.port or free_port(config.host)
         prom_port = config.prometheus_port or free_port(config.host)
-        log_path = (config.log_dir or default_log_dir()) / f"router-{port}.log"
+        log_path = (Path(config.log_dir) if config.log_dir is not None else default_log_dir()) / f"router-{port}.log"
         cmd = [sys.executable, "-m", "agentrl.rollout._router_entry", *_router_args(config, port, prom_port)]
         url = f"http://{config.host}:{port}"
 

@@ -14,12 +14,16 @@ frozen and picklable.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from agentrl._enum import NamedEnum
+
 __all__ = [
+    "AbortCause",
     "FinishKind",
     "FinishReason",
     "GenerateResult",
@@ -57,7 +61,7 @@ class ProtocolError(InferenceError):
     """The engine's answer does not have the shape the client relies on (never guessed around)."""
 
 
-class FinishKind(str, Enum):
+class FinishKind(NamedEnum):
     """Why generation stopped. ``ABORT`` is resumable: it is not a completed turn."""
 
     STOP = "stop"
@@ -65,15 +69,41 @@ class FinishKind(str, Enum):
     ABORT = "abort"
 
 
+class AbortCause(NamedEnum):
+    """Who ended an ``ABORT`` turn. Only ``ENGINE`` and ``CLIENT`` aborts are deliberate (resumable);
+    ``UNAVAILABLE`` and ``DEADLINE`` are engine failures the agent loop records as such."""
+
+    ENGINE = "engine"  # the engine aborted it (abort_request, pause_generation, a weight update)
+    CLIENT = "client"  # this client's abort() / abort_all()
+    UNAVAILABLE = "unavailable"  # transport errors, 429 or 5xx on every attempt: no answer at all
+    DEADLINE = "deadline"  # the request's deadline ran out
+
+    @property
+    def failure(self) -> bool:
+        """True when the abort means the engine failed rather than someone asking for it."""
+        return self in (AbortCause.UNAVAILABLE, AbortCause.DEADLINE)
+
+
 @dataclass(frozen=True)
 class FinishReason:
     """``kind`` plus what matched (a stop token id, a stop string or a list of ids) for ``STOP``,
-    and the engine's or client's message for ``ABORT`` (``status_code`` when one was given)."""
+    and the engine's or client's message for ``ABORT`` (``status_code`` when one was given).
+
+    ``cause`` says who ended an ``ABORT`` (:class:`AbortCause`); an abort the engine reports is
+    ``ENGINE`` unless the client knows better (it asked for it, or it gave up on the engine)."""
 
     kind: FinishKind
     matched: int | str | tuple[int, ...] | None = None
     message: str | None = None
     status_code: int | None = None
+    cause: AbortCause | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind is FinishKind.ABORT and self.cause is None:
+            object.__setattr__(self, "cause", AbortCause.ENGINE)
+        elif self.kind is not FinishKind.ABORT and self.cause is not None:
+            raise ValueError(f"FinishReason.cause={self.cause!r}: only an 'abort' finish has a cause, got kind "
+                             f"{self.kind.value!r}")
 
     @classmethod
     def from_meta(cls, raw: Any) -> FinishReason:
@@ -102,12 +132,61 @@ def _check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool
         raise ValueError(f"SamplingParams.{name}={value!r}: expected a value in {bracket}{lo}, {hi}]")
 
 
+def _check_grammar(params: SamplingParams) -> None:
+    """Constrained decoding: at most one of regex / json_schema / ebnf, each non-empty text; a
+    json_schema given as a mapping is stored as its JSON text (what SGLang expects)."""
+    for name in ("regex", "ebnf"):
+        value = getattr(params, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"SamplingParams.{name}={value!r}: expected None or a non-empty string")
+    schema = params.json_schema
+    if schema is not None:
+        if isinstance(schema, Mapping):
+            try:
+                schema = json.dumps(dict(schema), ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"SamplingParams.json_schema: expected a JSON-serialisable schema ({exc})") from None
+        try:
+            decoded = json.loads(schema) if isinstance(schema, str) else None
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise ValueError(f"SamplingParams.json_schema={params.json_schema!r:.120}: expected a JSON schema "
+                             "object (a dict or its JSON text)")
+        object.__setattr__(params, "json_schema", schema)
+    given = [n for n in ("regex", "json_schema", "ebnf") if getattr(params, n) is not None]
+    if len(given) > 1:
+        raise ValueError(f"SamplingParams: {' and '.join(given)} are all set; expected at most one of regex, "
+                         "json_schema and ebnf (SGLang constrains a request by one grammar)")
+
+
+def _check_logit_bias(params: SamplingParams) -> None:
+    bias = params.logit_bias
+    if bias is None:
+        return
+    if not isinstance(bias, Mapping):
+        raise ValueError(f"SamplingParams.logit_bias={bias!r:.120}: expected a mapping of token id to bias")
+    clean: dict[int, float] = {}
+    for key, value in bias.items():
+        if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+            raise ValueError(f"SamplingParams.logit_bias: key {key!r}: expected a token id (int >= 0)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"SamplingParams.logit_bias[{key}]={value!r}: expected a finite number")
+        clean[key] = float(value)
+    object.__setattr__(params, "logit_bias", clean)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling settings; every field maps to one SGLang ``sampling_params`` key.
 
     ``None`` leaves the engine default. Use :meth:`replace` (or ``dataclasses.replace``) to derive a
     variant, e.g. the remaining budget of a resumed turn.
+
+    Constrained decoding and biasing pass straight through to SGLang: ``regex``, ``json_schema``
+    (a dict or its JSON text; stored as text) or ``ebnf`` — at most one — and ``logit_bias``
+    (token id → additive bias; the engine checks ids against its vocabulary). Note that the
+    logprobs the engine returns are those of the constrained distribution.
     """
 
     max_new_tokens: int = 128
@@ -126,6 +205,10 @@ class SamplingParams:
     skip_special_tokens: bool = False
     no_stop_trim: bool = True
     spaces_between_special_tokens: bool = False
+    regex: str | None = None
+    json_schema: str | Mapping[str, Any] | None = None
+    ebnf: str | None = None
+    logit_bias: Mapping[int, float] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
@@ -145,6 +228,8 @@ class SamplingParams:
         # Lists are accepted for convenience but stored as tuples so the object stays immutable.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check_grammar(self)
+        _check_logit_bias(self)
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A copy with ``changes`` applied (validated again)."""
@@ -156,6 +241,9 @@ class SamplingParams:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None or (isinstance(value, tuple) and not value):
+                continue
+            if f.name == "logit_bias":
+                out[f.name] = {str(k): v for k, v in value.items()}  # SGLang's JSON keys are strings
                 continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agentrl.algorithms import AdvantageEstimator, compute_advantages, rollout_denominators
+from agentrl.episode import Episode
 from agentrl.train.config import BatchingConfig
 from agentrl.trajectory import Trajectory
 
@@ -96,16 +97,22 @@ def _ids(traj: Trajectory, index: int) -> tuple[str, str, float]:
     return str(rollout_id), str(traj.group_id), float(traj.reward)
 
 
-def build_training_batch(trajectories: Sequence[Trajectory], config: BatchingConfig | None = None) -> TrainingBatch:
+def build_training_batch(trajectories: Sequence[Trajectory | Episode],
+                         config: BatchingConfig | None = None) -> TrainingBatch:
     """Validate trajectories, compute advantages with ``config.estimator`` and build the batch.
 
-    Raises ``ValueError`` for an empty batch, missing ids or rewards, sequences over
-    ``max_sequence_length``, and fan-out rollouts whose sequences disagree on reward or group.
+    Pass :class:`~agentrl.episode.Episode` objects as they come from the agent loop: every sequence
+    of a forked episode becomes a training sequence (``trajectories[i]`` in errors then counts the
+    sequences in order). Raises ``ValueError`` for an empty batch, missing ids or rewards,
+    sequences over ``max_sequence_length``, and fan-out rollouts whose sequences disagree on reward
+    or group.
     """
     cfg = config or BatchingConfig()
+    flat: list[Trajectory] = [seq for item in trajectories
+                              for seq in (item.sequences if isinstance(item, Episode) else (item,))]
     kept: list[tuple[Trajectory, str, str, float]] = []
     excluded: list[tuple[str, str]] = []
-    for i, traj in enumerate(trajectories):
+    for i, traj in enumerate(flat):
         if traj.status in cfg.exclude_statuses:
             excluded.append((str(traj.rollout_id or traj.sample_id), traj.status.value))
             continue
@@ -119,7 +126,7 @@ def build_training_batch(trajectories: Sequence[Trajectory], config: BatchingCon
         kept.append((traj, rid, gid, reward))
     if not kept:
         raise ValueError(
-            f"trajectories: expected at least one trainable trajectory, got {len(trajectories)} "
+            f"trajectories: expected at least one trainable trajectory, got {len(flat)} "
             f"({len(excluded)} excluded by status)"
         )
     width = max(max(t.response_length for t, *_ in kept), 1)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from agentrl.model_folder import check_model_folder, has_tokenizer
 from agentrl.train.batching import TrainingBatch
 from agentrl.train.checkpoint import capture_rng_state, restore_rng_state, rng_path, trainer_path
 from agentrl.train.config import TorchBackendConfig
@@ -61,8 +62,12 @@ class TorchTrainBackend:
         *,
         ref_model: torch.nn.Module | None = None,
         vocab_size: int | None = None,
+        tokenizer: Any | None = None,
     ) -> None:
         self.config = config or TorchBackendConfig()
+        self.tokenizer = tokenizer  # written next to the weights by export_hf
+        if vocab_size is None and tokenizer is not None:
+            vocab_size = len(tokenizer)
         self.device = resolve_device(self.config.device)
         self.dtype = self.config.torch_dtype
         self.dist = DistInfo.current()
@@ -98,13 +103,20 @@ class TorchTrainBackend:
         cls, path: str | Path, config: TorchBackendConfig | None = None, *, with_ref_model: bool = False,
         vocab_size: int | None = None,
     ) -> TorchTrainBackend:
-        """Load a model (and optionally a frozen copy as reference) from a Hugging Face directory."""
-        from transformers import AutoModelForCausalLM
+        """Load a model (and optionally a frozen copy as reference) from a local Hugging Face folder.
 
+        The folder is checked first (one-line :class:`~agentrl.model_folder.ModelFolderError`). Its
+        tokenizer, when it has one, is loaded too: it bounds ``vocab_size`` unless one is given and
+        :meth:`export_hf` writes it next to each exported checkpoint.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        folder = check_model_folder(path, needs=("config", "weights"), what="from_pretrained: path")
         cfg = config or TorchBackendConfig()
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=cfg.torch_dtype)
-        ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=cfg.torch_dtype) if with_ref_model else None
-        return cls(model, cfg, ref_model=ref, vocab_size=vocab_size)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=cfg.torch_dtype)
+        ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=cfg.torch_dtype) if with_ref_model else None
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True) if has_tokenizer(folder) else None
+        return cls(model, cfg, ref_model=ref, vocab_size=vocab_size, tokenizer=tokenizer)
 
     # -- forward passes ------------------------------------------------------------------------
     def _plan(self, batch: TrainingBatch, micro_batches: list[list[int]] | None) -> list[MicroBatch]:
@@ -280,15 +292,23 @@ class TorchTrainBackend:
             restore_rng_state(torch.load(rng_file, weights_only=False), self.device)
 
     def export_hf(self, directory: str | Path, *, tokenizer: Any | None = None) -> Path:
-        """Save the model in Hugging Face format (config + safetensors), loadable by the engines."""
+        """Save the model in Hugging Face format (config + safetensors) with its tokenizer, so that the
+        folder serves on its own (an engine launch or ``update_weights_from_disk`` loads both).
+
+        ``tokenizer`` defaults to the backend's (``from_pretrained`` loads the model folder's); with
+        neither, ``ValueError`` — a folder without a tokenizer cannot start an engine.
+        """
         path = Path(directory)
+        tok = tokenizer if tokenizer is not None else self.tokenizer
+        if tok is None:
+            raise ValueError("export_hf: no tokenizer to write next to the weights; pass tokenizer= or build the "
+                             "backend with one (from_pretrained loads the model folder's)")
         if self.dist.rank == 0:
             save = getattr(self.model, "save_pretrained", None)
             if save is None:
                 raise TypeError("model: export_hf needs a Hugging Face PreTrainedModel (no save_pretrained)")
             save(str(path), safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(str(path))
+            tok.save_pretrained(str(path))
         barrier()
         return path
 

@@ -8,11 +8,12 @@ import importlib
 import pytest
 
 REQUIRED: dict[str, set[str]] = {
-    "agentrl": {"Trajectory", "Segment", "SegmentKind", "Status", "StopReason", "TrajectoryError"},
+    "agentrl": {"Trajectory", "Segment", "SegmentKind", "Status", "StopReason", "TrajectoryError", "Episode",
+                "save_episodes", "load_episodes", "iter_episodes"},
     "agentrl.chat": {"ChatTemplate", "parse_tool_calls", "Message", "ToolCall", "ParsedReply", "ToolCallFailure",
                      "FailureKind", "BridgeResult", "BridgeOutcome", "validate_arguments"},
     "agentrl.rollout": {"InferenceClient", "SamplingParams", "GenerateResult", "SGLangEngine", "Router",
-                        "continuation_budget", "run_episode", "AgentConfig", "EpisodeRunner", "Scheduler",
+                        "continuation_budget", "run_episode", "AgentConfig", "EpisodeRunner", "Episode", "AbortCause", "Scheduler",
                         "SchedulerConfig", "StepBatch", "StepReport", "RolloutGroup", "FilterResult",
                         "drop_uniform_rewards", "OpeningCache"},
     "agentrl.data": {"DataSource", "DataConfig", "DataRow", "BadRow", "DataError", "DataExhausted"},

@@ -60,11 +60,35 @@ async def client(group: EngineGroup) -> AsyncIterator[InferenceClient]:
 
 
 async def test_engine_that_cannot_start_fails_fast(tmp_path: Path) -> None:
-    config = EngineConfig(model_path=str(tmp_path / "no-such-model"), device="cpu", log_dir=tmp_path,
-                          startup_timeout_s=300)
+    # a folder that passes the up-front check (tests/unit) but holds no loadable model
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    (broken / "model.safetensors").write_bytes(b"")
+    (broken / "tokenizer_config.json").write_text("{}")
+    config = EngineConfig(model_path=broken, device="cpu", log_dir=tmp_path, startup_timeout_s=300)
     with pytest.raises(EngineError, match="exited with code") as info:
         await SGLangEngine.launch(config)
-    assert "no-such-model" in str(info.value)  # the log tail says what went wrong
+    assert "no-such-architecture" in str(info.value)  # the log tail says what went wrong
+
+
+async def test_engine_logs_are_free_of_the_routers_grpc_probe(group: EngineGroup) -> None:
+    # registering with the router sends each engine a gRPC (HTTP/2) health probe; its log stays quiet
+    for engine in group.engines:
+        assert engine.process is not None
+        assert "Invalid HTTP request received" not in engine.process.log_path.read_text(errors="replace")
+
+
+async def test_constrained_decoding_and_logit_bias_reach_the_engine(group: EngineGroup,
+                                                                    client: InferenceClient) -> None:
+    regex = await client.generate(PROMPT, SamplingParams(max_new_tokens=8, regex="[0-9]{3}"), routing_key="regex")
+    assert regex.text.removesuffix("<|im_end|>").isdigit() and len(regex.text.removesuffix("<|im_end|>")) == 3
+    with pytest.raises(ValueError, match="logit_bias would be dropped by sglang-router"):
+        await client.generate(PROMPT, SamplingParams(max_new_tokens=4, logit_bias={1234: 100.0}))
+    async with InferenceClient(ClientConfig(base_url=group.engines[0].url)) as direct:
+        biased = await direct.generate(PROMPT, SamplingParams(max_new_tokens=6, ignore_eos=True,
+                                                              logit_bias={1234: 100.0}))
+    assert biased.output_ids == (1234,) * 6
 
 
 async def test_generate_with_logprobs_and_rescore(client: InferenceClient) -> None:

@@ -9,6 +9,8 @@ import subprocess
 import threading
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from agentrl.chat.types import Message, ToolCallFailure
 from agentrl.environments.base import Environment, StepResult
 from agentrl.rewards import final_answer_text, math_answer_reward
@@ -97,6 +99,41 @@ class EndlessEnv(GoodEnv):
 class NotMessagesEnv(GoodEnv):
     async def reset(self) -> list[Message]:
         return ["just a string"]  # type: ignore[list-item]
+
+
+class SyncResetEnv(GoodEnv):
+    def reset(self) -> list[Message]:  # type: ignore[override]  # the mistake under test: not async
+        return [Message(role="user", content="Say 3.")]
+
+
+class AssistantOpeningEnv(GoodEnv):
+    async def reset(self) -> list[Message]:
+        return [Message(role="user", content="Say 3."), Message(role="assistant", content="3")]
+
+
+class BrokenTool(EchoTool):
+    name = "broken"
+
+    async def __call__(self, **arguments: Any) -> str:
+        raise RuntimeError("the backing service is down")
+
+
+class AlwaysRaisingToolEnv(GoodEnv):
+    tools = (EchoTool(), BrokenTool())
+
+
+class Answer(BaseModel):
+    answer: int
+
+
+class TypedRowEnv(GoodEnv):
+    task_type = Answer
+
+    async def reset(self) -> list[Message]:
+        return [Message(role="user", content=f"Say {self.task.answer}.")]
+
+    def reward(self, trajectory: Trajectory) -> float:
+        return math_answer_reward(final_answer_text(trajectory.messages), str(self.task.answer))
 
 
 __all__ = ["EchoTool", "GoodEnv", "ToolCallFailure"]

@@ -364,6 +364,33 @@ async def test_every_failure_kind_under_every_policy(kind: FailureKind, policy: 
     assert ("failure_penalty" in traj.reward_parts) == (policy == "penalize")
 
 
+_REJECTED = [FailureKind.MALFORMED_JSON, FailureKind.UNKNOWN_TOOL, FailureKind.MISSING_REQUIRED_ARGUMENT,
+             FailureKind.INVALID_ARGUMENT_TYPE, FailureKind.EMPTY_CALL, FailureKind.MALFORMED_XML]
+
+
+@pytest.mark.parametrize("kind", _REJECTED)
+async def test_a_rejected_call_stays_in_the_conversation_as_the_model_wrote_it(kind: FailureKind, tok: Any,
+                                                                             qwen3: ChatTemplate,
+                                                                             qwen3_5: ChatTemplate) -> None:
+    xml = kind in _XML_PARSE_FAILURES
+    template, fmt = (qwen3_5, "qwen3_5") if xml else (qwen3, "qwen3")
+    call = (_XML_PARSE_FAILURES if xml else _PARSE_FAILURES)[kind]
+    first = ("Try.\n</think>\n\n" if xml else "<think>\nTry.\n</think>\n\n") + "Let me call it.\n\n" + call
+    e = env()
+    ep = await run(e, template, ScriptedClient(tok, [first, answer(fmt)]))
+    traj = ep.trajectory
+    assert (traj.status, traj.stop_reason) == (Status.COMPLETED, StopReason.NO_TOOL_CALLS)
+    reply = traj.messages[1]
+    assert reply.tool_calls == [] and reply.content == "Let me call it.\n\n" + call.removesuffix("<|im_end|>")
+    # the conversation re-renders to exactly the sampled tokens: no fork, nothing re-rendered differently
+    assert len(ep.sequences) == 1 and traj.metrics["bridge/append"] == 1
+    assert traj.metrics.get("bridge/sampled_text_differs", 0) == 0 and "bridge/fork" not in traj.metrics
+    assert_no_drift(ep, template, e.tool_specs())
+    tool_seg = traj.segments_of(SegmentKind.TOOL)[0]
+    before_error = template.decode(traj.tokens[:tool_seg.start])
+    assert before_error.endswith(call)  # the model's own mistake right before the error it gets back
+
+
 # -- not append-only: fork ---------------------------------------------------------------------------
 class FollowUpEnv(MathEnv):
     """Asks a second question after the first answer: a new user query rewrites Qwen3 history."""

@@ -27,6 +27,8 @@ async def test_a_correct_environment_passes() -> None:
     (b.RaisingEnv, "exception", "KeyError"),
     (b.EndlessEnv, "contract", "did not end"),
     (b.NotMessagesEnv, "contract", "non-empty list of Message"),
+    (b.SyncResetEnv, "contract", "reset() returned list instead of an awaitable: define it as `async def reset"),
+    (b.AssistantOpeningEnv, "contract", "system and user messages only"),
 ])
 async def test_each_broken_environment_is_reported(env_cls: type, check: str, fragment: str) -> None:
     report = await check_environment(env_cls, ROWS[:1])
@@ -37,6 +39,34 @@ async def test_each_broken_environment_is_reported(env_cls: type, check: str, fr
         proc = b.LEAKED.pop()
         proc.kill()
         proc.wait()
+
+
+async def test_each_problem_is_reported_once_per_row_with_its_episodes() -> None:
+    report = await check_environment(b.RaisingEnv, ROWS[:1])
+    assert len(report.violations) == 1, report.format()  # the same KeyError in the tools and failures episodes
+    assert report.violations[0].message.endswith("(in the tools, failures episodes)")
+    bad_rows = await check_environment(b.TypedRowEnv, [{"answer": "x"}, {"answer": 3}, {"nope": 1}],
+                                       row_numbers=[2, 5, 9])
+    assert [(v.check, v.line) for v in bad_rows.violations] == [("row", 2), ("row", 9)], bad_rows.format()
+    assert "line 2: TypedRowEnv(row) refused the row: ValueError: TypedRowEnv: dataset row does not fit Answer" in bad_rows.format()
+    assert bad_rows.episodes == 4  # only the good row ran episodes
+
+
+async def test_a_tool_that_always_raises_is_a_warning() -> None:
+    report = await check_environment(b.AlwaysRaisingToolEnv, ROWS)
+    assert report.ok, report.format()
+    assert [w.check for w in report.warnings] == ["tool_error"]
+    text = report.format()
+    assert "1 warning(s)" in text and "warning: [tool_error] tool 'broken' raised on every call (4)" in text
+    assert "the backing service is down" in text and "'echo'" not in text
+
+
+async def test_verbose_keeps_every_scripted_episode() -> None:
+    report = await check_environment(b.GoodEnv, ROWS[:1], verbose=True, row_numbers=[7])
+    assert [t.splitlines()[0] for t in report.transcripts] == [
+        f"--- line 7, {s} episode" for s in ("tools", "tools", "failures", "answer")]
+    assert "reset: " in report.transcripts[0] and "Say 3." in report.transcripts[0]
+    assert report.format().startswith("--- line 7, tools episode")
 
 
 def test_shared_state_also_shows_as_diverging_episodes() -> None:

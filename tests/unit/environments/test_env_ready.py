@@ -147,6 +147,29 @@ async def test_retool_refuses_a_shared_sandbox_together_with_sandbox_options() -
         assert env.python is not None and env.python.sandbox is shared and not shared.closed
 
 
+async def test_ready_environments_take_a_system_prompt(tok: Any) -> None:
+    row = make_arithmetic_rows(1)[0]
+    template = ChatTemplate.from_name("qwen3", tokenizer=tok)
+    default = await ToyArithmeticEnv(row).reset()
+    custom = await ToyArithmeticEnv(row, system_prompt="Multiply.").reset()
+    bare = await ToyArithmeticEnv(row, system_prompt=None).reset()
+    assert [m.role for m in default] == ["system", "user"] and custom[0].content == "Multiply."
+    assert [m.role for m in bare] == ["user"]
+    with pytest.raises(TypeError, match="system_prompt"):
+        ToyArithmeticEnv(row, system_prompt=3)  # type: ignore[arg-type]
+    retool_env = RetoolMathEnv({"prompt": "1+1?", "label": "2"}, system_prompt="Be brief.")
+    try:
+        assert (await retool_env.reset())[0].content == "Be brief."
+    finally:
+        await retool_env.close()
+    # the prompt is most of a CPU run's sequence: the default (system text + tool schema) stays short
+    tools = ToyArithmeticEnv(row).tool_specs()
+    full = len(template.encode(default, tools, add_generation_prompt=True))
+    assert full < 300, full  # 331 tokens before the prompt and the calculator's descriptions were trimmed
+    assert len(template.encode(bare, tools, add_generation_prompt=True)) < full
+    assert pickle.loads(pickle.dumps(ToyArithmeticEnv(row, system_prompt="x"))).system_prompt == "x"
+
+
 # -- the command line -----------------------------------------------------------------------------
 def _flat(output: str) -> str:
     """CLI output without the panel frame and line wrapping that rich adds to usage errors."""
@@ -171,7 +194,7 @@ def test_env_check_command_reports_violations_and_bad_arguments(tmp_path: Path, 
     monkeypatch.chdir(HERE)  # broken_envs.py is importable from here, as a user's module would be
     data = _rows_file(tmp_path, [{"answer": "3"}])
     result = CliRunner().invoke(app, ["env", "check", "broken_envs:OutOfRangeEnv", "--data", str(data)])
-    assert result.exit_code == 1 and "[reward_range] row 0" in result.output
+    assert result.exit_code == 1 and "[reward_range] line 1" in result.output
     bad = CliRunner().invoke(app, ["env", "check", "broken_envs:Nope", "--data", str(data)])
     assert bad.exit_code == 2 and "has no attribute 'Nope'" in _flat(bad.output)
     not_env = CliRunner().invoke(app, ["env", "check", "broken_envs:EchoTool", "--data", str(data)])
@@ -180,3 +203,16 @@ def test_env_check_command_reports_violations_and_bad_arguments(tmp_path: Path, 
     bad_rows = CliRunner().invoke(app, ["env", "check", "broken_envs:GoodEnv", "--data", str(tmp_path / "bad.jsonl"),
                                         "--rows", "5"])
     assert bad_rows.exit_code == 2 and "bad.jsonl:2: not a JSON row" in _flat(bad_rows.output)
+    assert bad_rows.output.startswith("error: ")
+
+
+def test_env_check_command_names_file_lines_and_says_when_rows_run_out(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(HERE)
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"answer": 3}\n\n{"answer": "x"}\n', encoding="utf-8")  # a blank line, then a bad row
+    result = CliRunner().invoke(app, ["env", "check", "broken_envs:TypedRowEnv", "--data", str(data), "--rows", "10",
+                                      "--verbose"])
+    assert result.exit_code == 1, result.output
+    assert "note: --rows 10, but" in result.output and "has 2 rows; checking 2" in result.output
+    assert "[row] line 3: TypedRowEnv(row) refused the row" in result.output
+    assert "--- line 1, tools episode" in result.output

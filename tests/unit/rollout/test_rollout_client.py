@@ -17,6 +17,7 @@ from agentrl.rollout import (
 )
 from agentrl.rollout.client import ROUTER_DROPPED_SAMPLING_KEYS
 from agentrl.rollout.process import free_port
+from agentrl.rollout.types import AbortCause
 from agentrl.testing.fake_worker import FakeCluster
 
 
@@ -28,7 +29,7 @@ def _client(cluster: FakeCluster, **kw: object) -> InferenceClient:
 async def test_generate_through_router_returns_worker_answer(cluster: FakeCluster) -> None:
     params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, min_new_tokens=1,
                             stop=("zz",), stop_token_ids=(999,), repetition_penalty=1.05, frequency_penalty=0.1,
-                            presence_penalty=0.2, sampling_seed=3)
+                            presence_penalty=0.2, sampling_seed=3, regex="[0-9]+", logit_bias={15: -2.0})
     async with _client(cluster) as client:
         res = await client.generate([10, 11, 12], params, rid="req-1", routing_key="s1", top_logprobs_num=2)
     assert res.output_ids == (13, 14, 15, 16, 17)
@@ -40,10 +41,20 @@ async def test_generate_through_router_returns_worker_answer(cluster: FakeCluste
     body = seen[0]
     # every sampling field but the one sglang-router 0.3.2 is known to drop survived its re-serialisation
     sent = params.to_payload()
-    assert ROUTER_DROPPED_SAMPLING_KEYS == {"spaces_between_special_tokens"}
+    assert ROUTER_DROPPED_SAMPLING_KEYS == {"spaces_between_special_tokens", "logit_bias"}
     assert body["sampling_params"] == {k: v for k, v in sent.items() if k not in ROUTER_DROPPED_SAMPLING_KEYS}
     assert body["input_ids"] == [10, 11, 12] and body["rid"] == "req-1"
     assert body["return_logprob"] is True and body["top_logprobs_num"] == 2
+
+
+async def test_a_router_bound_client_refuses_what_the_router_would_drop(cluster: FakeCluster) -> None:
+    biased = SamplingParams(max_new_tokens=2, logit_bias={15: -2.0})
+    async with _client(cluster, via_router=True) as client:
+        with pytest.raises(ValueError, match="logit_bias would be dropped by sglang-router"):
+            await client.generate([10], biased)
+        ok = await client.generate([10], SamplingParams(max_new_tokens=2, regex="[0-9]+"))  # kept by the router
+    assert ok.completion_tokens == 2
+    assert [r["sampling_params"].get("regex") for w in cluster.workers for r in w.state.requests] == ["[0-9]+"]
 
 
 async def test_routing_key_keeps_a_session_on_one_worker(cluster: FakeCluster) -> None:
@@ -74,6 +85,7 @@ async def test_retries_exhausted_come_back_aborted(cluster: FakeCluster) -> None
         res = await client.generate([5], SamplingParams(max_new_tokens=2), routing_key="k")
     assert res.aborted and res.attempts == 3 and res.output_ids == ()
     assert res.finish_reason.status_code == 500 and "injected failure" in (res.finish_reason.message or "")
+    assert res.finish_reason.cause is AbortCause.UNAVAILABLE and res.finish_reason.cause.failure
     assert sum(len(w.state.requests) for w in cluster.workers) == 3
 
 
@@ -98,6 +110,8 @@ async def test_deadline_aborts_and_returns_partial_tokens(cluster: FakeCluster) 
         elapsed = time.monotonic() - t0
     assert res.aborted and 0 < len(res.output_ids) < 1000
     assert len(res.output_logprobs) == len(res.output_ids)
+    # the engine reports a plain abort; the client knows it was its own deadline, and says so
+    assert res.finish_reason.cause is AbortCause.DEADLINE and "deadline exceeded" in (res.finish_reason.message or "")
     assert elapsed < 3.0
 
 
@@ -116,6 +130,7 @@ async def test_abort_by_rid_mid_generation(cluster: FakeCluster) -> None:
             assert await bare.abort("victim") == 0
         res, ok = await asyncio.wait_for(asyncio.gather(task, other), 10)
     assert res.aborted and 0 < res.completion_tokens < 2000
+    assert res.finish_reason.cause is AbortCause.CLIENT and not res.finish_reason.cause.failure
     assert ok.finish_reason.kind is FinishKind.LENGTH and ok.completion_tokens == 20
 
 
@@ -126,6 +141,7 @@ async def test_transport_errors_retry_then_abort_without_hanging() -> None:
         t0 = time.monotonic()
         res = await client.generate([1], SamplingParams(max_new_tokens=1))
     assert res.aborted and res.attempts == 4 and "Connect call failed" in (res.finish_reason.message or "")
+    assert res.finish_reason.cause is AbortCause.UNAVAILABLE
     assert time.monotonic() - t0 < 5
 
 
@@ -149,6 +165,7 @@ async def test_deadline_when_the_abort_never_arrives(cluster: FakeCluster) -> No
         res = await client.generate([1], SamplingParams(max_new_tokens=1000), deadline_s=0.2)
         elapsed = time.monotonic() - t0
         assert res.aborted and res.output_ids == () and "did not answer" in (res.finish_reason.message or "")
+        assert res.finish_reason.cause is AbortCause.DEADLINE
         assert 0.4 < elapsed < 3.0
         # the client stays usable, and its task was not left cancelled
         ok = await client.generate([1], SamplingParams(max_new_tokens=2))
@@ -171,4 +188,5 @@ async def test_abort_of_a_waiting_request_and_duplicate_rids(cluster: FakeCluste
     assert done_first.finish_reason.kind is FinishKind.LENGTH
     assert done_waiting.aborted and done_waiting.attempts == 0 and "before the request was sent" in (
         done_waiting.finish_reason.message or "")
+    assert done_waiting.finish_reason.cause is AbortCause.CLIENT
     assert [r["rid"] for w in cluster.workers for r in w.state.requests] == ["first"]

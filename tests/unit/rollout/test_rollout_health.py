@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from agentrl.model_folder import ModelFolderError
 from agentrl.rollout import (
     EngineConfig,
     EngineError,
@@ -184,7 +185,16 @@ async def test_drain_aborts_running_requests_and_waits_idle() -> None:
             w.stop()
 
 
-async def test_group_weight_update_pauses_updates_and_continues() -> None:
+def _checkpoint(tmp_path: Path, name: str) -> Path:
+    """A folder that passes the up-front model-folder check (the fake workers load nothing)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+async def test_group_weight_update_pauses_updates_and_continues(tmp_path: Path) -> None:
     workers = [FakeWorker(FakeWorkerState(name=f"u{i}")) for i in range(2)]
     for w in workers:
         w.start()
@@ -193,8 +203,8 @@ async def test_group_weight_update_pauses_updates_and_continues() -> None:
     try:
         for w in workers:
             await group.add_engine(await SGLangEngine.attach(w.url))
-        await group.update_weights_from_disk("/ckpt/step-3", "3", pause_mode="retract")
-        await group.update_weights_from_disk("/ckpt/step-4", "4")
+        await group.update_weights_from_disk(_checkpoint(tmp_path, "step-3"), "3", pause_mode="retract")
+        await group.update_weights_from_disk(str(_checkpoint(tmp_path, "step-4")), "4")
         async with group.client() as client:
             res = await client.generate([1], SamplingParams(max_new_tokens=1), routing_key="x")
     finally:
@@ -261,7 +271,26 @@ class _PauseRefusingWorker(FakeWorker):
         return await super()._control(request)
 
 
-async def test_group_weight_update_continues_every_engine_when_a_pause_fails() -> None:
+async def test_a_weight_update_from_a_folder_that_is_not_a_model_fails_before_pausing(tmp_path: Path) -> None:
+    worker = FakeWorker(FakeWorkerState(name="m"))
+    worker.start()
+    router = await Router.launch(RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING))
+    group = EngineGroup(router, [])
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    try:
+        await group.add_engine(await SGLangEngine.attach(worker.url))
+        with pytest.raises(ModelFolderError, match=r"model_path: '.*no-such' does not exist"):
+            await group.update_weights_from_disk(tmp_path / "no-such", "5", pause_mode="abort")
+        with pytest.raises(ModelFolderError, match=r"'.*half' is not a model folder: it lacks weights"):
+            await group.engines[0].update_weights_from_disk(tmp_path / "half", "5")
+    finally:
+        await group.shutdown()
+        worker.stop()
+    assert worker.state.control_calls == []
+
+
+async def test_group_weight_update_continues_every_engine_when_a_pause_fails(tmp_path: Path) -> None:
     good, refusing = FakeWorker(FakeWorkerState(name="g")), _PauseRefusingWorker(FakeWorkerState(name="r"))
     for w in (good, refusing):
         w.start()
@@ -271,7 +300,7 @@ async def test_group_weight_update_continues_every_engine_when_a_pause_fails() -
         for w in (good, refusing):
             await group.add_engine(await SGLangEngine.attach(w.url))
         with pytest.raises(EngineError, match="cannot pause now"):
-            await group.update_weights_from_disk("/ckpt/step-5", "5", pause_mode="abort")
+            await group.update_weights_from_disk(_checkpoint(tmp_path, "step-5"), "5", pause_mode="abort")
     finally:
         await group.shutdown()
         for w in (good, refusing):

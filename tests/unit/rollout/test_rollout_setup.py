@@ -65,6 +65,9 @@ def test_engine_command_line() -> None:
     joined = " ".join(cmd)
     assert "--device cpu" in joined and "--port 18000" in joined and "--context-length 512" in joined
     assert "--weight-version 3" in joined and "--max-total-tokens" not in joined
+    # the router's gRPC probe of each new worker would log "Invalid HTTP request received." at warning level
+    assert "--log-level-http error" in joined
+    assert "--log-level-http" not in " ".join(EngineConfig(model_path="/m", log_level_http=None).command(1, "cpu"))
     with pytest.raises(ValueError, match="device='tpu'"):
         EngineConfig(model_path="/m", device="tpu")  # type: ignore[arg-type]
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
+import re
 
 import pytest
 
@@ -36,9 +38,32 @@ def test_defaults_are_the_rl_settings() -> None:
 def test_every_field_is_an_sglang_key() -> None:
     full = SamplingParams(max_new_tokens=3, temperature=0.5, top_p=0.9, top_k=20, min_p=0.1, min_new_tokens=1,
                           stop=("x",), stop_token_ids=(2,), ignore_eos=True, repetition_penalty=1.1,
-                          frequency_penalty=0.1, presence_penalty=0.1, sampling_seed=7)
+                          frequency_penalty=0.1, presence_penalty=0.1, sampling_seed=7, regex="[0-9]+",
+                          logit_bias={3: -1.5})
     assert set(full.to_payload()) <= SGLANG_SAMPLING_KEYS
     assert {f.name for f in dataclasses.fields(SamplingParams)} <= SGLANG_SAMPLING_KEYS
+
+
+def test_constrained_decoding_and_logit_bias_pass_through_typed() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    params = SamplingParams(json_schema=schema, logit_bias={7: -100, 9: 2.5})
+    payload = params.to_payload()
+    assert json.loads(payload["json_schema"]) == schema and params.json_schema == payload["json_schema"]
+    assert payload["logit_bias"] == {"7": -100.0, "9": 2.5}  # SGLang reads string keys
+    assert SamplingParams(regex=r"\d+").to_payload()["regex"] == r"\d+"
+    assert SamplingParams(ebnf='root ::= "yes" | "no"').to_payload()["ebnf"] == 'root ::= "yes" | "no"'
+    assert pickle.loads(pickle.dumps(params)) == params and hash(params) == hash(params.replace())
+    for bad, needle in [
+        ({"regex": "a", "ebnf": "b"}, "regex and ebnf are all set; expected at most one"),
+        ({"json_schema": "[1, 2]"}, "json_schema='[1, 2]': expected a JSON schema object"),
+        ({"json_schema": "{not json"}, "expected a JSON schema object"),
+        ({"regex": ""}, "regex='': expected None or a non-empty string"),
+        ({"logit_bias": {"7": 1.0}}, "logit_bias: key '7': expected a token id"),
+        ({"logit_bias": {7: float("nan")}}, "logit_bias[7]=nan: expected a finite number"),
+        ({"logit_bias": [(7, 1.0)]}, "expected a mapping of token id to bias"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            SamplingParams(**bad)  # type: ignore[arg-type]
 
 
 def test_immutable_and_replace_validates() -> None:

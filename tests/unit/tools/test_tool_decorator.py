@@ -44,7 +44,8 @@ def test_schema_from_hints_and_google_docstring() -> None:
     props = params["properties"]
     assert props["city"] == {"type": "string", "description": "The city name, possibly with a country."}
     assert props["days"] == {"type": "integer", "description": "How many days.", "default": 1}
-    assert props["unit"] == {"type": "string", "enum": ["celsius", "kelvin"], "description": "Temperature unit."}
+    assert props["unit"] == {"type": "string", "enum": ["celsius", "kelvin"], "description": "Temperature unit.",
+                             "default": "celsius"}
     assert props["detailed"] == {"type": "boolean"}
     assert props["tags"] == {"type": "array", "items": {"type": "string"}}
     assert props["mode"] == {"enum": ["fast", "exact"], "type": "string", "default": "fast"}
@@ -70,7 +71,8 @@ def test_sphinx_docstring_and_overrides() -> None:
 @pytest.mark.parametrize(("fn_src", "match"), [
     ("def f(x): pass", r"f\(x\): missing type hint"),
     ("def f(*args: int): pass", r"named arguments only"),
-    ("def f(x: set): pass", r"f\(x\): unsupported type hint"),
+    ("def f(x: bytes): pass", r"f\(x\): unsupported type hint"),
+    ("def f(x: dict[int, str]): pass", r"JSON objects have string keys"),
 ])
 def test_undescribable_functions_are_rejected(fn_src: str, match: str) -> None:
     ns: dict[str, object] = {}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import pytest
 import torch
 from _train_helpers import tiny_model, trajectories, vocab_size
 
+from agentrl.model_folder import ModelFolderError, check_model_folder
+from agentrl.testing import build_tokenizer
 from agentrl.train import (
     LossConfig,
     NonFiniteLossError,
@@ -19,6 +22,7 @@ from agentrl.train import (
     TrainingBatch,
     build_training_batch,
 )
+from agentrl.trajectory import Status, Trajectory
 
 
 def _config(**loss: object) -> TorchBackendConfig:
@@ -181,6 +185,27 @@ def test_clear_errors_for_vocab_and_batch_problems() -> None:
         TorchTrainBackend(copy.deepcopy(model), TorchBackendConfig(device="tpu"))
 
 
+def test_a_padding_id_trains_like_any_sampled_token() -> None:
+    # The agent loop keeps ids in [len(tokenizer), embedding rows) verbatim and trainable; so does the trainer.
+    model = tiny_model(0)
+    rows = model.get_input_embeddings().weight.shape[0]
+    padding = vocab_size() + 1
+    assert vocab_size() < padding < rows
+    traj = Trajectory.from_prompt([5, 6, 7], vocab_size=rows, group_id="g", rollout_id="r")
+    traj.append_model([11, padding, 12], [-1.0, -2.0, -1.5])
+    traj.finish(Status.COMPLETED)
+    traj.reward = 1.0
+    other = Trajectory.from_dict({**traj.to_dict(), "rollout_id": "r2", "reward": 0.0})
+    batch = build_training_batch([traj, other])
+    backend = TorchTrainBackend(copy.deepcopy(model), _config(), vocab_size=vocab_size())
+    logprobs = backend.compute_logprobs(batch)[0]
+    assert math.isfinite(logprobs[4]) and logprobs[4] < 0
+    before = backend.model.get_input_embeddings().weight[padding].detach().clone()
+    metrics = backend.train_step(batch)
+    assert math.isfinite(metrics["loss"])
+    assert not torch.equal(backend.model.get_input_embeddings().weight[padding], before)
+
+
 class _LeakyModel(torch.nn.Module):
     """Wraps a causal LM but always attends over the whole row (ignores packed position ids)."""
 
@@ -227,8 +252,11 @@ def test_export_hf_loads_back_with_transformers(tmp_path) -> None:  # type: igno
 
     backend = TorchTrainBackend(tiny_model(0), _config())
     backend.train_step(build_training_batch(trajectories(1, 2, seed=11)))
-    out = backend.export_hf(tmp_path / "hf")
+    with pytest.raises(ValueError, match="export_hf: no tokenizer to write"):
+        backend.export_hf(tmp_path / "hf")
+    out = backend.export_hf(tmp_path / "hf", tokenizer=build_tokenizer())
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    check_model_folder(out)  # weights, config and tokenizer: an engine can start from it
     loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64)
     ids = torch.tensor([[1, 5, 9, 30, 2]])
     with torch.no_grad():
@@ -237,13 +265,17 @@ def test_export_hf_loads_back_with_transformers(tmp_path) -> None:  # type: igno
     assert "model.embed_tokens.weight" in names
 
 
-def test_from_pretrained_tiny_model_trains_in_float32() -> None:
+def test_from_pretrained_tiny_model_trains_in_float32(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from agentrl.testing import build_tiny_model
 
+    with pytest.raises(ModelFolderError, match=r"from_pretrained: path: '.*missing' does not exist"):
+        TorchTrainBackend.from_pretrained(tmp_path / "missing")
     backend = TorchTrainBackend.from_pretrained(
         build_tiny_model(), TorchBackendConfig(device="cpu", dtype="float32"), with_ref_model=True,
-        vocab_size=vocab_size(),
     )
+    assert backend.tokenizer is not None and len(backend.tokenizer) == vocab_size()
+    exported = backend.export_hf(tmp_path / "hf")  # the folder's own tokenizer goes along
+    assert (exported / "tokenizer.json").is_file()
     batch = build_training_batch(trajectories(2, 2, seed=12))
     before = backend.model.get_input_embeddings().weight.detach().clone()
     metrics = backend.train_step(batch)

@@ -1,0 +1,129 @@
+"""One episode as a whole: every sequence it produced, and the environment's per-step info.
+
+An episode is usually one :class:`~agentrl.trajectory.Trajectory`. When the chat template rewrites
+history (a new user query strips earlier reasoning), the agent loop forks: a new sequence starts
+from a fresh full render and shares the rollout id. Every sequence carries trainable tokens, so
+the :class:`Episode` — not its last sequence — is the unit to save, load and batch:
+
+- :meth:`Episode.to_dict` / :meth:`Episode.from_dict` and :func:`save_episodes` /
+  :func:`load_episodes` (one episode per JSONL line) round-trip it losslessly, validating every
+  sequence and that they belong together;
+- :func:`agentrl.train.build_training_batch` accepts episodes (each sequence becomes a training
+  sequence; group statistics count the rollout once).
+
+Example::
+
+    episode = await run_episode(env, template, client, config)
+    save_episodes("rollouts.jsonl", [episode], append=True)
+    batch = build_training_batch(load_episodes("rollouts.jsonl"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.trajectory import Status, StopReason, Trajectory, TrajectoryError
+
+__all__ = ["Episode", "iter_episodes", "load_episodes", "save_episodes"]
+
+
+@dataclass
+class Episode:
+    """The outcome of one episode: its sequences (one unless it forked) and the environment's info.
+
+    All sequences share the rollout id and get the episode's final status and reward. Picklable.
+    """
+
+    sequences: list[Trajectory]
+    env_info: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The last sequence: it holds the whole conversation and the episode's metrics. Save and
+        batch the :class:`Episode` itself: earlier sequences hold trainable tokens too."""
+        return self.sequences[-1]
+
+    @property
+    def status(self) -> Status:
+        return self.trajectory.status
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        return self.trajectory.stop_reason
+
+    @property
+    def reward(self) -> float | None:
+        return self.trajectory.reward
+
+    @property
+    def num_trainable_tokens(self) -> int:
+        """Trainable (sampled) tokens over every sequence."""
+        return sum(s.num_trainable_tokens for s in self.sequences)
+
+    def validate(self) -> None:
+        """Checks each sequence's invariants and that they form one episode (same rollout, in order)."""
+        if not self.sequences:
+            raise TrajectoryError("episode: expected at least one sequence, got none")
+        first = self.sequences[0]
+        for i, seq in enumerate(self.sequences):
+            try:
+                seq.validate()
+            except TrajectoryError as exc:
+                raise TrajectoryError(f"sequences[{i}]: {exc}") from exc
+            if seq.sequence_index != i:
+                raise TrajectoryError(f"sequences[{i}].sequence_index = {seq.sequence_index}; expected {i}")
+            if (seq.rollout_id, seq.group_id) != (first.rollout_id, first.group_id):
+                raise TrajectoryError(f"sequences[{i}]: rollout/group id {(seq.rollout_id, seq.group_id)} differ from "
+                                      f"the first sequence's {(first.rollout_id, first.group_id)}; expected one episode")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sequences": [s.to_dict() for s in self.sequences], "env_info": [dict(i) for i in self.env_info]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Episode:
+        """Rebuilds an episode and validates it; a broken record raises :class:`TrajectoryError`."""
+        if not isinstance(data, dict) or not isinstance(data.get("sequences"), list):
+            raise TrajectoryError(f"episode record: expected an object with a 'sequences' list, got {data!r:.200}")
+        sequences = []
+        for i, raw in enumerate(data["sequences"]):
+            try:
+                sequences.append(Trajectory.from_dict(raw))
+            except TrajectoryError as exc:
+                raise TrajectoryError(f"sequences[{i}]: {exc}") from exc
+        info = data.get("env_info") or []
+        if not isinstance(info, list) or not all(isinstance(x, dict) for x in info):
+            raise TrajectoryError(f"episode record: env_info: expected a list of objects, got {info!r:.200}")
+        episode = cls(sequences=sequences, env_info=[dict(x) for x in info])
+        episode.validate()
+        return episode
+
+
+def save_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode], *, append: bool = False) -> int:
+    """Writes one episode per JSON line; returns the number written."""
+    n = 0
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
+        for episode in episodes:
+            f.write(json.dumps(episode.to_dict(), ensure_ascii=False, allow_nan=False))
+            f.write("\n")
+            n += 1
+    return n
+
+
+def iter_episodes(path: str | os.PathLike[str]) -> Iterator[Episode]:
+    """Yields episodes from a JSONL file; a bad line raises naming the file and line number."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Episode.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TrajectoryError) as exc:
+                raise TrajectoryError(f"{os.fspath(path)}:{lineno}: {exc}") from exc
+
+
+def load_episodes(path: str | os.PathLike[str]) -> list[Episode]:
+    return list(iter_episodes(path))
