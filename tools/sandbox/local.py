@@ -65,7 +65,7 @@ class LocalSandbox(Sandbox):
         request["workdir"] = "/tmp"
         started = time.monotonic()
         try:
-            data, _ = await self._pool.execute(request, timeout)
+            data = await self._pool.execute(request, timeout)
         except WorkerError as exc:
             return ExecResult.sandbox_error(str(exc), time.monotonic() - started)
         return result_from_worker(data, time.monotonic() - started)

@@ -52,7 +52,7 @@ async def test_a_ready_frame_that_is_not_json_means_the_sandbox_cannot_start() -
 async def test_a_well_formed_reply_comes_back() -> None:
     pool = pool_of(b'{"ready": true}', b'{"exit_code": 0}')
     try:
-        assert (await pool.execute({"code": "1"}, timeout_s=5))[0] == {"exit_code": 0}
+        assert await pool.execute({"code": "1"}, timeout_s=5) == {"exit_code": 0}
         assert pool.first_info == {"ready": True}
     finally:
         await pool.close()
