@@ -6,7 +6,8 @@ standard library only, run by the sandbox's interpreter, never imported by the h
 A container cannot give each execution its own namespaces (no capabilities), so after every
 execution :func:`reset_container` kills every leftover process, empties ``/tmp`` and ``/dev/shm``
 whatever permissions the program set, removes every SysV IPC object and POSIX message queue of the
-container's private IPC namespace, and then *verifies* all of it; what it cannot verify it reports,
+container's private IPC namespace, checks that its network namespace holds no socket any more
+(TCP ``TIME_WAIT`` state outlives a process), and then *verifies* all of it; what it cannot verify it reports,
 and the host replaces the container. :func:`reaper` is the container's PID 1.
 """
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 else:
     import _worker_isolation as isolation  # loaded by _worker.py from its own directory
 
-IPC_RMID = 0
 
 
 def _alive(pid: int | str) -> bool:
@@ -116,28 +116,12 @@ def _empty_tmpfs(path: str) -> str | None:
     return None
 
 
-def _sysv_ipc_ids() -> dict[str, list[int]]:
-    ids: dict[str, list[int]] = {}
-    for kind in ("shm", "sem", "msg"):
-        with open(f"/proc/sysvipc/{kind}") as f:
-            ids[kind] = [int(line.split()[1]) for line in list(f)[1:] if line.strip()]
-    return ids
-
-
 def _remove_ipc() -> str | None:
     """Removes every SysV IPC object and POSIX message queue of the container's IPC namespace
     (the program created them all as this uid, so their creator may remove them whatever their
     mode); returns what is left when that failed."""
     try:
-        for kind, ids in _sysv_ipc_ids().items():
-            for ipc_id in ids:
-                if kind == "shm":
-                    isolation.libc.shmctl(ipc_id, IPC_RMID, None)
-                elif kind == "sem":
-                    isolation.libc.semctl(ipc_id, 0, IPC_RMID)
-                else:
-                    isolation.libc.msgctl(ipc_id, IPC_RMID, None)
-        left = {k: v for k, v in _sysv_ipc_ids().items() if v}
+        left = isolation.remove_sysv_ipc()
     except OSError as exc:
         return f"SysV IPC cannot be listed: {exc}"
     if left:
@@ -154,12 +138,26 @@ def _remove_ipc() -> str | None:
     return f"POSIX message queues remain: {queues[:5]}" if queues else None
 
 
+def _sockets_left() -> str | None:
+    """The container's network namespace outlives executions: a socket still listed once every
+    process is gone (TCP ``TIME_WAIT``, an orphaned connection) would be there for the next one."""
+    counts = {}
+    for name in ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix"):
+        try:
+            with open(f"/proc/net/{name}") as f:
+                counts[name] = len(f.readlines()) - 1
+        except OSError:
+            continue
+    left = {k: v for k, v in counts.items() if v > 0}
+    return f"sockets remain in the network namespace: {left}" if left else None
+
+
 def reset_container() -> str | None:
     """Between two executions in one container: kills leftovers, empties /tmp and /dev/shm,
-    removes IPC objects, and verifies all of it. Returns why the container is not clean, or None."""
+    removes IPC objects, checks that no socket is left, and verifies all of it. Returns why the container is not clean, or None."""
     if not sweep():
         return "processes of the previous execution could not be killed"
-    problems = [p for p in (_empty_tmpfs("/tmp"), _empty_tmpfs("/dev/shm"), _remove_ipc()) if p]
+    problems = [p for p in (_empty_tmpfs("/tmp"), _empty_tmpfs("/dev/shm"), _remove_ipc(), _sockets_left()) if p]
     return "; ".join(problems) or None
 
 

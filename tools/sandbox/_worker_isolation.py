@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import signal
 import socket
 import stat
 import struct
@@ -40,6 +41,7 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
+IPC_RMID = 0
 SIOCSIFFLAGS = 0x8914
 IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
 # The execution's own writable mounts; every other mount must be read-only (device nodes aside).
@@ -174,7 +176,8 @@ def supervise(wait_fd: int) -> None:
 
     The program then behaves like an ordinary process (default signal actions apply to it, which
     the kernel would ignore for a namespace's init; ``getpid()`` is not 1). PID 1 waits for it,
-    writes its wait status to ``wait_fd`` and exits, which kills whatever the program left behind.
+    ends the execution (see :func:`_end_execution`), writes the program's wait status to
+    ``wait_fd`` and exits.
     """
     prctl(PR_SET_DUMPABLE, 0)  # the program (same uid, no capabilities) cannot ptrace PID 1
     pid = os.fork()
@@ -184,5 +187,50 @@ def supervise(wait_fd: int) -> None:
         return
     close_fds_except((0, 1, 2, wait_fd))
     _, status = os.waitpid(pid, 0)
+    _end_execution()
     os.write(wait_fd, str(status).encode())
     os._exit(0)
+
+
+def _end_execution() -> None:
+    """PID 1 of an execution, once the program has exited: kills and reaps what it left, then removes
+    its SysV IPC objects. The kernel frees a dead IPC namespace only later, from a work queue; this
+    way the memory they hold is given back before the result goes out."""
+    try:
+        os.kill(-1, signal.SIGKILL)  # from a namespace's init: every other process of the namespace
+    except OSError:
+        pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except OSError:
+            break
+    try:
+        remove_sysv_ipc()
+    except OSError:
+        pass
+
+
+def sysv_ipc_ids() -> dict[str, list[int]]:
+    """The ids of this IPC namespace's SysV shared memory segments, semaphore sets and message queues."""
+    ids: dict[str, list[int]] = {}
+    for kind in ("shm", "sem", "msg"):
+        with open(f"/proc/sysvipc/{kind}") as f:
+            ids[kind] = [int(line.split()[1]) for line in list(f)[1:] if line.strip()]
+    return ids
+
+
+def remove_sysv_ipc() -> dict[str, list[int]]:
+    """Removes every SysV IPC object this uid may remove (its creator may, whatever the object's
+    mode); returns those that remain."""
+    for kind, ids in sysv_ipc_ids().items():
+        for ipc_id in ids:
+            if kind == "shm":
+                libc.shmctl(ipc_id, IPC_RMID, None)
+            elif kind == "sem":
+                libc.semctl(ipc_id, 0, IPC_RMID)
+            else:
+                libc.msgctl(ipc_id, IPC_RMID, None)
+    return {kind: ids for kind, ids in sysv_ipc_ids().items() if ids}
