@@ -2,8 +2,9 @@
 
 Each worker is ``/usr/bin/python3 -I -S worker.py`` inside ``bwrap --unshare-all``: its own user,
 PID, network, IPC, UTS and cgroup namespaces, an empty environment, a read-only root (bwrap's
-tmpfs, remounted read-only) holding the host's ``/usr`` read-only, a read-only ``/dev`` and
-nothing else of the host (no project, home, ``/etc`` or ``/root``). When the host process is root
+tmpfs, remounted read-only) holding the host's ``/usr`` (and the symlinks of ``/etc/alternatives``)
+read-only, a read-only ``/dev`` and nothing else of the host (no project, home, other ``/etc`` or
+``/root``). When the host process is root
 it first drops to uid/gid 65534 with ``setpriv`` and, where cgroups are usable, puts itself into a
 per-worker cgroup (memory, pids, CPU bandwidth) before exec'ing bwrap.
 
@@ -133,7 +134,9 @@ class BwrapSandbox(Sandbox):
         for name in ("lib", "lib64", "lib32", "bin", "sbin"):
             if os.path.islink(f"/{name}") or os.path.isdir(f"/usr/{name}"):
                 argv += ["--symlink", f"usr/{name}", f"/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--dir", "/tmp"]
+        # /etc/alternatives holds only symlinks (Debian's choice of e.g. libblas.so.3, which numpy loads)
+        argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
+                 "--proc", "/proc", "--dev", "/dev", "--dir", "/tmp"]
         for host, inside in worker_binds(WORKER_DIR):
             argv += ["--ro-bind", host, inside]
         # Last: the root and /dev read-only (each execution mounts its own /tmp, /dev/shm, /proc, /dev/pts).
@@ -208,7 +211,8 @@ class BwrapSandbox(Sandbox):
         cg_name = f"cgroup v{cg.version}" if cg.version else ""
         enforced = {
             "network": "own network namespace per execution, loopback only",
-            "filesystem": "read-only root with the host's /usr read-only; no /etc, /root, /home or project; "
+            "filesystem": "read-only root with the host's /usr and /etc/alternatives (symlinks) read-only; no other "
+                          "/etc, no /root, /home or project; "
                           "writable only the execution's own /tmp and /dev/shm (tmpfs, tmp_mb each)",
             "environment": "bwrap --clearenv (PATH, HOME, LANG only)",
             "processes_visible": "PID namespace per execution",
@@ -273,7 +277,7 @@ class BwrapSandbox(Sandbox):
                       f"at a time; the execution's tmpfs pages are charged there and freed with it "
                       f"(memory limit: {memory})",
             "worker_program": "pool: the same read-only worker program in every worker",
-            "usr": "host: the host's /usr, bound read-only",
+            "usr": "host: the host's /usr and /etc/alternatives, bound read-only",
             "kernel": "host: the host's kernel" + (", narrowed by the seccomp filter" if self._seccomp else ""),
         }
 

@@ -20,7 +20,7 @@ import pytest_asyncio
 from sandbox_state import ACTIONS, MQ_NAMES, SYSV_KEYS, attacker, random_attacker, victim
 
 from agentrl.tools.sandbox import Sandbox, create_sandbox
-from agentrl.tools.sandbox.base import WORKER_SOURCE
+from agentrl.tools.sandbox.base import SCOPES, WORKER_SOURCE
 from agentrl.tools.sandbox.bwrap import BwrapSandbox
 from agentrl.tools.sandbox.docker import DockerSandbox
 from agentrl.tools.sandbox.seccomp import blocked_numbers
@@ -150,6 +150,25 @@ async def test_property_random_attackers_leave_nothing(pool: tuple[Sandbox, str]
             await attack_then_check(pool, code)
         except AssertionError as exc:
             raise AssertionError(f"attacker {n} (seed {SEED}) doing {actions}: {exc}") from exc
+
+
+SCOPE_CONTRACT = {
+    "bwrap": {"tmp": "execution", "dev_shm": "execution", "mounts": "execution", "ipc": "execution",
+              "network": "execution", "processes": "execution", "keyrings": "execution", "interpreter": "execution",
+              "root_filesystem": "worker", "cgroup": "worker", "worker_program": "pool", "usr": "host"},
+    "docker": {"tmp": "worker", "dev_shm": "worker", "ipc": "worker", "network": "worker", "processes": "worker",
+               "keyrings": "execution", "root_filesystem": "worker", "cgroup": "worker", "image": "pool"},
+}
+
+
+async def test_capabilities_say_what_lives_how_long(pool: tuple[Sandbox, str]) -> None:
+    sandbox, _ = pool
+    caps = sandbox.capabilities()
+    assert all(value.split(":", 1)[0] in SCOPES for value in caps.scopes.values()), caps.scopes
+    contract = SCOPE_CONTRACT[sandbox.backend]
+    assert {key: caps.scope(key) for key in contract} == contract
+    with pytest.raises(KeyError, match="no entry 'nonexistent'"):
+        caps.scope("nonexistent")
 
 
 def _identity(sandbox: Sandbox) -> frozenset[Any]:
