@@ -121,7 +121,7 @@ def _remove_ipc() -> str | None:
     (the program created them all as this uid, so their creator may remove them whatever their
     mode); returns what is left when that failed."""
     try:
-        left = isolation.remove_sysv_ipc()
+        left = isolation.remove_sysv_ipc() if isolation.sysv_ipc_in_use() else {}
     except OSError as exc:
         return f"SysV IPC cannot be listed: {exc}"
     if left:
