@@ -153,19 +153,6 @@ def _run_python(code: str, status_fd: int) -> int:
 
 
 
-def _warm_up() -> None:
-    """Runs a tiny cell to /dev/null before the request comes: the interpreter pages a cell touches
-    are copied (copy-on-write after the fork) now, while the worker is idle, not on the call's time."""
-    sink = io.TextIOWrapper(io.FileIO(os.open("/dev/null", os.O_WRONLY), "w"), encoding="utf-8")
-    tree = ast.parse("x = [1, 'a', 2.0]\nx", CELL, "exec")
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    exec(compile(ast.Module(tree.body[:1], []), CELL, "exec"), namespace)
-    print(repr(eval(compile(ast.Expression(tree.body[1].value), CELL, "eval"), namespace)),  # type: ignore[attr-defined]
-          file=sink)
-    json.loads(json.dumps({"code": "x", "limits": [1, 2.5, None, True]}))
-    sink.close()
-
-
 def _read_to_end(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
@@ -202,8 +189,6 @@ def _prepared_child(fds: dict[str, int], state: dict[str, Any], tmp_bytes: int) 
         _wire_fds(fds)
         if state["seccomp"] is not None:
             state["seccomp"].install()
-        if state["ahead"]:
-            _warm_up()
         os.write(FD_READY, b"R")
         req = json.loads(_read_to_end(FD_REQUEST))
         os.close(FD_REQUEST)
