@@ -152,7 +152,6 @@ def _run_python(code: str, status_fd: int) -> int:
     return status
 
 
-
 def _read_to_end(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
