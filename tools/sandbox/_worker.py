@@ -15,14 +15,15 @@ sit next to it and are loaded from its directory. Two modes:
 Every execution is a *prepared child*: forked from the worker, it builds its sandbox, reports
 ``R`` (ready) on a pipe, waits for its request, sets the request's limits, reports ``G`` (going)
 and closes that pipe before the code runs, so the program can never write on it. With namespaces
-(bwrap) the child gets fresh mount, IPC, UTS, network and PID namespaces, drops every capability
+(bwrap) the child gets fresh mount, IPC, UTS and PID namespaces, drops every capability
 and stays PID 1 of its PID namespace while the program runs in a forked process (its exit kills
 whatever the program left behind); in ``serve`` mode the next execution's child is prepared while
 the current one runs, which keeps the set-up off the critical path. The program's process installs
 the seccomp filter given with ``--seccomp=<base64>`` right before the code runs. Without
 capabilities (Docker, local) the child only starts a new session; in a container whose PID 1 is
-this program's ``reaper``, ``--sweep`` resets the container after every execution and the result
-says whether it was verified clean.
+this program's ``reaper``, ``--sweep`` resets the container after every execution. Either way the
+result says whether the worker was verified clean afterwards (for bwrap: no TCP state left in the
+worker's network namespace).
 
 Result fields, all observed by this supervisor, not by the program: ``stdout``/``stderr`` (base64
 of the first ``max_output_bytes`` of each stream), ``stdout_bytes``/``stderr_bytes`` (total sizes),
@@ -396,7 +397,7 @@ def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         waited = os.read(handle["wait"], 64)
         if waited:  # the program's own status, reported by the namespace's PID 1
             status = int(waited)
-    unclean = None
+    unclean = isolation.sockets_left() if state["namespaces"] else None  # the worker's network namespace
     if not state["namespaces"]:
         try:
             os.killpg(pid, signal.SIGKILL)

@@ -138,26 +138,13 @@ def _remove_ipc() -> str | None:
     return f"POSIX message queues remain: {queues[:5]}" if queues else None
 
 
-def _sockets_left() -> str | None:
-    """The container's network namespace outlives executions: a socket still listed once every
-    process is gone (TCP ``TIME_WAIT``, an orphaned connection) would be there for the next one."""
-    counts = {}
-    for name in ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix"):
-        try:
-            with open(f"/proc/net/{name}") as f:
-                counts[name] = len(f.readlines()) - 1
-        except OSError:
-            continue
-    left = {k: v for k, v in counts.items() if v > 0}
-    return f"sockets remain in the network namespace: {left}" if left else None
-
-
 def reset_container() -> str | None:
-    """Between two executions in one container: kills leftovers, empties /tmp and /dev/shm,
-    removes IPC objects, checks that no socket is left, and verifies all of it. Returns why the container is not clean, or None."""
+    """Between two executions in one container: kills leftovers, empties /tmp and /dev/shm, removes
+    IPC objects, checks that no socket is left, and verifies all of it. Returns why the container is
+    not clean, or None."""
     if not sweep():
         return "processes of the previous execution could not be killed"
-    problems = [p for p in (_empty_tmpfs("/tmp"), _empty_tmpfs("/dev/shm"), _remove_ipc(), _sockets_left()) if p]
+    problems = [p for p in (_empty_tmpfs("/tmp"), _empty_tmpfs("/dev/shm"), _remove_ipc(), isolation.sockets_left()) if p]
     return "; ".join(problems) or None
 
 

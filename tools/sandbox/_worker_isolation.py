@@ -4,23 +4,23 @@ Part of the worker program (``_worker.py``, which loads this file from its own d
 standard library only, run by the sandbox's interpreter, never imported by the host.
 
 :func:`fresh_namespaces` gives a prepared child (bwrap, where the worker holds capabilities in its
-user namespace) its own mount, IPC, UTS and network namespaces. The worker's view is already
+user namespace) its own mount, IPC and UTS namespaces. The worker's view is already
 read-only (bwrap's ``--remount-ro`` of ``/`` and ``/dev``; ``/usr`` is a read-only bind), so the
 execution's only writable mounts are its own size-capped tmpfs ``/tmp`` and ``/dev/shm``, its
 ``/proc`` and ``/dev/pts``, all created here and gone with the namespace. The worker checks its
 own layout once with :func:`writable_mounts` (nothing writable but ``/proc`` and ``/dev/pts``,
 which every execution replaces); each execution's mount namespace is a copy of it.
-SysV IPC objects and POSIX message queues live in the IPC namespace, sockets, ports and
-``TIME_WAIT`` state in the network namespace: a later execution sees none of them.
+SysV IPC objects and POSIX message queues live in the IPC namespace: a later execution sees none
+of them. The network namespace is the worker's (loopback only; a fresh one per execution costs
+the kernel too much under load): :func:`sockets_left` tells the worker when an execution left TCP
+state behind, and the host then replaces the worker.
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import signal
-import socket
 import stat
 import struct
 
@@ -28,7 +28,6 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUTS = 0x04000000
-CLONE_NEWNET = 0x40000000
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
@@ -43,12 +42,8 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
 IPC_RMID = 0
 MSG_INFO, SHM_INFO, SEM_INFO = 12, 14, 19
-SIOCSIFFLAGS = 0x8914
-IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
 # The execution's own writable mounts; every other mount must be read-only (device nodes aside).
 FRESH_MOUNTS = ("/tmp", "/dev/shm", "/proc", "/dev/pts")
-
-_LOOPBACK_UP = struct.pack("16sh22x", b"lo", IFF_UP_LOOPBACK_RUNNING)  # struct ifreq
 
 libc = ctypes.CDLL(None, use_errno=True)
 _ulong = ctypes.c_ulong
@@ -131,16 +126,14 @@ def _mount(source: bytes, target: bytes, fstype: bytes, flags: int, data: bytes 
 
 
 def fresh_namespaces(tmp_bytes: int) -> None:
-    """Own mount, IPC, UTS and network namespaces, with fresh /tmp, /dev/shm, /proc and /dev/pts."""
-    check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET), "unshare(mount, ipc, uts, net)")
+    """Own mount, IPC and UTS namespaces, with fresh /tmp, /dev/shm, /proc and /dev/pts."""
+    check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare(mount, ipc, uts)")
     check(libc.mount(b"none", b"/", None, _ulong(MS_REC | MS_PRIVATE), None), "mount --make-rprivate /")
     size = f"size={int(tmp_bytes)},mode=1777".encode()
     _mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size)
     _mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, size)
     _mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     _mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, b"newinstance,ptmxmode=0666,mode=620")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the new network namespace's loopback
-        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, _LOOPBACK_UP)
 
 
 def writable_mounts(allowed: tuple[str, ...]) -> list[str]:
@@ -220,6 +213,27 @@ def sysv_ipc_in_use() -> bool:
             return True  # cannot tell: look at /proc/sysvipc
         counts.append(struct.unpack_from("=10i", buf.raw)[index])
     return any(counts)
+
+
+def sockets_left() -> str | None:
+    """A network namespace outlives the processes of an execution (the worker's, the container's):
+    a TCP socket still counted once they are gone (``TIME_WAIT``, an orphaned connection) would be
+    there for the next one. Reads this namespace's counters in ``/proc/net/sockstat{,6}`` (cheap;
+    ``/proc/net/tcp`` walks every namespace's sockets). Returns what is left, or None."""
+    counts: dict[str, int] = {}
+    for name, prefix in (("sockstat", "TCP:"), ("sockstat6", "TCP6:")):
+        try:
+            with open(f"/proc/net/{name}") as f:
+                for line in f:
+                    if line.startswith(prefix):
+                        fields = line.split()[1:]
+                        for key, value in zip(fields[::2], fields[1::2], strict=False):
+                            if key in ("inuse", "tw"):
+                                counts[f"{prefix[:-1]} {key}"] = int(value)
+        except (OSError, ValueError):
+            continue
+    left = {k: v for k, v in counts.items() if v > 0}
+    return f"TCP sockets remain in the network namespace: {left}" if left else None
 
 
 def sysv_ipc_ids() -> dict[str, list[int]]:

@@ -9,9 +9,10 @@ it first drops to uid/gid 65534 with ``setpriv`` and, where cgroups are usable, 
 per-worker cgroup (memory, pids, CPU bandwidth) before exec'ing bwrap.
 
 Per execution the worker forks a child (prepared while the previous execution runs) that gets
-fresh mount, IPC, UTS, network and PID namespaces: its only writable mounts are its own size-capped
-tmpfs ``/tmp`` and ``/dev/shm``, its ``/proc`` and ``/dev/pts``; SysV IPC, message queues,
-sockets and ports are its own; it drops every capability and stays PID 1 while the program's
+fresh mount, IPC, UTS and PID namespaces: its only writable mounts are its own size-capped tmpfs
+``/tmp`` and ``/dev/shm``, its ``/proc`` and ``/dev/pts``; SysV IPC and message queues are its
+own; the network namespace (loopback only) is the worker's, and a worker that still lists a TCP
+socket after a call (``TIME_WAIT``) is replaced; it drops every capability and stays PID 1 while the program's
 process sets rlimits, installs the seccomp filter (:mod:`agentrl.tools.sandbox.seccomp`) and runs
 the code unmodified as ``<cell>``. When the execution ends its namespaces die with it: nothing it
 wrote or created is there for the next one. ``capabilities().scopes`` lists what lives how long.
@@ -126,10 +127,10 @@ class BwrapSandbox(Sandbox):
         """The bwrap command line of one worker (without the cgroup/uid prefix)."""
         # --disable-userns (bubblewrap >= 0.8): the program cannot create nested user namespaces.
         nested = ["--unshare-user", "--disable-userns"] if "--disable-userns" in _bwrap_help(self._bwrap) else []
-        # The worker keeps CAP_SYS_ADMIN and CAP_NET_ADMIN (in its own user namespace only) to build each
-        # execution's namespaces and loopback; every execution drops all capabilities before its code.
+        # The worker keeps CAP_SYS_ADMIN (in its own user namespace only) to build each execution's
+        # namespaces; every execution drops all capabilities before its code.
         argv = [self._bwrap, "--unshare-all", *nested, "--die-with-parent", "--new-session",
-                "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_NET_ADMIN",
+                "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP",
                 "--ro-bind", "/usr", "/usr"]
         for name in ("lib", "lib64", "lib32", "bin", "sbin"):
             if os.path.islink(f"/{name}") or os.path.isdir(f"/usr/{name}"):
@@ -210,7 +211,7 @@ class BwrapSandbox(Sandbox):
         info = self._pool.first_info
         cg_name = f"cgroup v{cg.version}" if cg.version else ""
         enforced = {
-            "network": "own network namespace per execution, loopback only",
+            "network": "own network namespace per worker, loopback only",
             "filesystem": "read-only root with the host's /usr and /etc/alternatives (symlinks) read-only; no other "
                           "/etc, no /root, /home or project; "
                           "writable only the execution's own /tmp and /dev/shm (tmpfs, tmp_mb each)",
@@ -257,14 +258,15 @@ class BwrapSandbox(Sandbox):
             "tmp": f"execution: a fresh tmpfs /tmp ({tmp}), gone with the execution",
             "dev_shm": f"execution: a fresh tmpfs /dev/shm ({tmp}), gone with the execution",
             "mounts": "execution: a fresh mount namespace; every mount read-only except /tmp, /dev/shm, /proc, "
-                      "/dev/pts (checked before the code runs)",
+                      "/dev/pts (the worker's layout is checked when it starts)",
             "proc": "execution: procfs of the execution's PID namespace",
             "dev_pts": "execution: a new devpts instance",
             "processes": "execution: a fresh PID namespace; its PID 1 exits with the program, killing the rest",
             "ipc": "execution: a fresh IPC namespace (SysV shared memory, semaphores, message queues; POSIX "
                    "message queues)",
-            "network": "execution: a fresh network namespace with only loopback (sockets, ports, TIME_WAIT "
-                       "state die with it)",
+            "network": "worker: the worker's network namespace, loopback only; sockets close with the "
+                       "execution's processes, and a worker still listing TCP state after a call (TIME_WAIT) "
+                       "is replaced",
             "hostname": "execution: a fresh UTS namespace",
             "keyrings": keyrings,
             "seccomp": "execution: installed before the code runs" if self._seccomp is not None else

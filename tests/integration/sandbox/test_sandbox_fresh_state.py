@@ -154,7 +154,7 @@ async def test_property_random_attackers_leave_nothing(pool: tuple[Sandbox, str]
 
 SCOPE_CONTRACT = {
     "bwrap": {"tmp": "execution", "dev_shm": "execution", "mounts": "execution", "ipc": "execution",
-              "network": "execution", "processes": "execution", "keyrings": "execution", "interpreter": "execution",
+              "network": "worker", "processes": "execution", "keyrings": "execution", "interpreter": "execution",
               "root_filesystem": "worker", "cgroup": "worker", "worker_program": "pool", "usr": "host"},
     "docker": {"tmp": "worker", "dev_shm": "worker", "ipc": "worker", "network": "worker", "processes": "worker",
                "keyrings": "execution", "root_filesystem": "worker", "cgroup": "worker", "image": "pool"},
