@@ -1,28 +1,38 @@
 """The program that runs inside a sandbox and executes code, one fork per execution.
 
 It runs under the sandbox's own interpreter (``/usr/bin/python3 -I -S``), so it uses the standard
-library only and is not imported by the host. Two modes:
+library only and is not imported by the host; ``_worker_isolation.py`` (namespaces, mounts,
+capabilities, seccomp) and ``_worker_container.py`` (the reset of a container between executions)
+sit next to it and are loaded from its directory. Two modes:
 
 ``serve`` (bwrap and local pools)
     A long-lived worker reading requests from stdin and writing results to stdout, each framed as
-    a 4-byte big-endian length plus a JSON object. A crash or hang of one execution never takes the
-    worker down: every execution is a forked child.
+    a 4-byte big-endian length plus a JSON object. The worker itself never runs user code: every
+    execution is a forked child, so a crash or hang of one never takes the worker down.
 ``once`` (Docker)
     One request read from the base64 JSON arguments, one result written to stdout.
 
-Per execution the child, when the worker holds capabilities in its user namespace (bwrap), becomes
-PID 1 of a fresh PID namespace (so every process the program starts dies with it and nothing in it
-can see or signal the worker), gets a fresh mount namespace with a private, size-capped tmpfs
-``/tmp`` and its own ``/proc``, drops every capability and forks the program's process, whose
-wait status it reports. Without capabilities (Docker, local) it falls back to a new session plus,
-where the worker owns its PID namespace (never in ``local`` mode), a sweep of leftover processes.
-Limits on CPU time, address space, processes and file size are rlimits set in the program's
-process; wall time and output size are enforced here by the parent.
+Every execution is a *prepared child*: forked from the worker, it builds its sandbox, reports
+``R`` (ready) on a pipe, waits for its request, sets the request's limits, reports ``G`` (going)
+and closes that pipe before the code runs, so the program can never write on it. With namespaces
+(bwrap) the child gets fresh mount, IPC, UTS and PID namespaces, drops every capability
+and stays PID 1 of its PID namespace while the program runs in a forked process (its exit kills
+whatever the program left behind); in ``serve`` mode the next execution's child is prepared while
+the current one runs, which keeps the set-up off the critical path. The program's process installs
+the seccomp filter given with ``--seccomp=<base64>`` right before the code runs. Without
+capabilities (Docker, local) the child only starts a new session; in a container whose PID 1 is
+this program's ``reaper``, ``--sweep`` resets the container after every execution. Either way the
+result says whether the worker was verified clean afterwards (for bwrap: no TCP state left in the
+worker's network namespace).
 
-Result fields: ``stdout``/``stderr`` (base64 of the first ``max_output_bytes`` of each stream),
-``stdout_bytes``/``stderr_bytes`` (total sizes), ``exit_code`` (``None`` when killed by a signal),
-``signal``, ``timed_out``, ``killed_reason`` (``timeout``, ``cpu_time``, ``signal`` or ``None``),
-``exception`` (class name of an uncaught Python exception), ``cpu_s`` and ``duration_s``.
+Result fields, all observed by this supervisor, not by the program: ``stdout``/``stderr`` (base64
+of the first ``max_output_bytes`` of each stream), ``stdout_bytes``/``stderr_bytes`` (total sizes),
+``exit_code`` (``None`` when killed by a signal), ``signal``, ``timed_out``, ``killed_reason``
+(``timeout``, ``cpu_time``, ``signal`` or ``None``), ``cpu_s``, ``duration_s``, ``clean`` and
+``unclean`` (why not), ``prepared`` (``ahead`` or ``on_demand``) — except ``claimed_exception``:
+the class name the program's own interpreter wrote on fd 3 for an uncaught exception. The program
+can write anything there, so it is passed on only with the exit status an uncaught exception gives
+(1), and only as the program's claim. ``{"error": ...}`` means the sandbox machinery failed.
 """
 
 from __future__ import annotations
@@ -30,7 +40,9 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
-import ctypes
+import fcntl
+import gc
+import importlib.util
 import io
 import json
 import linecache
@@ -42,63 +54,45 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any, NoReturn
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NoReturn
 
-CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
-MS_REC = 0x4000
-MS_PRIVATE = 0x40000
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
 PR_SET_DUMPABLE = 4
-PR_CAPBSET_DROP = 24
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_CLEAR_ALL = 4
 CELL = "<cell>"
 EXIT_EXCEPTION = 1
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+EXIT_SETUP = 70
+READY_TIMEOUT_S = 20.0
+# fds of the program's process: stdin (/dev/null), stdout, stderr, the exception-name pipe, and
+# (until the code starts) the request pipe and the ready pipe.
+FD_STATUS, FD_REQUEST, FD_READY = 3, 4, 5
 
 
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+def _sibling(name: str) -> ModuleType:
+    """Loads ``name``.py from this program's directory (``-I`` keeps that directory off sys.path)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     f"{name}.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"the worker program's part {name}.py is missing")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def _drop_capabilities() -> None:
-    """Empties the bounding, ambient, effective, permitted and inheritable sets."""
-    for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break
-    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = _CapHeader(0x20080522, 0)
-    data = (_CapData * 2)()
-    _check(_libc.capset(ctypes.byref(header), data), "capset")
+if TYPE_CHECKING:
+    from agentrl.tools.sandbox import _worker_isolation as isolation
+else:
+    isolation = _sibling("_worker_isolation")
 
 
-def _probe_namespaces() -> bool:
-    """True when this process may create PID and mount namespaces (bwrap worker with caps)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16) & (1 << 21) != 0  # CAP_SYS_ADMIN
-    except OSError:
-        return False
-    return False
+def _container() -> ModuleType:
+    return _sibling("_worker_container")
 
 
-# --------------------------------------------------------------------------- child side
+# --------------------------------------------------------------------------- the program's side
 
 
 def _set_limits(req: dict[str, Any]) -> None:
@@ -112,14 +106,6 @@ def _set_limits(req: dict[str, Any]) -> None:
         if value:
             resource.setrlimit(res, (int(value), int(value)))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _enter_private_mounts(tmp_bytes: int) -> None:
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-    opts = f"size={int(tmp_bytes)},mode=1777".encode()
-    _check(_libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount tmpfs /tmp")
-    _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None), "mount proc /proc")
 
 
 def _run_python(code: str, status_fd: int) -> int:
@@ -167,54 +153,45 @@ def _run_python(code: str, status_fd: int) -> int:
     return status
 
 
-def _close_fds_except(keep: tuple[int, ...]) -> None:
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:  # e.g. the directory listing's own fd, already closed
-                pass
+def _read_to_end(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
-def _supervise(wait_fd: int) -> None:
-    """Forks the program's process; this process stays PID 1 of the execution's namespace.
-
-    The program then behaves like an ordinary process (default signal actions apply to it, which
-    the kernel would ignore for a namespace's init; ``getpid()`` is not 1). PID 1 waits for it,
-    writes its wait status to ``wait_fd`` and exits, which kills whatever the program left behind.
-    """
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program (same uid, no capabilities) cannot ptrace PID 1
-    pid = os.fork()
-    if pid == 0:
-        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-        os.close(wait_fd)
-        return
-    _close_fds_except((0, 1, 2, wait_fd))
-    _, status = os.waitpid(pid, 0)
-    os.write(wait_fd, str(status).encode())
-    os._exit(0)
+def _wire_fds(fds: dict[str, int]) -> None:
+    """fds 0-5 of the program's process (see FD_*); every other fd closed."""
+    sources = [os.open("/dev/null", os.O_RDONLY), fds["out"], fds["err"], fds["status"], fds["request"], fds["ready"]]
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in sources]  # so that no dup2 below clobbers a source
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+    isolation.close_fds_except(tuple(range(len(high))))
 
 
-def _child(req: dict[str, Any], fds: dict[str, int], private_ns: bool) -> NoReturn:
-    """The forked child: isolates itself, sets limits, wires fds 0-3 and runs the code. Never returns."""
-    code = 70
+def _prepared_child(fds: dict[str, int], state: dict[str, Any], tmp_bytes: int) -> NoReturn:
+    """Builds the execution's sandbox, reports ready, waits for the request and runs it. Never returns."""
+    code = EXIT_SETUP
     try:
-        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        isolation.prctl(PR_SET_DUMPABLE, 1)
         os.setsid()
-        if private_ns:
-            _enter_private_mounts(int(req.get("tmp_bytes") or 64 << 20))
-            _drop_capabilities()
-            _supervise(fds["wait"])  # returns in the program's process only
+        if state["namespaces"]:
+            isolation.fresh_namespaces(tmp_bytes)
+            isolation.drop_capabilities(state["bounding"])
+            isolation.supervise(fds["wait"])  # returns in the program's process only
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("1000")
         except OSError:
             pass
-        devnull = os.open("/dev/null", os.O_RDONLY)
-        for target, fd in enumerate((devnull, fds["out"], fds["err"], fds["status"])):
-            os.dup2(fd, target)
-        _close_fds_except((0, 1, 2, 3))
+        _wire_fds(fds)
+        if state["seccomp"] is not None:
+            state["seccomp"].install()
+        os.write(FD_READY, b"R")
+        req = json.loads(_read_to_end(FD_REQUEST))
+        os.close(FD_REQUEST)
         workdir = req.get("workdir") or "/tmp"
         os.chdir(workdir)
         _set_limits(req)
@@ -224,8 +201,12 @@ def _child(req: dict[str, Any], fds: dict[str, int], private_ns: bool) -> NoRetu
             with open(path, "w") as f:
                 f.write(req["code"])
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
+            os.write(FD_READY, b"G")
+            os.close(FD_READY)
             os.execve("/bin/bash", ["bash", path], env)
-        code = _run_python(req["code"], 3)
+        os.write(FD_READY, b"G")
+        os.close(FD_READY)  # from here on only the program's own channels remain
+        code = _run_python(req["code"], FD_STATUS)
     except BaseException as exc:
         try:
             os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
@@ -234,7 +215,7 @@ def _child(req: dict[str, Any], fds: dict[str, int], private_ns: bool) -> NoRetu
     os._exit(code)
 
 
-# --------------------------------------------------------------------------- parent side
+# --------------------------------------------------------------------------- the worker's side
 
 
 class _Capture:
@@ -289,25 +270,6 @@ def _drain(readers: list[int], captures: dict[int, _Capture], deadline: float, p
                 readers.remove(fd)
 
 
-def _clear_dir(path: str) -> None:
-    """Removes everything in ``path`` (the container's /tmp between executions)."""
-    import shutil
-
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return
-    for name in names:
-        full = os.path.join(path, name)
-        if os.path.isdir(full) and not os.path.islink(full):
-            shutil.rmtree(full, ignore_errors=True)
-        else:
-            try:
-                os.unlink(full)
-            except OSError:
-                pass
-
-
 def _tree_cpu(pid: int) -> float:
     """CPU seconds used so far by ``pid`` and its descendants (from /proc)."""
     total, stack, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
@@ -325,99 +287,76 @@ def _tree_cpu(pid: int) -> float:
     return total
 
 
-def _alive(pid: int | str) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
-def _reap_exited() -> None:
-    """Reaps every child that has exited, without blocking."""
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
-
-
-def _sweep() -> None:
-    """Kills every process of this PID namespace except PID 1 and this worker (isolated modes only),
-    and waits (up to 2 s) until PID 1 has reaped them all."""
-    me = os.getpid()
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        present = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
-        if not present:
-            return
-        others = [p for p in present if _alive(p)]
-        if not others:
-            time.sleep(0.002)  # zombies: PID 1 reaps them
-            continue
-        for pid in others:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        _reap_exited()
-        time.sleep(0.002)
-
-
-def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-    """Runs one request in a forked child and returns the result dict."""
-    start = time.monotonic()
-    cap = int(req.get("max_output_bytes") or 65536)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    st_r, st_w = os.pipe()
-    wait_r, wait_w = os.pipe()
-    private_ns = state["namespaces"]
-    if private_ns:
-        _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+def prepare(state: dict[str, Any], tmp_bytes: int) -> dict[str, Any]:
+    """Forks a prepared child (see the module doc); returns the worker's ends of its pipes."""
+    names = ("out", "err", "status", "request", "ready") + (("wait",) if state["namespaces"] else ())
+    pipes = {name: os.pipe() for name in names}
+    child_ends = {name: (r if name == "request" else w) for name, (r, w) in pipes.items()}
+    if state["namespaces"]:
+        isolation.check(isolation.libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
     pid = os.fork()
     if pid == 0:
-        _child(req, {"out": out_w, "err": err_w, "status": st_w, "wait": wait_w}, private_ns)
-    if private_ns:  # the worker's next fork must again start from its own PID namespace
-        _check(_libc.setns(state["pidns_fd"], CLONE_NEWPID), "setns(CLONE_NEWPID)")
-    for fd in (out_w, err_w, st_w, wait_w):
+        _prepared_child(child_ends, state, tmp_bytes)
+    if state["namespaces"]:  # the worker's next fork must again start from its own PID namespace
+        isolation.check(isolation.libc.setns(state["pidns_fd"], CLONE_NEWPID), "setns(CLONE_NEWPID)")
+    for fd in child_ends.values():
         os.close(fd)
-    captures = {out_r: _Capture(cap), err_r: _Capture(cap), st_r: _Capture(256)}
-    pidfd = None
+    handle: dict[str, Any] = {name: (w if name == "request" else r) for name, (r, w) in pipes.items()}
+    handle.update(pid=pid, tmp_bytes=tmp_bytes, pidfd=None)
     if hasattr(os, "pidfd_open"):
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            pidfd = None
-    deadline = start + float(req.get("timeout_s") or 10.0)
-    finished = _drain([out_r, err_r, st_r], captures, deadline, pidfd, pid)
-    timed_out = not finished
-    tree_cpu = _tree_cpu(pid) if timed_out else 0.0  # before the kill: the program's own CPU time
-    if timed_out:
-        try:
-            os.killpg(pid, signal.SIGKILL)
+            handle["pidfd"] = os.pidfd_open(pid)
         except OSError:
             pass
+    return handle
+
+
+def _close_handle(handle: dict[str, Any]) -> None:
+    for name in ("out", "err", "status", "request", "ready", "wait", "pidfd"):
+        fd = handle.get(name)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _discard(handle: dict[str, Any]) -> str:
+    """Kills a prepared child that will not be used; returns what it wrote on stderr."""
+    for kill in (os.killpg, os.kill):
         try:
-            os.kill(pid, signal.SIGKILL)
+            kill(handle["pid"], signal.SIGKILL)
         except OSError:
             pass
-    _, status, usage = os.wait4(pid, 0)
-    waited = os.read(wait_r, 64) if private_ns and not timed_out else b""
-    if waited:  # the program's own status, reported by the namespace's PID 1
-        status = int(waited)
-    if not private_ns:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        if state["sweep"]:
-            _sweep()
-            _clear_dir(req.get("workdir") or "/tmp")
-    for fd in (out_r, err_r, st_r, wait_r) + ((pidfd,) if pidfd is not None else ()):
-        os.close(fd)
-    cpu_s = max(usage.ru_utime + usage.ru_stime, tree_cpu)
+    os.waitpid(handle["pid"], 0)
+    os.set_blocking(handle["err"], False)
+    try:
+        message = os.read(handle["err"], 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        message = ""
+    _close_handle(handle)
+    return message
+
+
+def _take_prepared(state: dict[str, Any], tmp_bytes: int) -> tuple[dict[str, Any], str]:
+    """A prepared child that has reported ready (set up now if none is waiting)."""
+    reason = ""
+    for _ in range(2):
+        handle = state.pop("prepared", None)
+        how = "ahead"
+        if handle is not None and handle["tmp_bytes"] != tmp_bytes:
+            _discard(handle)
+            handle = None
+        if handle is None:
+            handle, how = prepare(state, tmp_bytes), "on_demand"
+        ready, _, _ = select.select([handle["ready"]], [], [], READY_TIMEOUT_S)
+        if ready and os.read(handle["ready"], 1) == b"R":
+            return handle, how
+        reason = _discard(handle) or "the execution's sandbox did not get ready"
+    raise RuntimeError(f"cannot set up the execution's sandbox: {reason}")
+
+
+def _classify(status: int, timed_out: bool, cpu_s: float, req: dict[str, Any]) -> tuple[int | None, str | None]:
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     reason = None
     if timed_out:
@@ -427,14 +366,67 @@ def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         reason = "cpu_time"
     elif sig is not None:
         reason = "signal"
-    exc_name = b"".join(captures[st_r].chunks).decode("ascii", "replace") or None
+    return sig, reason
+
+
+def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """Runs one request in a prepared child and returns the result dict."""
+    tmp_bytes = int(req.get("tmp_bytes") or 64 << 20)
+    handle, how = _take_prepared(state, tmp_bytes)
+    start = time.monotonic()
+    pid = handle["pid"]
+    try:
+        _write_all(handle["request"], json.dumps(req).encode())
+    except OSError:
+        pass  # the child died after reporting ready: its status below says how
+    os.close(handle.pop("request"))
+    cap = int(req.get("max_output_bytes") or 65536)
+    out_r, err_r, st_r, ready_r = handle["out"], handle["err"], handle["status"], handle["ready"]
+    captures = {out_r: _Capture(cap), err_r: _Capture(cap), st_r: _Capture(256), ready_r: _Capture(8)}
+    deadline = start + float(req.get("timeout_s") or 10.0)
+    timed_out = not _drain([out_r, err_r, st_r, ready_r], captures, deadline, handle["pidfd"], pid)
+    tree_cpu = _tree_cpu(pid) if timed_out else 0.0  # before the kill: the program's own CPU time
+    if timed_out:
+        for kill in (os.killpg, os.kill):  # PID 1 of the execution's namespace: its death kills the rest
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    _, status, usage = os.wait4(pid, 0)
+    if state["namespaces"] and not timed_out:
+        waited = os.read(handle["wait"], 64)
+        if waited:  # the program's own status, reported by the namespace's PID 1
+            status = int(waited)
+    unclean = isolation.sockets_left() if state["namespaces"] else None  # the worker's network namespace
+    if not state["namespaces"]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if state["sweep"]:
+            unclean = _container().reset_container()
+    _close_handle(handle)
+    if b"G" not in b"".join(captures[ready_r].chunks):
+        message = base64.b64decode(captures[err_r].b64()).decode("utf-8", "replace").strip()
+        return {"error": f"the execution's sandbox failed before the code ran: {message or 'no message'}"}
+    cpu_s = max(usage.ru_utime + usage.ru_stime, tree_cpu)
+    sig, reason = _classify(status, timed_out, cpu_s, req)
+    exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    claim = b"".join(captures[st_r].chunks).decode("ascii", "replace") or None
     return {
         "stdout": captures[out_r].b64(), "stderr": captures[err_r].b64(),
         "stdout_bytes": captures[out_r].total, "stderr_bytes": captures[err_r].total,
-        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-        "signal": sig, "timed_out": timed_out, "killed_reason": reason, "exception": exc_name,
+        "exit_code": exit_code, "signal": sig, "timed_out": timed_out, "killed_reason": reason,
+        "claimed_exception": claim if exit_code == EXIT_EXCEPTION else None,
         "cpu_s": round(cpu_s, 4), "duration_s": round(time.monotonic() - start, 6),
+        "clean": unclean is None, "unclean": unclean, "prepared": how,
     }
+
+
+# --------------------------------------------------------------------------- a container between executions
+
+
+# --------------------------------------------------------------------------- protocol and modes
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -464,7 +456,7 @@ def _own_pid_namespace() -> bool:
     bwrap's PID namespace belongs to an outer user namespace, where ``setns`` back into it is not
     permitted. The original process stays behind as a plain waiter and mirrors the worker's exit.
     """
-    if _libc.unshare(CLONE_NEWPID) != 0:
+    if isolation.libc.unshare(CLONE_NEWPID) != 0:
         return False
     pid = os.fork()
     if pid == 0:
@@ -485,38 +477,37 @@ def _owns_pid_namespace() -> bool:
         return False
 
 
-def reaper() -> NoReturn:
-    """PID 1 of a sandbox container: reaps orphans (killed leftovers must not stay zombies, which
-    would count against the container's process limit)."""
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # not ptrace-able by the sandboxed code (same uid)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # pending until sigtimedwait: no lost wakeup
-    while True:
-        _reap_exited()
-        signal.sigtimedwait([signal.SIGCHLD], 1.0)
-
-
-def _state(sweep: bool) -> dict[str, Any]:
+def _state(sweep: bool, seccomp: bytes | None, ahead: bool) -> dict[str, Any]:
     # Non-dumpable: code running as the same uid (the Docker backend) cannot ptrace the worker or
     # read its memory; the child makes itself dumpable again.
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    namespaces = _probe_namespaces() and _own_pid_namespace()
-    state: dict[str, Any] = {"namespaces": namespaces, "pidns_fd": None,
-                             "sweep": sweep and not namespaces and _owns_pid_namespace()}
+    isolation.prctl(PR_SET_DUMPABLE, 0)
+    namespaces = isolation.probe_namespaces() and _own_pid_namespace()
+    state: dict[str, Any] = {"namespaces": namespaces, "pidns_fd": None, "bounding": [], "layout_error": None,
+                             "seccomp": isolation.SeccompFilter(seccomp) if seccomp else None,
+                             "sweep": sweep and not namespaces and _owns_pid_namespace(),
+                             "ahead": ahead and namespaces}
     if namespaces:
         state["pidns_fd"] = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        state["bounding"] = isolation.bounding_capabilities()
+        # Each execution's mount namespace copies this one and replaces /proc and /dev/pts (and mounts
+        # its own /tmp and /dev/shm): nothing else may be writable.
+        extra = isolation.writable_mounts(("/proc", "/dev/pts"))
+        if extra:
+            state["layout_error"] = f"writable mounts {extra}: each execution could leave files for the next"
     return state
 
 
-def serve(sweep: bool) -> None:
+def serve(sweep: bool, seccomp: bytes | None) -> None:
     """The request loop of a pooled worker: frames in on fd 0, frames out on fd 1."""
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-    state = _state(sweep)
+    state = _state(sweep, seccomp, ahead=True)
+    gc.freeze()  # the worker's objects stay out of the children's collections (fewer copy-on-write faults)
     _write_frame(proto_out, {"ready": True, "namespaces": state["namespaces"], "pid": os.getpid(),
-                             "python": sys.version.split()[0]})
+                             "python": sys.version.split()[0], "seccomp": seccomp is not None,
+                             "prepare_ahead": state["ahead"], "layout_error": state["layout_error"]})
     while True:
         head = _read_exact(proto_in, 4)
         if head is None:
@@ -530,13 +521,20 @@ def serve(sweep: bool) -> None:
         except Exception as exc:
             result = {"error": f"{type(exc).__name__}: {exc}"}
         _write_frame(proto_out, result)
+        if state["ahead"] and "error" not in result:  # the next execution's sandbox, built while idle
+            try:
+                state["prepared"] = prepare(state, int(req.get("tmp_bytes") or 64 << 20))
+            except OSError:
+                pass  # the next execution sets its own up (and reports why it cannot)
 
 
-def once(chunks: list[str], sweep: bool) -> None:
+def once(chunks: list[str], sweep: bool, seccomp: bytes | None) -> None:
     """Runs the single request carried (base64 JSON, split over arguments) and prints its result."""
     req = json.loads(base64.b64decode("".join(chunks)))
-    state = _state(sweep)
+    state = _state(sweep, seccomp, ahead=False)
     try:
+        if state["layout_error"]:
+            raise RuntimeError(state["layout_error"])
         result = execute(req, state)
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -545,18 +543,24 @@ def once(chunks: list[str], sweep: bool) -> None:
 
 def main(argv: list[str]) -> None:
     sweep = "--sweep" in argv
-    args = [a for a in argv if a != "--sweep"]
+    seccomp = None
+    args = []
+    for arg in argv:
+        if arg.startswith("--seccomp="):
+            seccomp = base64.b64decode(arg.split("=", 1)[1])
+        elif arg != "--sweep":
+            args.append(arg)
     if args and args[0] == "once":
-        once(args[1:], sweep)
+        once(args[1:], sweep, seccomp)
     elif args and args[0] == "reaper":
-        reaper()
+        _container().reaper()
     else:
         try:
             import site
             site.main()  # -S skipped it: make the interpreter's dist-packages importable by user code
         except Exception:
             pass
-        serve(sweep)
+        serve(sweep, seccomp)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 __all__ = [
     "LANGUAGES",
+    "SCOPES",
     "Capabilities",
     "ExecResult",
     "KilledReason",
@@ -33,6 +34,9 @@ __all__ = [
 
 Language = Literal["python", "bash"]
 LANGUAGES: tuple[str, ...] = ("python", "bash")
+
+SCOPES: tuple[str, ...] = ("execution", "worker", "pool", "host")
+"""How long a piece of sandbox state lives (see :attr:`Capabilities.scopes`)."""
 
 KilledReason = Literal["timeout", "cpu_time", "memory", "signal", "sandbox_error"]
 """Why an execution did not end on its own: wall-clock timeout, CPU-time limit, out of memory (the
@@ -86,8 +90,14 @@ class ExecResult:
     """The outcome of one execution. ``stdout``/``stderr`` are decoded as UTF-8 with replacement
     characters for invalid bytes and capped at the sandbox's ``max_output_bytes`` each; when a stream
     was cut, ``truncated`` is true and the stream ends with a visible marker. ``exit_code`` is
-    ``None`` when the process was killed by a signal; ``exception`` names an uncaught Python
-    exception (e.g. ``"ZeroDivisionError"``, ``"SyntaxError"``)."""
+    ``None`` when the process was killed by a signal.
+
+    ``exit_code``, ``signal``, ``timed_out``, ``killed_reason``, ``duration_s`` and ``cpu_s`` are
+    what the sandbox's supervisor observed; the program cannot forge them. ``claimed_exception`` is
+    the program's own claim (its interpreter names the uncaught exception, e.g.
+    ``"ZeroDivisionError"``, on a channel the program could also write): use it to describe a
+    failure, never to score one. It is ``None`` unless the exit code is 1, the status an uncaught
+    exception gives."""
 
     stdout: str
     stderr: str
@@ -96,7 +106,7 @@ class ExecResult:
     killed_reason: KilledReason | None = None
     duration_s: float = 0.0
     truncated: bool = False
-    exception: str | None = None
+    claimed_exception: str | None = None
     signal: int | None = None
     cpu_s: float = 0.0
     stdout_bytes: int = 0
@@ -105,7 +115,7 @@ class ExecResult:
 
     @property
     def ok(self) -> bool:
-        """True when the program ran to completion with exit code 0."""
+        """True when the program ran to completion with exit code 0 (as the supervisor observed)."""
         return self.exit_code == 0 and self.killed_reason is None
 
     @classmethod
@@ -117,12 +127,26 @@ class ExecResult:
 class Capabilities:
     """What a backend enforces on this machine. ``enforced`` maps a limit or isolation property to
     the mechanism that enforces it (e.g. ``"memory": "cgroup v1 memory.limit_in_bytes"``);
-    ``not_enforced`` lists those it cannot apply here, each with the reason."""
+    ``not_enforced`` lists those it cannot apply here, each with the reason.
+
+    ``scopes`` says how long each piece of sandbox state lives and who shares it: every value
+    starts with one of :data:`SCOPES` and a colon, then how. ``execution``: fresh for every call,
+    gone when it ends; ``worker``: one worker (bwrap) or container (Docker) keeps it across the
+    calls it serves, one at a time; ``pool``: every worker of the sandbox shares it; ``host``:
+    shared with the machine (read-only unless said otherwise)."""
 
     backend: str
     enforced: dict[str, str]
     not_enforced: dict[str, str] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    scopes: dict[str, str] = field(default_factory=dict)
+
+    def scope(self, key: str) -> str:
+        """The scope word (one of :data:`SCOPES`) of ``scopes[key]``."""
+        value = self.scopes.get(key)
+        if value is None:
+            raise KeyError(f"Capabilities.scopes: no entry {key!r}; expected one of {sorted(self.scopes)}")
+        return value.split(":", 1)[0]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -197,11 +221,21 @@ def decode_output(raw: bytes, total: int) -> tuple[str, bool]:
 
 WORKER_SOURCE = Path(__file__).with_name("_worker.py")
 """The worker program every backend runs (bind-mounted read-only into bwrap and Docker sandboxes)."""
+WORKER_PARTS: tuple[Path, ...] = (Path(__file__).with_name("_worker_isolation.py"),
+                                  Path(__file__).with_name("_worker_container.py"))
+"""The files the worker program loads from its own directory (bound next to it, read-only)."""
+
+
+def worker_binds(directory: str) -> list[tuple[str, str]]:
+    """``(host path, sandbox path)`` of the worker program and its parts in ``directory``."""
+    return [(str(WORKER_SOURCE), f"{directory}/worker.py"),
+            *((str(part), f"{directory}/{part.name}") for part in WORKER_PARTS)]
 WORKER_MEMORY_OVERHEAD_MB = 32
 """Memory for the worker itself, on top of ``memory_mb`` in a worker's (or container's) cgroup."""
-EXTRA_PIDS = 4
-"""Processes of the machinery (setpriv/bwrap or the container's reaper, the sandbox's init, the
-worker) plus slack, on top of ``max_processes`` in the process limit."""
+EXTRA_PIDS = 8
+"""Processes of the machinery on top of ``max_processes`` in the process limit: bwrap, its init,
+the worker's waiter and the worker, the running execution's PID 1, the next execution's prepared
+PID 1 and process (or the container's reaper and runner), plus slack."""
 
 
 def default_pool_size() -> int:
@@ -220,10 +254,24 @@ def result_from_worker(data: dict[str, Any], duration_s: float) -> ExecResult:
     return ExecResult(
         stdout=stdout, stderr=stderr, exit_code=data["exit_code"], timed_out=bool(data["timed_out"]),
         killed_reason=data["killed_reason"], duration_s=duration_s, truncated=cut_out or cut_err,
-        exception=data.get("exception"), signal=data.get("signal"), cpu_s=float(data.get("cpu_s", 0.0)),
-        stdout_bytes=int(data["stdout_bytes"]), stderr_bytes=int(data["stderr_bytes"]),
-        metrics={"inner_duration_s": data.get("duration_s")},
+        claimed_exception=data.get("claimed_exception"), signal=data.get("signal"),
+        cpu_s=float(data.get("cpu_s", 0.0)), stdout_bytes=int(data["stdout_bytes"]),
+        stderr_bytes=int(data["stderr_bytes"]),
+        metrics={"inner_duration_s": data.get("duration_s"), "prepared": data.get("prepared")},
     )
+
+
+def retire_reason(data: dict[str, Any]) -> str | None:
+    """Why the worker (or container) that produced the worker result ``data`` must not serve again:
+    the machinery failed, the state after the call could not be verified clean, or the memory limit
+    was hit (the OOM killer may have hit the machinery too). ``None``: it may be reused."""
+    if "error" in data:
+        return "the sandbox machinery failed"
+    if data.get("clean") is False:
+        return f"not verified clean after the call: {data.get('unclean')}"
+    if data.get("killed_reason") == "memory":
+        return "the memory limit was hit"
+    return None
 
 
 def worker_request(code: str, language: str, timeout_s: float, limits: SandboxLimits, *,

@@ -1,16 +1,21 @@
-"""The default sandbox: a warm pool of bubblewrap-isolated workers that fork once per execution.
+"""The default sandbox: a warm pool of bubblewrap-isolated workers, a fresh sandbox per execution.
 
 Each worker is ``/usr/bin/python3 -I -S worker.py`` inside ``bwrap --unshare-all``: its own user,
-PID, network (loopback only), IPC, UTS and cgroup namespaces, an empty environment, the host's
-``/usr`` read-only and nothing else of the host (no project, home, ``/etc`` or ``/root``). When the
-host process is root it first drops to uid/gid 65534 with ``setpriv`` and, where cgroups are
-usable, puts itself into a per-worker cgroup (memory, pids, CPU bandwidth) before exec'ing bwrap.
+PID, network, IPC, UTS and cgroup namespaces, an empty environment, a read-only root (bwrap's
+tmpfs, remounted read-only) holding the host's ``/usr`` (and the symlinks of ``/etc/alternatives``)
+read-only, a read-only ``/dev`` and nothing else of the host (no project, home, other ``/etc`` or
+``/root``). When the host process is root
+it first drops to uid/gid 65534 with ``setpriv`` and, where cgroups are usable, puts itself into a
+per-worker cgroup (memory, pids, CPU bandwidth) before exec'ing bwrap.
 
-Per execution the worker forks a child that becomes PID 1 of a new PID namespace (nothing inside can
-see or signal the worker, and every process the program starts dies with it), mounts a fresh
-size-capped tmpfs on ``/tmp`` and its own ``/proc``, drops all capabilities and forks the program's
-process, which sets rlimits (CPU time, file size, open files, and address space / process count
-where cgroups are missing) and runs the code unmodified as ``<cell>``.
+Per execution the worker forks a child (prepared while the previous execution runs) that gets
+fresh mount, IPC, UTS and PID namespaces: its only writable mounts are its own size-capped tmpfs
+``/tmp`` and ``/dev/shm``, its ``/proc`` and ``/dev/pts``; SysV IPC and message queues are its
+own; the network namespace (loopback only) is the worker's, and a worker that still lists a TCP
+socket after a call (``TIME_WAIT``) is replaced; it drops every capability and stays PID 1 while the program's
+process sets rlimits, installs the seccomp filter (:mod:`agentrl.tools.sandbox.seccomp`) and runs
+the code unmodified as ``<cell>``. When the execution ends its namespaces die with it: nothing it
+wrote or created is there for the next one. ``capabilities().scopes`` lists what lives how long.
 
 Example::
 
@@ -30,12 +35,12 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agentrl.tools.sandbox.base import (
     EXTRA_PIDS,
     WORKER_MEMORY_OVERHEAD_MB,
-    WORKER_SOURCE,
     Capabilities,
     ExecResult,
     Sandbox,
@@ -43,23 +48,28 @@ from agentrl.tools.sandbox.base import (
     SandboxUnavailableError,
     default_pool_size,
     result_from_worker,
+    retire_reason,
+    worker_binds,
     worker_request,
 )
 from agentrl.tools.sandbox.cgroups import CgroupSet, CgroupSupport, detect_cgroups
 from agentrl.tools.sandbox.pool import WorkerError, WorkerLaunch, WorkerPool, process_tree_memory
+from agentrl.tools.sandbox.seccomp import BLOCKED, SeccompUnsupported, filter_b64
 
 __all__ = ["BwrapSandbox"]
 
 log = logging.getLogger(__name__)
 
-WORKER_IN_SANDBOX = "/opt/agentrl/worker.py"
+WORKER_DIR = "/opt/agentrl"
+WORKER_IN_SANDBOX = f"{WORKER_DIR}/worker.py"
 NOBODY = 65534
 INSTALL_HINT = "install it with `apt-get install bubblewrap` (the project's scripts/setup.sh does this)"
 
 
 class BwrapSandbox(Sandbox):
     """Bubblewrap warm-pool backend. ``pool_size`` workers, at most ``max_concurrency`` executions
-    at a time (default: the pool size). ``use_cgroups=False`` forces rlimit-only limits."""
+    at a time (default: the pool size). ``use_cgroups=False`` forces rlimit-only limits;
+    ``seccomp=False`` leaves the system-call filter out (reported by :meth:`capabilities`)."""
 
     backend = "bwrap"
 
@@ -73,6 +83,7 @@ class BwrapSandbox(Sandbox):
         use_cgroups: bool = True,
         recycle_after: int = 1000,
         bwrap: str | None = None,
+        seccomp: bool = True,
     ) -> None:
         super().__init__(limits or SandboxLimits())
         found = bwrap or shutil.which("bwrap")
@@ -94,6 +105,13 @@ class BwrapSandbox(Sandbox):
         self._cgroup_support = support
         _warn_missing_controllers(support, use_cgroups)
         self._cgroups: CgroupSet | None = None  # created with the first worker, removed by close()
+        self._seccomp, self._seccomp_note = None, "disabled by seccomp=False"
+        if seccomp:
+            try:
+                self._seccomp = filter_b64()
+            except SeccompUnsupported as exc:
+                self._seccomp_note = str(exc)
+                log.warning("bwrap sandbox: no seccomp filter: %s", exc)
         size = pool_size or default_pool_size()
         self._pool = WorkerPool(self._launch, size=size, max_concurrency=max_concurrency or size,
                                 recycle_after=recycle_after, on_release=self._release_cgroup)
@@ -109,18 +127,27 @@ class BwrapSandbox(Sandbox):
         """The bwrap command line of one worker (without the cgroup/uid prefix)."""
         # --disable-userns (bubblewrap >= 0.8): the program cannot create nested user namespaces.
         nested = ["--unshare-user", "--disable-userns"] if "--disable-userns" in _bwrap_help(self._bwrap) else []
+        # The worker keeps CAP_SYS_ADMIN (in its own user namespace only) to build each execution's
+        # namespaces; every execution drops all capabilities before its code.
         argv = [self._bwrap, "--unshare-all", *nested, "--die-with-parent", "--new-session",
                 "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP",
                 "--ro-bind", "/usr", "/usr"]
         for name in ("lib", "lib64", "lib32", "bin", "sbin"):
             if os.path.islink(f"/{name}") or os.path.isdir(f"/usr/{name}"):
                 argv += ["--symlink", f"usr/{name}", f"/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                 "--ro-bind", str(WORKER_SOURCE), WORKER_IN_SANDBOX,
+        # /etc/alternatives holds only symlinks (Debian's choice of e.g. libblas.so.3, which numpy loads)
+        argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
+                 "--proc", "/proc", "--dev", "/dev", "--dir", "/tmp"]
+        for host, inside in worker_binds(WORKER_DIR):
+            argv += ["--ro-bind", host, inside]
+        # Last: the root and /dev read-only (each execution mounts its own /tmp, /dev/shm, /proc, /dev/pts).
+        argv += ["--remount-ro", "/", "--remount-ro", "/dev",
                  "--hostname", "sandbox", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
                  "--setenv", "LANG", "C.UTF-8", "--chdir", "/tmp",
                  self._python, "-I", "-S", WORKER_IN_SANDBOX, "--sweep"]
+        if self._seccomp is not None:
+            argv.append(f"--seccomp={self._seccomp}")
         return argv
 
     def _launch(self, index: int) -> WorkerLaunch:
@@ -148,27 +175,16 @@ class BwrapSandbox(Sandbox):
         if launch.cgroup is not None and self._cgroups is not None:
             self._cgroups.release(launch.cgroup)
 
-    async def start(self) -> None:
-        await self._pool.start()
-
     async def run(self, code: str, *, language: str = "python", timeout_s: float | None = None) -> ExecResult:
         timeout = self._check_request(code, language, timeout_s)
         request = worker_request(code, language, timeout, self.limits, memory_rlimit=not self._has("memory"),
                                  nproc_rlimit=not self._has("pids"))
         started = time.monotonic()
-
-        async def oom_before(launch: WorkerLaunch) -> tuple[WorkerLaunch, int]:
-            return launch, launch.cgroup.oom_kills() if launch.cgroup is not None else 0
-
         try:
-            data, (launch, oom_start) = await self._pool.execute(request, timeout, before=oom_before)
+            data = await self._pool.execute(request, timeout, observe=_observe_oom)
         except WorkerError as exc:
             return ExecResult.sandbox_error(str(exc), time.monotonic() - started)
-        result = result_from_worker(data, time.monotonic() - started)
-        if (result.signal == signal.SIGKILL and result.killed_reason == "signal" and launch.cgroup is not None
-                and launch.cgroup.oom_kills() > oom_start):
-            result.killed_reason = "memory"  # the cgroup OOM killer (the child's oom_score_adj is 1000)
-        return result
+        return result_from_worker(data, time.monotonic() - started)
 
     async def close(self) -> None:
         if self._closed:
@@ -193,14 +209,14 @@ class BwrapSandbox(Sandbox):
     def capabilities(self) -> Capabilities:
         cg = self._cgroup_support
         info = self._pool.first_info
-        per_exec_ns = bool(info.get("namespaces", True))
         cg_name = f"cgroup v{cg.version}" if cg.version else ""
         enforced = {
-            "network": "bwrap --unshare-net: own network namespace, loopback only",
-            "filesystem": "host /usr read-only; no /etc, /root, /home or project; private tmpfs /tmp "
-                          + ("per execution" if per_exec_ns else "per worker"),
+            "network": "own network namespace per worker, loopback only",
+            "filesystem": "read-only root with the host's /usr and /etc/alternatives (symlinks) read-only; no other "
+                          "/etc, no /root, /home or project; "
+                          "writable only the execution's own /tmp and /dev/shm (tmpfs, tmp_mb each)",
             "environment": "bwrap --clearenv (PATH, HOME, LANG only)",
-            "processes_visible": "PID namespace per execution" if per_exec_ns else "PID namespace per worker",
+            "processes_visible": "PID namespace per execution",
             "user": f"host uid {NOBODY} via setpriv, user namespace" if self._setpriv else
                     f"host uid {os.geteuid()} (unprivileged), user namespace",
             "capabilities": "all dropped before user code; no_new_privs",
@@ -210,7 +226,7 @@ class BwrapSandbox(Sandbox):
             "cpu_time": "RLIMIT_CPU",
             "output": "captured by the worker, capped at max_output_bytes per stream",
             "file_size": "RLIMIT_FSIZE",
-            "tmp_size": "tmpfs size= on /tmp" if per_exec_ns else "RLIMIT_FSIZE only",
+            "tmp_size": f"tmpfs size= on /tmp and /dev/shm ({self.limits.tmp_mb} MiB each)",
             "memory": f"{cg_name} memory limit per worker" if self._has("memory") else "RLIMIT_AS",
             "processes": f"{cg_name} pids.max per worker" if self._has("pids") else
                          "RLIMIT_NPROC (per user namespace)",
@@ -220,13 +236,78 @@ class BwrapSandbox(Sandbox):
             enforced["cpu_share"] = f"{cg_name} CPU bandwidth ({self.limits.cpu_cores} cores per worker)"
         else:
             not_enforced["cpu_share"] = f"no usable cpu cgroup controller ({cg.reason or 'disabled'})"
+        if self._seccomp is not None:
+            enforced["seccomp"] = f"filter per execution: EPERM for {', '.join(BLOCKED)}"
+        else:
+            not_enforced["seccomp"] = f"no system-call filter ({self._seccomp_note})"
         details: dict[str, Any] = {
             "cgroup_version": cg.version, "cgroup_layout": cg.layout, "cgroup_controllers": sorted(cg.controllers),
             "cgroup_v2_delegation": cg.v2_delegation, "cgroup_note": cg.reason,
             "pool_size": self._pool.size, "python": self._python, "worker": info,
             "bwrap_version": self._bwrap_version,
         }
-        return Capabilities("bwrap", enforced, not_enforced, details)
+        return Capabilities("bwrap", enforced, not_enforced, details, self._scopes())
+
+    def _scopes(self) -> dict[str, str]:
+        tmp = f"{self.limits.tmp_mb} MiB"
+        memory = "the worker's cgroup" if self._has("memory") else "RLIMIT_AS per execution"
+        keyrings = ("execution: unreachable (keyctl, add_key and request_key fail with EPERM under the seccomp filter)"
+                    if self._seccomp is not None else
+                    "worker: the user keyring of uid 65534 in the worker's user namespace (no seccomp filter)")
+        return {
+            "tmp": f"execution: a fresh tmpfs /tmp ({tmp}), gone with the execution",
+            "dev_shm": f"execution: a fresh tmpfs /dev/shm ({tmp}), gone with the execution",
+            "mounts": "execution: a fresh mount namespace; every mount read-only except /tmp, /dev/shm, /proc, "
+                      "/dev/pts (the worker's layout is checked when it starts)",
+            "proc": "execution: procfs of the execution's PID namespace",
+            "dev_pts": "execution: a new devpts instance",
+            "processes": "execution: a fresh PID namespace; its PID 1 exits with the program, killing the rest",
+            "ipc": "execution: a fresh IPC namespace (SysV shared memory, semaphores, message queues; POSIX "
+                   "message queues)",
+            "network": "worker: the worker's network namespace, loopback only; sockets close with the "
+                       "execution's processes, and a worker still listing TCP state after a call (TIME_WAIT) "
+                       "is replaced",
+            "hostname": "execution: a fresh UTS namespace",
+            "keyrings": keyrings,
+            "seccomp": "execution: installed before the code runs" if self._seccomp is not None else
+                       "host: no filter (the kernel's full system-call surface)",
+            "interpreter": "execution: a forked copy of the worker process, which itself never runs user code",
+            "root_filesystem": "worker: bwrap's tmpfs root, read-only (--remount-ro), with /dev read-only; "
+                               "no program can write to it",
+            "user_namespace": "worker: uid 65534 (or the host user) in the worker's user namespace",
+            "cgroup": f"worker: memory, pids and CPU limits of the worker's own group, which serves one execution "
+                      f"at a time; the execution's tmpfs pages are charged there and freed with it "
+                      f"(memory limit: {memory})",
+            "worker_program": "pool: the same read-only worker program in every worker",
+            "usr": "host: the host's /usr and /etc/alternatives, bound read-only",
+            "kernel": "host: the host's kernel" + (", narrowed by the seccomp filter" if self._seccomp else ""),
+        }
+
+    async def start(self) -> None:
+        await self._pool.start()
+        layout_error = self._pool.first_info.get("layout_error")
+        if layout_error:
+            await self.close()
+            raise SandboxUnavailableError(f"the bwrap worker's filesystem is not read-only: {layout_error}")
+        if not self._pool.first_info.get("namespaces", False):
+            await self.close()
+            raise SandboxUnavailableError(
+                "the bwrap worker cannot create per-execution namespaces (it lacks CAP_SYS_ADMIN in its user "
+                "namespace), so executions would share state; " + self._hint())
+
+
+def _observe_oom(launch: WorkerLaunch) -> Callable[[dict[str, Any]], str | None]:
+    """The pool's check for one call: a SIGKILL while the worker's cgroup counted a new OOM kill is
+    the memory limit (the program's processes have oom_score_adj 1000), which retires the worker."""
+    before = launch.cgroup.oom_kills() if launch.cgroup is not None else 0
+
+    def check(data: dict[str, Any]) -> str | None:
+        if (data.get("signal") == signal.SIGKILL and data.get("killed_reason") == "signal"
+                and launch.cgroup is not None and launch.cgroup.oom_kills() > before):
+            data["killed_reason"] = "memory"
+        return retire_reason(data)
+
+    return check
 
 
 @functools.lru_cache(maxsize=4)

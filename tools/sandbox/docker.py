@@ -1,12 +1,16 @@
 """The Docker backend: a pool of warm containers, one ``docker exec`` per execution.
 
 Each container runs the worker program's ``reaper`` as PID 1 (it reaps killed leftovers) from the
-sandbox image (see ``tools/image``) with
-``--network none``, a read-only root, a size-capped tmpfs ``/tmp``, uid/gid 65534, every
-capability dropped, ``no-new-privileges`` and cgroup limits on memory (no swap), processes and CPU.
-The sandbox's worker program is bind-mounted read-only and runs each request in ``once`` mode: it
-forks the code with rlimits and a deadline, captures both streams with a cap, and afterwards kills
-every process left in the container. A container that misbehaves is replaced.
+sandbox image (see ``tools/image``) with ``--network none``, a private IPC namespace, a read-only
+root, size-capped tmpfs ``/tmp`` and ``/dev/shm``, uid/gid 65534, every capability dropped,
+``no-new-privileges``, Docker's default seccomp profile and cgroup limits on memory (no swap),
+processes and CPU. The sandbox's worker program is bind-mounted read-only and runs each request in
+``once`` mode: it forks the code with rlimits, the project's own seccomp filter and a deadline,
+captures both streams with a cap, and afterwards resets the container: it kills every process left,
+empties ``/tmp`` and ``/dev/shm`` whatever permissions the program set, removes every SysV IPC
+object and POSIX message queue, and verifies all of it. A container is replaced, never reused,
+when that verification fails, when the call hit the memory limit, or when the exec misbehaved; a
+container cannot get fresh namespaces per call, so this reset is what keeps calls apart.
 
 The Docker SDK is synchronous; every call runs on this sandbox's own thread pool, so the event loop
 never blocks. Requires a reachable daemon (``docker_host`` or ``DOCKER_HOST``) and the image.
@@ -28,7 +32,6 @@ from typing import Any
 from agentrl.tools.sandbox.base import (
     EXTRA_PIDS,
     WORKER_MEMORY_OVERHEAD_MB,
-    WORKER_SOURCE,
     Capabilities,
     ExecResult,
     Sandbox,
@@ -36,14 +39,18 @@ from agentrl.tools.sandbox.base import (
     SandboxUnavailableError,
     default_pool_size,
     result_from_worker,
+    retire_reason,
+    worker_binds,
     worker_request,
 )
 from agentrl.tools.sandbox.cgroups import memory_cgroup_of, read_oom_kills
+from agentrl.tools.sandbox.seccomp import BLOCKED, SeccompUnsupported, filter_b64
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox"]
 
 DEFAULT_IMAGE = "agentrl/sandbox:bookworm"
-WORKER_IN_CONTAINER = "/opt/agentrl/worker.py"
+WORKER_DIR = "/opt/agentrl"
+WORKER_IN_CONTAINER = f"{WORKER_DIR}/worker.py"
 NOBODY = "65534:65534"
 ARG_CHUNK = 64 * 1024  # below the kernel's 128 KiB limit on one argument
 GRACE_S = 10.0
@@ -76,7 +83,14 @@ class DockerSandbox(Sandbox):
         self._label = f"agentrl-sandbox-{uuid.uuid4().hex[:10]}"
         self._start_lock = asyncio.Lock()
         self._started = False
+        self._removals: set[asyncio.Future[Any]] = set()
         self.replaced = 0
+        self.retired: dict[str, int] = {}
+        try:
+            self._seccomp: str | None = filter_b64()
+            self._seccomp_note = ""
+        except SeccompUnsupported as exc:
+            self._seccomp, self._seccomp_note = None, str(exc)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -106,9 +120,10 @@ class DockerSandbox(Sandbox):
         container = self._client.containers.run(
             self.image, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "reaper"], detach=True, network_mode="none", read_only=True,
             tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777,nosuid,nodev"}, user=NOBODY, cap_drop=["ALL"],
+            ipc_mode="private", shm_size=lim.tmp_mb << 20,
             security_opt=["no-new-privileges"], mem_limit=mem, memswap_limit=mem,
             pids_limit=lim.max_processes + EXTRA_PIDS, nano_cpus=int(lim.cpu_cores * 1e9), environment={},
-            volumes={str(WORKER_SOURCE): {"bind": WORKER_IN_CONTAINER, "mode": "ro"}},
+            volumes={host: {"bind": inside, "mode": "ro"} for host, inside in worker_binds(WORKER_DIR)},
             hostname="sandbox", labels={"agentrl.sandbox": self._label}, working_dir="/tmp",
         )
         self._memory_cgroups[container.id] = self._find_memory_cgroup(container)
@@ -152,7 +167,8 @@ class DockerSandbox(Sandbox):
         payload = base64.b64encode(json.dumps(request).encode()).decode("ascii")
         chunks = [payload[i:i + ARG_CHUNK] for i in range(0, len(payload), ARG_CHUNK)] or [""]
         api = self._client.api
-        exec_id = api.exec_create(container.id, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "once", "--sweep",
+        flags = ["--sweep"] + ([f"--seccomp={self._seccomp}"] if self._seccomp else [])
+        exec_id = api.exec_create(container.id, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "once", *flags,
                                                  *chunks], user=NOBODY, workdir="/tmp",
                                   environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})["Id"]
         out, err = api.exec_start(exec_id, demux=True)
@@ -169,7 +185,7 @@ class DockerSandbox(Sandbox):
         request = worker_request(code, language, timeout, self.limits, memory_rlimit=False, nproc_rlimit=False)
         await self.start()
         async with self._sem:
-            container = self._idle.pop() if self._idle else await self._fresh_container()
+            container = self._idle.pop(0) if self._idle else await self._fresh_container()
             started = time.monotonic()
             oom_start = self._oom_kills(container)
             try:
@@ -185,12 +201,19 @@ class DockerSandbox(Sandbox):
                 detail = err.decode("utf-8", "replace")[-2000:] if "err" in locals() else ""
                 return ExecResult.sandbox_error(f"docker exec failed: {exc!r} {detail}".strip(),
                                                 time.monotonic() - started)
-            self._idle.append(container)
-        result = result_from_worker(data, time.monotonic() - started)
-        if result.signal == signal.SIGKILL and result.killed_reason == "signal" and \
-                self._oom_kills(container) > oom_start >= 0:
-            result.killed_reason = "memory"
-        return result
+            if (data.get("signal") == signal.SIGKILL and data.get("killed_reason") == "signal"
+                    and self._oom_kills(container) > oom_start >= 0):
+                data["killed_reason"] = "memory"
+            reason = retire_reason(data)
+            if reason is None:
+                self._idle.append(container)
+            else:  # removed in the background; run() creates a fresh container when the pool runs dry
+                self.replaced += 1
+                self.retired[reason] = self.retired.get(reason, 0) + 1
+                removal = asyncio.ensure_future(self._replace(container))
+                self._removals.add(removal)
+                removal.add_done_callback(self._removals.discard)
+        return result_from_worker(data, time.monotonic() - started)
 
     async def _fresh_container(self) -> Any:
         fresh = await self._call(self._create_container)
@@ -216,6 +239,8 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        if self._removals:
+            await asyncio.gather(*self._removals, return_exceptions=True)
         containers = list(self._all.values())
         self._all.clear()
         self._memory_cgroups.clear()
@@ -243,24 +268,49 @@ class DockerSandbox(Sandbox):
 
     def capabilities(self) -> Capabilities:
         lim = self.limits
-        return Capabilities(
-            "docker",
-            enforced={
-                "network": "--network none (loopback only)",
-                "filesystem": f"read-only image root, tmpfs /tmp ({lim.tmp_mb} MiB) per container, no host paths "
-                              "except the read-only worker program",
-                "environment": "empty container environment; exec gets PATH and LANG only",
-                "user": "uid/gid 65534, --cap-drop ALL, no-new-privileges",
-                "processes_visible": "container PID namespace; leftovers killed after each execution",
-                "wall_time": "runner deadline, SIGKILL of the process group",
-                "cpu_time": "RLIMIT_CPU",
-                "memory": f"container cgroup memory limit ({lim.memory_mb + WORKER_MEMORY_OVERHEAD_MB} MiB, no swap)",
-                "processes": f"--pids-limit {lim.max_processes + EXTRA_PIDS}",
-                "cpu_share": f"--cpus {lim.cpu_cores}",
-                "output": "captured by the runner, capped at max_output_bytes per stream",
-                "file_size": "RLIMIT_FSIZE",
-                "tmp_size": "tmpfs size=",
-            },
-            not_enforced={},
-            details={"image": self.image, "docker_host": self.docker_host, "pool_size": self.pool_size},
-        )
+        enforced = {
+            "network": "--network none (loopback only)",
+            "filesystem": f"read-only image root; tmpfs /tmp and /dev/shm ({lim.tmp_mb} MiB each), emptied and "
+                          "verified empty after every execution; no host paths except the read-only worker program",
+            "environment": "empty container environment; exec gets PATH and LANG only",
+            "user": "uid/gid 65534, --cap-drop ALL, no-new-privileges",
+            "processes_visible": "container PID namespace; leftovers killed after each execution",
+            "ipc": "--ipc private; SysV objects and POSIX message queues removed after each execution",
+            "wall_time": "runner deadline, SIGKILL of the process group",
+            "cpu_time": "RLIMIT_CPU",
+            "memory": f"container cgroup memory limit ({lim.memory_mb + WORKER_MEMORY_OVERHEAD_MB} MiB, no swap)",
+            "processes": f"--pids-limit {lim.max_processes + EXTRA_PIDS}",
+            "cpu_share": f"--cpus {lim.cpu_cores}",
+            "output": "captured by the runner, capped at max_output_bytes per stream",
+            "file_size": "RLIMIT_FSIZE",
+            "tmp_size": "tmpfs size= (/tmp), --shm-size (/dev/shm)",
+        }
+        not_enforced: dict[str, str] = {}
+        if self._seccomp is not None:
+            enforced["seccomp"] = f"Docker's default profile, plus per execution EPERM for {', '.join(BLOCKED)}"
+        else:
+            enforced["seccomp"] = f"Docker's default profile only ({self._seccomp_note})"
+        reset = "emptied after every execution and verified; the container is replaced when it cannot be"
+        scopes = {
+            "tmp": f"worker: the container's tmpfs /tmp, {reset}",
+            "dev_shm": f"worker: the container's /dev/shm, {reset}",
+            "ipc": "worker: the container's private IPC namespace; SysV objects and POSIX message queues removed "
+                   "after every execution and verified, else the container is replaced",
+            "processes": "worker: the container's PID namespace; every leftover process killed after each execution",
+            "network": "worker: the container's network namespace, loopback only",
+            "hostname": "worker: the container's UTS namespace (cannot be changed without capabilities)",
+            "keyrings": "execution: unreachable (keyctl, add_key and request_key blocked by Docker's seccomp profile)",
+            "seccomp": "execution: Docker's profile for the container, the project's filter per execution"
+                       if self._seccomp else "worker: Docker's default profile",
+            "interpreter": "execution: a process forked by the exec'd runner",
+            "root_filesystem": "worker: the image's root, read-only",
+            "user_namespace": "host: uid 65534 of the host's user namespace (no user-namespace remapping)",
+            "cgroup": "worker: the container's memory, pids and CPU limits; a call that hits the memory limit "
+                      "retires the container",
+            "image": "pool: every container starts from the same image",
+            "worker_program": "pool: the same read-only worker program in every container",
+            "kernel": "host: the host's kernel, narrowed by the seccomp filters",
+        }
+        return Capabilities("docker", enforced, not_enforced,
+                            {"image": self.image, "docker_host": self.docker_host, "pool_size": self.pool_size},
+                            scopes)

@@ -65,7 +65,7 @@ class LocalSandbox(Sandbox):
         request["workdir"] = "/tmp"
         started = time.monotonic()
         try:
-            data, _ = await self._pool.execute(request, timeout)
+            data = await self._pool.execute(request, timeout)
         except WorkerError as exc:
             return ExecResult.sandbox_error(str(exc), time.monotonic() - started)
         return result_from_worker(data, time.monotonic() - started)
@@ -90,4 +90,7 @@ class LocalSandbox(Sandbox):
             not_enforced={k: none for k in ("network", "filesystem", "processes",
                                             "processes_visible", "user", "cpu_share", "tmp_size")},
             details={"python": self._python, "worker": self._pool.first_info},
+            scopes={"filesystem": "host: the host's, writable as this user", "processes": "host: the host's",
+                    "ipc": "host: the host's", "network": "host: the host's",
+                    "interpreter": "execution: a forked copy of the worker process"},
         )

@@ -1,9 +1,12 @@
 """A warm pool of long-lived worker processes speaking the framed JSON protocol of ``_worker.py``.
 
 Used by the bwrap and local backends. Each worker serves one execution at a time; the pool hands
-idle workers to callers, bounded by a semaphore (the CPU budget), and replaces a worker that died,
-hung, was cancelled mid-call or served ``recycle_after`` executions. Everything is asyncio: reads
-and writes go through the subprocess pipes, waiting never blocks the event loop.
+idle workers to callers, bounded by a semaphore (the CPU budget), least recently used first (so a
+worker has the time to prepare its next execution while the others serve), and replaces a worker
+that died, hung, was cancelled mid-call, served ``recycle_after`` executions or whose state after a
+call could not be verified clean (``base.retire_reason`` by default, or the caller's ``observe``
+check). Everything is asyncio: reads and writes go through the subprocess pipes, waiting never
+blocks the event loop.
 
 Worker processes are started in their own session so that killing one (by its process group)
 reaches only what the pool started.
@@ -18,14 +21,14 @@ import json
 import os
 import signal
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.tools.sandbox.base import SandboxUnavailableError
+from agentrl.tools.sandbox.base import SandboxUnavailableError, retire_reason
 from agentrl.tools.sandbox.cgroups import WorkerCgroup
 
-__all__ = ["WorkerLaunch", "WorkerPool", "process_tree_memory"]
+__all__ = ["Observer", "WorkerLaunch", "WorkerPool", "process_tree_memory"]
 
 READY_TIMEOUT_S = 30.0
 GRACE_S = 5.0
@@ -38,6 +41,11 @@ class WorkerLaunch:
     argv: list[str]
     cgroup: WorkerCgroup | None = None
     hint: str = ""
+
+
+Observer = Callable[[WorkerLaunch], Callable[[dict[str, Any]], "str | None"]]
+"""Called with a worker's launch before a call; returns the check to run on the call's result,
+which may amend the result and returns why the worker must be retired (or ``None``)."""
 
 
 class WorkerError(RuntimeError):
@@ -126,13 +134,14 @@ class WorkerPool:
         self._sem = asyncio.Semaphore(min(size, max_concurrency))
         self._recycle_after = recycle_after
         self._on_release = on_release
-        self._idle: list[_Worker] = []
+        self._idle: collections.deque[_Worker] = collections.deque()
         self._all: set[_Worker] = set()
         self._next_index = 0
         self._started = False
         self._start_lock = asyncio.Lock()
         self._closed = False
         self.replaced = 0
+        self.retired: collections.Counter[str] = collections.Counter()
         self.first_info: dict[str, Any] = {}
 
     async def _spawn(self) -> _Worker:
@@ -183,17 +192,18 @@ class WorkerPool:
             self._idle.extend(workers)
             self._started = True
 
-    async def execute(self, payload: dict[str, Any], timeout_s: float,
-                      before: Callable[[WorkerLaunch], Awaitable[Any]] | None = None) -> tuple[dict[str, Any], Any]:
-        """Runs one request on an idle worker; returns the worker's result and ``before``'s value.
+    async def execute(self, payload: dict[str, Any], timeout_s: float, observe: Observer | None = None) -> dict[str, Any]:
+        """Runs one request on the least recently used idle worker; returns the worker's result.
 
-        Raises :class:`WorkerError` if the worker failed (it is replaced for the next call)."""
+        Raises :class:`WorkerError` if the worker failed (it is replaced for the next call). A worker
+        whose result gives a retire reason (``observe``'s check, else :func:`retire_reason`) is
+        replaced too, after its result is returned."""
         await self.start()
         async with self._sem:
             if self._closed:
                 raise WorkerError("the sandbox is closed")
-            worker = self._idle.pop() if self._idle else await self._spawn()
-            token = await before(worker.launch) if before is not None else None
+            worker = self._idle.popleft() if self._idle else await self._spawn()
+            check = observe(worker.launch) if observe is not None else retire_reason
             try:
                 result = await worker.call(payload, timeout_s + GRACE_S)
             except BaseException as exc:  # worker failure or cancellation: never reuse a half-used worker
@@ -202,11 +212,16 @@ class WorkerPool:
                 if isinstance(exc, WorkerError):
                     raise WorkerError(f"{exc}: {worker.describe_failure()}") from exc
                 raise
-            if worker.calls >= self._recycle_after or self._closed:
+            reason = check(result)
+            if reason is not None:
+                self.replaced += 1
+                self.retired[reason] += 1
+                await asyncio.shield(self._discard(worker))
+            elif worker.calls >= self._recycle_after or self._closed:
                 await self._discard(worker)
             else:
                 self._idle.append(worker)
-            return result, token
+            return result
 
     def pids(self) -> list[int]:
         """Host PIDs of the workers' top processes."""

@@ -23,14 +23,14 @@ async def test_notebook_semantics_and_both_streams() -> None:
         assert (await sb.run("None")).stdout == ""
         r = await sb.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\nraise KeyError('k')")
         assert r.stdout == "out\n" and r.stderr.startswith("err\nTraceback")
-        assert r.exception == "KeyError" and r.exit_code == 1 and not r.ok
+        assert r.claimed_exception == "KeyError" and r.exit_code == 1 and not r.ok
         assert 'File "<cell>", line 4' in r.stderr and "worker.py" not in r.stderr
         r = await sb.run("s = '''a\nb'''\nprint(repr(s))")  # the code runs unmodified (no re-indentation)
         assert r.stdout == "'a\\nb'\n"
         r = await sb.run("def f(:\n  pass")
-        assert r.exception == "SyntaxError" and "line 1" in r.stderr
+        assert r.claimed_exception == "SyntaxError" and "line 1" in r.stderr
         r = await sb.run("raise SystemExit(3)")
-        assert r.exit_code == 3 and r.exception is None
+        assert r.exit_code == 3 and r.claimed_exception is None
         r = await sb.run("echo $((6*7)); echo oops >&2; exit 4", language="bash")
         assert (r.stdout, r.stderr, r.exit_code) == ("42\n", "oops\n", 4)
 
@@ -55,7 +55,7 @@ async def test_timeout_override_and_limits() -> None:
         r = await sb.run("while True: pass", timeout_s=30)
         assert r.killed_reason == "cpu_time" and 0.85 <= r.cpu_s < 2.0, r
         r = await sb.run("x = bytearray(512 << 20)")
-        assert r.killed_reason == "memory" or r.exception == "MemoryError", r
+        assert r.killed_reason == "memory" or r.claimed_exception == "MemoryError", r
         r = await sb.run("x = bytearray(32 << 20)\nprint(len(x))")  # below the limit: fine
         assert r.stdout == str(32 << 20) + "\n"
 
@@ -160,7 +160,7 @@ async def test_rlimit_only_mode_still_bounds_memory_and_processes() -> None:
         caps = sb.capabilities()
         assert caps.enforced["memory"] == "RLIMIT_AS" and "cpu_share" in caps.not_enforced
         r = await sb.run("x = bytearray(1 << 30)")
-        assert r.exception == "MemoryError", r
+        assert r.claimed_exception == "MemoryError", r
         r = await sb.run("import os, time\nn = 0\ntry:\n    for _ in range(64):\n        if os.fork() == 0:\n"
                          "            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
                          "print(n)")

@@ -48,7 +48,7 @@ def test_truncate_middle_keeps_head_and_tail() -> None:
 
 @pytest.mark.parametrize(("res", "kind", "needle"), [
     (result(stdout="4\n"), None, "4\n"),
-    (result(stdout="a\n", stderr="Traceback...\nZeroDivisionError", exit_code=1, exception="ZeroDivisionError"),
+    (result(stdout="a\n", stderr="Traceback...\nZeroDivisionError", exit_code=1, claimed_exception="ZeroDivisionError"),
      FailureKind.TOOL_ERROR, "a\n[stderr]\nTraceback"),
     (result(stdout="partial", exit_code=None, timed_out=True, killed_reason="timeout", signal=9),
      FailureKind.TOOL_TIMEOUT, "partial\nError: execution timed out after 7 s."),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -52,7 +54,73 @@ async def test_a_ready_frame_that_is_not_json_means_the_sandbox_cannot_start() -
 async def test_a_well_formed_reply_comes_back() -> None:
     pool = pool_of(b'{"ready": true}', b'{"exit_code": 0}')
     try:
-        assert (await pool.execute({"code": "1"}, timeout_s=5))[0] == {"exit_code": 0}
+        assert await pool.execute({"code": "1"}, timeout_s=5) == {"exit_code": 0}
         assert pool.first_info == {"ready": True}
+    finally:
+        await pool.close()
+
+
+# A worker that answers every request with its own PID and the request's "reply" fields.
+ECHO_WORKER = """
+import json, os, struct, sys
+out, inp = sys.stdout.buffer, sys.stdin.buffer
+def send(obj):
+    body = json.dumps(obj).encode()
+    out.write(struct.pack(">I", len(body)) + body); out.flush()
+send({"ready": True})
+while True:
+    head = inp.read(4)
+    if len(head) < 4:
+        break
+    req = json.loads(inp.read(struct.unpack(">I", head)[0]))
+    send(dict(req.get("reply", {}), pid=os.getpid()))
+"""
+
+
+def echo_pool(size: int) -> WorkerPool:
+    return WorkerPool(lambda index: WorkerLaunch([sys.executable, "-I", "-c", ECHO_WORKER]), size=size,
+                      max_concurrency=size)
+
+
+async def test_idle_workers_are_handed_out_least_recently_used_first() -> None:
+    pool = echo_pool(2)
+    try:
+        pids = [(await pool.execute({}, timeout_s=5))["pid"] for _ in range(4)]
+        assert pids[0] != pids[1] and pids[:2] == pids[2:]  # a, b, a, b: each gets time to prepare
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize(("reply", "reason"), [
+    ({"clean": False, "unclean": "/tmp still holds ['x']"}, "not verified clean after the call: /tmp still holds"),
+    ({"killed_reason": "memory"}, "the memory limit was hit"),
+    ({"error": "setup failed"}, "the sandbox machinery failed"),
+])
+async def test_a_worker_that_cannot_vouch_for_its_state_is_replaced(reply: dict[str, object], reason: str) -> None:
+    pool = echo_pool(1)
+    try:
+        first = await pool.execute({"reply": reply}, timeout_s=5)
+        assert first["pid"] not in pool.pids() and pool.replaced == 1
+        assert [r for r in pool.retired if r.startswith(reason)], pool.retired
+        second = await pool.execute({"reply": {"clean": True}}, timeout_s=5)
+        assert second["pid"] != first["pid"] and second["pid"] in pool.pids()  # kept: it is clean
+    finally:
+        await pool.close()
+
+
+async def test_an_observer_can_amend_the_result_and_retire_the_worker() -> None:
+    pool = echo_pool(1)
+
+    def observe(launch: WorkerLaunch) -> Callable[[dict[str, Any]], str | None]:
+        def check(data: dict[str, Any]) -> str | None:
+            data["seen"] = True
+            return "observer says no" if data.get("bad") else None
+        return check
+
+    try:
+        good = await pool.execute({"reply": {}}, timeout_s=5, observe=observe)
+        assert good["seen"] and good["pid"] in pool.pids()
+        bad = await pool.execute({"reply": {"bad": True}}, timeout_s=5, observe=observe)
+        assert bad["pid"] not in pool.pids() and pool.retired == {"observer says no": 1}
     finally:
         await pool.close()
