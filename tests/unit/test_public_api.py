@@ -27,6 +27,10 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.environments": {"Environment", "StepResult", "make_group", "check_environment", "ToyArithmeticEnv",
                              "RetoolMathEnv"},
     "agentrl.cli": {"app", "main"},
+    "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "DatasetSection", "EvalDatasetSection",
+                       "EnvironmentSection", "RolloutSection", "EnginesSection", "RouterSection", "SamplingSection",
+                       "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
+                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks"},
 }
 
 

@@ -1,0 +1,214 @@
+"""Run-config sections of the rollout side: engines, router, sampling, scheduler, agent loop.
+
+Each section mirrors the runtime object it converts to (:class:`~agentrl.rollout.EngineConfig`,
+:class:`~agentrl.rollout.RouterConfig`, :class:`~agentrl.rollout.SamplingParams`,
+:class:`~agentrl.rollout.SchedulerConfig`, :class:`~agentrl.rollout.AgentConfig`), with the fields a
+run sets; what the runner decides itself (ports, log folders, weight versions) is left out. Every
+section converts on validation, so a config that validates always builds its runtime objects.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, JsonValue, model_validator
+
+from agentrl.rollout.agent import AgentConfig
+from agentrl.rollout.engine import EngineConfig
+from agentrl.rollout.router import RouterConfig, RouterPolicy
+from agentrl.rollout.scheduler import SchedulerConfig
+from agentrl.rollout.types import SamplingParams
+from agentrl.runner._base import Section
+
+__all__ = ["AgentSection", "EnginesSection", "RolloutSection", "RouterSection", "SamplingSection",
+           "SchedulerSection"]
+
+EngineDevice = Literal["auto", "cpu", "cuda"]
+
+
+class EnginesSection(Section):
+    """The SGLang engines: how many, and how each is started (one :class:`EngineConfig` each).
+
+    ``tp_size × dp_size`` accelerators per engine on a GPU machine. ``enable_memory_saver``
+    ``None``: on exactly when the engines must release accelerator memory around training
+    (colocated placement on an accelerator). ``context_length`` ``None``: the model's own.
+    """
+
+    count: int = Field(default=1, ge=1)
+    tp_size: int = Field(default=1, ge=1)
+    dp_size: int = Field(default=1, ge=1)
+    context_length: int | None = Field(default=None, ge=2)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    mem_fraction_static: float | None = Field(default=None, gt=0.0, le=1.0)
+    attention_backend: str | None = None
+    random_seed: int | None = None
+    enable_memory_saver: bool | None = None
+    log_level: str = "warning"
+    startup_timeout_s: float = Field(default=600.0, gt=0.0)
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+
+    def to_config(self, model_path: str, *, dtype: str = "bfloat16", device: EngineDevice = "auto",
+                  release_memory: bool = False) -> EngineConfig:
+        """One engine's :class:`EngineConfig`; ``release_memory`` is the default of ``enable_memory_saver``."""
+        saver = self.enable_memory_saver if self.enable_memory_saver is not None else release_memory
+        return EngineConfig(
+            model_path=model_path, device=device, dtype=dtype, tp_size=self.tp_size, dp_size=self.dp_size,
+            context_length=self.context_length, max_total_tokens=self.max_total_tokens,
+            mem_fraction_static=self.mem_fraction_static, attention_backend=self.attention_backend,
+            random_seed=self.random_seed, enable_memory_saver=saver, log_level=self.log_level,
+            startup_timeout_s=self.startup_timeout_s, env=dict(self.env), extra_args=self.extra_args,
+        )
+
+    @property
+    def accelerators_per_engine(self) -> int:
+        return self.tp_size * self.dp_size
+
+    @model_validator(mode="after")
+    def _converts(self) -> EnginesSection:
+        self.to_config("model")
+        return self
+
+
+class RouterSection(Section):
+    """The sglang-router in front of the engines (:class:`RouterConfig`; ports are picked by the runner)."""
+
+    policy: RouterPolicy = RouterPolicy.CONSISTENT_HASHING
+    health_check_interval_s: int = Field(default=60, ge=1)
+    health_failure_threshold: int = Field(default=3, ge=1)
+    health_success_threshold: int = Field(default=2, ge=1)
+    health_check_timeout_s: int = Field(default=5, ge=1)
+    disable_health_check: bool = False
+    request_timeout_s: int = Field(default=3600, ge=1)
+    log_level: str = "warn"
+    startup_timeout_s: float = Field(default=60.0, gt=0.0)
+
+    def to_config(self) -> RouterConfig:
+        return RouterConfig(
+            policy=self.policy, health_check_interval_s=self.health_check_interval_s,
+            health_failure_threshold=self.health_failure_threshold,
+            health_success_threshold=self.health_success_threshold,
+            health_check_timeout_s=self.health_check_timeout_s, disable_health_check=self.disable_health_check,
+            request_timeout_s=self.request_timeout_s, log_level=self.log_level,
+            startup_timeout_s=self.startup_timeout_s,
+        )
+
+
+class SamplingSection(Section):
+    """Every :class:`SamplingParams` field, with its default, except ``max_new_tokens``: 1024 (the
+    per-turn cap of :class:`AgentConfig`), not 128. ``None`` leaves the engine's default."""
+
+    max_new_tokens: int = Field(default=1024, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_new_tokens: int | None = Field(default=None, ge=0)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    sampling_seed: int | None = None
+    skip_special_tokens: bool = False
+    no_stop_trim: bool = True
+    spaces_between_special_tokens: bool = False
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(**self.model_dump())
+
+    @model_validator(mode="after")
+    def _converts(self) -> SamplingSection:
+        self.to_params()
+        return self
+
+
+class SchedulerSection(Section):
+    """Every :class:`SchedulerConfig` field, with the same default (see ``docs/rollout.md``)."""
+
+    groups_per_step: int = Field(default=8, ge=1)
+    group_size: int = Field(default=8, ge=1)
+    over_sampling: float = Field(default=0.0, ge=0.0, le=16.0)
+    max_inflight_groups: int | None = Field(default=None, ge=1)
+    max_requests_per_engine: int = Field(default=256, ge=1)
+    max_tool_concurrency: int = Field(default=64, ge=1)
+    member_retries: int = Field(default=2, ge=0)
+    min_group_size: int = Field(default=2, ge=1)
+    max_rejected_groups: int | None = Field(default=None, ge=1)
+    partial_rollout: bool = False
+    mask_offpolicy: bool = False
+    max_staleness: int | None = Field(default=None, ge=0)
+    abort_timeout_s: float = Field(default=5.0, gt=0.0)
+
+    def to_config(self) -> SchedulerConfig:
+        return SchedulerConfig(**self.model_dump())
+
+    @property
+    def samples_per_step(self) -> int:
+        """``groups_per_step × group_size``: the episodes one training step trains on."""
+        return self.groups_per_step * self.group_size
+
+    @model_validator(mode="after")
+    def _converts(self) -> SchedulerSection:
+        if self.min_group_size > self.group_size:
+            raise ValueError(f"min_group_size={self.min_group_size}: expected at most group_size={self.group_size}")
+        self.to_config()
+        return self
+
+
+class AgentSection(Section):
+    """The agent loop (:class:`AgentConfig`) minus its sampling, which is the rollout's ``sampling``.
+
+    ``context_length`` ``None``: the engines' ``context_length`` (or only the environment's budget
+    when that is unset too).
+    """
+
+    context_length: int | None = Field(default=None, ge=2)
+    one_call_per_turn: bool = False
+    strict_parsing: bool = False
+    max_calls_per_turn: int | None = Field(default=None, ge=1)
+    template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+    routing: Literal["episode", "group"] = "episode"
+    reward_timeout_s: float | None = Field(default=300.0, gt=0.0)
+    audit: bool = False
+
+    def to_config(self, sampling: SamplingParams, *, context_length: int | None = None) -> AgentConfig:
+        """The :class:`AgentConfig` with ``sampling``; ``context_length`` fills an unset one."""
+        return AgentConfig(
+            sampling=sampling, context_length=self.context_length if self.context_length is not None
+            else context_length, one_call_per_turn=self.one_call_per_turn, strict_parsing=self.strict_parsing,
+            max_calls_per_turn=self.max_calls_per_turn, template_kwargs=dict(self.template_kwargs),
+            routing=self.routing, reward_timeout_s=self.reward_timeout_s, audit=self.audit,
+        )
+
+
+class RolloutSection(Section):
+    """Everything that produces trajectories: engines, router, sampling, scheduler, agent loop."""
+
+    engines: EnginesSection = Field(default_factory=EnginesSection)
+    router: RouterSection = Field(default_factory=RouterSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    agent: AgentSection = Field(default_factory=AgentSection)
+
+    @property
+    def context_length(self) -> int | None:
+        """The context window episodes run in: the agent's, else the engines'."""
+        return self.agent.context_length if self.agent.context_length is not None else self.engines.context_length
+
+    def to_agent_config(self) -> AgentConfig:
+        """:class:`AgentConfig` with this section's sampling and context length."""
+        return self.agent.to_config(self.sampling.to_params(), context_length=self.engines.context_length)
+
+    @model_validator(mode="after")
+    def _fits_context(self) -> RolloutSection:
+        engine_ctx, agent_ctx = self.engines.context_length, self.agent.context_length
+        if engine_ctx is not None and agent_ctx is not None and agent_ctx > engine_ctx:
+            raise ValueError(f"agent.context_length={agent_ctx} exceeds engines.context_length={engine_ctx}: "
+                             "expected at most the engines' window")
+        ctx = self.context_length
+        if ctx is not None and self.sampling.max_new_tokens >= ctx:
+            raise ValueError(f"sampling.max_new_tokens={self.sampling.max_new_tokens} leaves no room for a prompt "
+                             f"in a context of {ctx} tokens: expected fewer than the context length")
+        return self

@@ -1,0 +1,284 @@
+"""Run-config sections: model, data, environment, train, cluster, logging, checkpoint.
+
+Each converts to the runtime object its component takes (``to_config()``...); a component is given
+its section, never the root :class:`~agentrl.runner.RunConfig`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, JsonValue, model_validator
+
+from agentrl.algorithms import DEFAULT_CHUNK_SIZE
+from agentrl.data.source import BadRowPolicy, DataConfig, DataFormat
+from agentrl.rollout.eval import EvalConfig
+from agentrl.runner._base import Section
+from agentrl.runner._rollout_sections import SamplingSection
+from agentrl.train.config import LossConfig, OptimizerConfig, PackingConfig, TorchBackendConfig
+
+__all__ = ["CheckpointSection", "ClusterSection", "DataSection", "DatasetSection", "EnvironmentSection",
+           "EvalDatasetSection", "LoggingSection", "ModelSection", "OptimizerSection", "TrainSection"]
+
+TemplateName = Literal["qwen3", "qwen3_5", "qwen3_coder"]
+Accelerator = Literal["cpu", "gpu", "npu"]
+Placement = Literal["colocated", "disaggregated"]
+TrainBackendName = Literal["torch", "megatron"]
+
+
+class ModelSection(Section):
+    """The policy: a Hugging Face folder, the dtype engines serve it in (and weight sync exports),
+    the chat template that owns its token boundary, and a tokenizer folder (``None``: ``path``)."""
+
+    path: str = Field(min_length=1)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    template: TemplateName = "qwen3"
+    tokenizer_path: str | None = Field(default=None, min_length=1)
+
+    @property
+    def tokenizer(self) -> str:
+        """Where the tokenizer is read from."""
+        return self.tokenizer_path if self.tokenizer_path is not None else self.path
+
+
+class _DatasetFields(Section):
+    path: str = Field(min_length=1)
+    format: DataFormat = DataFormat.AUTO
+    fields: dict[str, str] = Field(default_factory=dict)
+    split: str | None = None
+    bad_rows: BadRowPolicy = BadRowPolicy.SKIP
+
+
+class DatasetSection(_DatasetFields):
+    """The training prompts (:class:`DataConfig`): file, field mapping, seeded order, epochs."""
+
+    shuffle: bool = True
+    seed: int = 0
+    epochs: int | None = Field(default=1, ge=1)
+
+    def to_config(self) -> DataConfig:
+        return DataConfig(path=self.path, format=self.format, fields=dict(self.fields), shuffle=self.shuffle,
+                          seed=self.seed, epochs=self.epochs, bad_rows=self.bad_rows, split=self.split)
+
+    @model_validator(mode="after")
+    def _converts(self) -> DatasetSection:
+        self.to_config()
+        return self
+
+
+class EvalDatasetSection(_DatasetFields):
+    """One evaluation set, read in file order once per evaluation, with its own sampling.
+
+    ``sampling`` ``None``: greedy with the rollout's per-turn budget. ``every_steps``: evaluate after
+    every that many training steps (and at the end of the run).
+    """
+
+    name: str = Field(default="eval", min_length=1)
+    samples_per_prompt: int = Field(default=1, ge=1)
+    pass_k: tuple[int, ...] = (1,)
+    sampling: SamplingSection | None = None
+    correct_at: float = 1.0
+    max_concurrency: int = Field(default=256, ge=1)
+    every_steps: int = Field(default=10, ge=1)
+
+    def to_config(self) -> DataConfig:
+        return DataConfig(path=self.path, format=self.format, fields=dict(self.fields), shuffle=False, epochs=1,
+                          bad_rows=self.bad_rows, split=self.split)
+
+    def to_eval_config(self) -> EvalConfig:
+        return EvalConfig(name=self.name, samples_per_prompt=self.samples_per_prompt,
+                          sampling=self.sampling.to_params() if self.sampling is not None else None,
+                          pass_k=self.pass_k, correct_at=self.correct_at, max_concurrency=self.max_concurrency)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EvalDatasetSection:
+        bad = [k for k in self.pass_k if not 1 <= k <= self.samples_per_prompt]
+        if bad or not self.pass_k:
+            raise ValueError(f"pass_k={list(self.pass_k)}: each k must be in [1, samples_per_prompt="
+                             f"{self.samples_per_prompt}] and at least one given (out of range: {bad})")
+        greedy = self.sampling is None or self.sampling.temperature == 0
+        if greedy and self.samples_per_prompt > 1:
+            raise ValueError(f"samples_per_prompt={self.samples_per_prompt} with greedy sampling draws the same "
+                             "answer each time: expected samples_per_prompt=1, or sampling.temperature > 0")
+        self.to_config()
+        self.to_eval_config()
+        return self
+
+
+class DataSection(Section):
+    """``train``: the training prompts; ``eval``: evaluation sets, each under a distinct ``name``."""
+
+    train: DatasetSection
+    eval: tuple[EvalDatasetSection, ...] = ()
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> DataSection:
+        names = [e.name for e in self.eval]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"eval[*].name: {dupes} used more than once; expected a distinct name per eval set")
+        return self
+
+
+class EnvironmentSection(Section):
+    """The environment by name (resolved by the runner or the CLI's registry) and its options."""
+
+    name: str = Field(min_length=1)
+    options: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class OptimizerSection(Section):
+    """AdamW (:class:`OptimizerConfig`) and the learning-rate schedule.
+
+    ``schedule``: linear warm-up over ``warmup_steps`` to ``lr``, then ``constant`` or ``cosine``
+    decay to ``lr × min_lr_ratio`` at ``decay_steps`` (``None``: the run's ``train.steps``).
+    """
+
+    lr: float = Field(default=1e-6, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = Field(default=0.1, ge=0.0)
+    eps: float = Field(default=1e-8, gt=0.0)
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    decay_steps: int | None = Field(default=None, ge=1)
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    def to_config(self) -> OptimizerConfig:
+        return OptimizerConfig(lr=self.lr, betas=self.betas, weight_decay=self.weight_decay, eps=self.eps,
+                               grad_clip=self.grad_clip)
+
+    def lr_at(self, step: int, total_steps: int | None = None) -> float:
+        """The learning rate of optimiser step ``step`` (0-based); ``total_steps`` stands in for an
+        unset ``decay_steps``. Warm-up reaches ``lr`` at step ``warmup_steps``."""
+        if step < 0:
+            raise ValueError(f"step={step}: expected an int >= 0")
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / (self.warmup_steps + 1)
+        if self.schedule == "constant":
+            return self.lr
+        end = self.decay_steps if self.decay_steps is not None else total_steps
+        if end is None:
+            raise ValueError("schedule='cosine' needs decay_steps or total_steps; got neither")
+        span = max(end - self.warmup_steps, 1)
+        progress = min((step - self.warmup_steps) / span, 1.0)
+        floor = self.lr * self.min_lr_ratio
+        return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    @model_validator(mode="after")
+    def _converts(self) -> OptimizerSection:
+        if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"decay_steps={self.decay_steps}: expected more than warmup_steps={self.warmup_steps}")
+        self.to_config()
+        return self
+
+
+class TrainSection(Section):
+    """The trainer: backend, steps, optimiser, packing, parallelism, numerics.
+
+    ``steps`` ``None``: until the training data runs out. ``data_parallel_size`` ranks each train on
+    an even share of the step's sequences; ``tensor_parallel_size``/``pipeline_parallel_size`` are
+    the megatron backend's. ``dtype``/``autocast``/... are those of :class:`TorchBackendConfig`.
+    """
+
+    backend: TrainBackendName = "torch"
+    steps: int | None = Field(default=None, ge=1)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    max_tokens_per_micro_batch: int = Field(default=8192, ge=1)
+    packing: Literal["first_fit_decreasing", "best_fit_decreasing"] = "best_fit_decreasing"
+    max_sequence_length: int | None = Field(default=None, ge=2)
+    data_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    autocast: Literal["none", "bfloat16", "float16"] = "none"
+    fused_lm_head: bool = False
+    logprob_chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=1)
+    verify_packing: bool = True
+    seed: int = 0
+
+    @property
+    def world_size(self) -> int:
+        """Trainer ranks: ``dp × tp × pp``."""
+        return self.data_parallel_size * self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def to_packing_config(self) -> PackingConfig:
+        return PackingConfig(max_tokens=self.max_tokens_per_micro_batch, algorithm=self.packing)
+
+    def to_torch_config(self, loss: LossConfig, *, device: str = "auto") -> TorchBackendConfig:
+        """The torch backend's config with the objective ``loss`` (see :meth:`AlgorithmSection.to_loss_config`)."""
+        return TorchBackendConfig(device=device, dtype=self.dtype, autocast=self.autocast,
+                                  packing=self.to_packing_config(), loss=loss, optimizer=self.optimizer.to_config(),
+                                  logprob_chunk_size=self.logprob_chunk_size, fused_lm_head=self.fused_lm_head,
+                                  verify_packing=self.verify_packing, seed=self.seed)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainSection:
+        if self.backend == "torch" and (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1):
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}, pipeline_parallel_size="
+                             f"{self.pipeline_parallel_size} with backend='torch': the torch backend is data-"
+                             "parallel only; expected 1 and 1, or backend='megatron'")
+        self.to_packing_config()
+        return self
+
+
+class ClusterSection(Section):
+    """Where the run's processes go.
+
+    ``ray_address`` ``None``: a local Ray started for the run. ``placement``: engines and trainer on
+    the same accelerators (``colocated``: engines release memory while the trainer runs) or on their
+    own (``disaggregated``). On ``gpu``/``npu``: ``num_accelerators`` (``None``: counted when the run
+    starts), ``accelerators_per_engine`` (``None``: the engines' ``tp_size × dp_size``) and
+    ``trainer_accelerators`` (``None``: one per trainer rank). They mean nothing on ``cpu``.
+    """
+
+    ray_address: str | None = None
+    placement: Placement = "colocated"
+    accelerator: Accelerator = "cpu"
+    num_accelerators: int | None = Field(default=None, ge=1)
+    accelerators_per_engine: int | None = Field(default=None, ge=1)
+    trainer_accelerators: int | None = Field(default=None, ge=1)
+
+    @property
+    def train_device(self) -> str:
+        """The torch device kind of the trainer: ``cpu``, ``cuda`` or ``npu``."""
+        return {"cpu": "cpu", "gpu": "cuda", "npu": "npu"}[self.accelerator]
+
+    @model_validator(mode="after")
+    def _counts_need_accelerators(self) -> ClusterSection:
+        if self.accelerator == "cpu":
+            given = {n: getattr(self, n) for n in ("num_accelerators", "accelerators_per_engine",
+                                                   "trainer_accelerators") if getattr(self, n) is not None}
+            if given:
+                raise ValueError(f"{', '.join(f'{k}={v}' for k, v in given.items())} with accelerator='cpu': "
+                                 "accelerator counts apply to 'gpu' or 'npu' only; expected None")
+        return self
+
+
+class LoggingSection(Section):
+    """``run_dir`` ``None``: ``runs/<first 12 hex digits of the config hash>``; metrics every ``log_every`` steps."""
+
+    run_dir: str | None = Field(default=None, min_length=1)
+    log_every: int = Field(default=1, ge=1)
+    save_trajectories: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str | None = None
+
+    @model_validator(mode="after")
+    def _wandb(self) -> LoggingSection:
+        if self.wandb_project is not None and not self.wandb:
+            raise ValueError(f"wandb_project={self.wandb_project!r} with wandb=False: expected wandb=True "
+                             "or no project")
+        return self
+
+
+class CheckpointSection(Section):
+    """Checkpoints every ``every_steps`` steps (``None``: only at the end when ``save_final``), the
+    last ``keep_last`` kept; ``resume``: a checkpoint folder (or run folder) to continue from."""
+
+    every_steps: int | None = Field(default=None, ge=1)
+    keep_last: int = Field(default=2, ge=1)
+    save_final: bool = True
+    resume: str | None = Field(default=None, min_length=1)

@@ -1,0 +1,137 @@
+"""The typed run config: one frozen, validated :class:`RunConfig` for a training run.
+
+Sections (each a frozen pydantic model that refuses unknown keys):
+
+- ``model``: Hugging Face folder, serving dtype, chat template, tokenizer folder;
+- ``data``: ``train`` prompts and ``eval`` sets; ``environment``: name and options;
+- ``rollout``: ``engines``, ``router``, ``sampling``, ``scheduler``, ``agent``;
+- ``algorithm``: estimator, policy loss, clipping, KL, entropy, TIS/MIS;
+- ``train``: backend, steps, optimiser and schedule, packing, parallelism;
+- ``cluster``: Ray address, placement, accelerators; ``logging``; ``checkpoint``;
+- ``mode``: ``sync``, ``one_step_off`` or ``bounded_staleness``.
+
+Only ``model.path``, ``data.train.path`` and ``environment.name`` are required. Each component
+gets its own section (or the runtime object it converts to), never the root. The cross-section
+checks are in :mod:`agentrl.runner.checks`; all problems are reported together.
+
+Example::
+
+    config = RunConfig.from_dict({"model": {"path": "models/qwen3-0.6b"},
+                                  "data": {"train": {"path": "train.jsonl"}},
+                                  "environment": {"name": "retool_math"},
+                                  "rollout": {"scheduler": {"groups_per_step": 16, "group_size": 8}}})
+    config.rollout.scheduler.to_config()     # SchedulerConfig
+    config.torch_backend_config()            # TorchBackendConfig (loss at the sampling temperature)
+    config.hash()                            # stored in checkpoints and trajectory files
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import Field, model_validator
+
+from agentrl.rollout.agent import AgentConfig
+from agentrl.rollout.engine import EngineConfig
+from agentrl.runner._algorithm import AlgorithmSection
+from agentrl.runner._base import Section
+from agentrl.runner._rollout_sections import EngineDevice, RolloutSection
+from agentrl.runner._sections import (
+    CheckpointSection,
+    ClusterSection,
+    DataSection,
+    EnvironmentSection,
+    LoggingSection,
+    ModelSection,
+    TrainSection,
+)
+from agentrl.runner.checks import LoopMode, run_checks
+from agentrl.train.config import BatchingConfig, LossConfig, TorchBackendConfig
+
+__all__ = ["HASH_EXCLUDED", "RunConfig"]
+
+HASH_EXCLUDED: tuple[tuple[str, ...], ...] = (("checkpoint", "resume"), ("cluster", "ray_address"), ("logging",))
+"""Fields left out of :meth:`RunConfig.hash`: where a run resumes from, which Ray cluster it runs on
+and how it logs do not change what it trains, and a resumed run must match its checkpoint's hash."""
+
+
+class RunConfig(Section):
+    """One training run. Frozen; build with :meth:`from_dict` (or the constructor) and derive
+    variants with :meth:`from_dict` of an edited :meth:`to_dict` (``model_copy`` skips validation)."""
+
+    model: ModelSection
+    data: DataSection
+    environment: EnvironmentSection
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    mode: LoopMode = "sync"
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        problems = run_checks(self)
+        if problems:
+            raise ValueError("; ".join(problems) if len(problems) == 1 else
+                             f"{len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems))
+        return self
+
+    # -- serialisation -----------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Validate a plain mapping (e.g. parsed YAML/JSON); raises pydantic's ``ValidationError``."""
+        return cls.model_validate(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (enums as their values, tuples as lists); ``from_dict`` reads it back equal."""
+        return self.model_dump(mode="json")
+
+    def canonical_json(self) -> bytes:
+        """Sorted-key, compact JSON of every field except :data:`HASH_EXCLUDED`."""
+        data = self.to_dict()
+        for path in HASH_EXCLUDED:
+            node = data
+            for key in path[:-1]:
+                node = node[key]
+            node.pop(path[-1], None)
+        return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+
+    def hash(self) -> str:
+        """SHA-256 (hex) of :meth:`canonical_json`: equal for equal configs, whatever the key order or
+        which defaults were written out. Adding a field to a section changes every hash."""
+        return hashlib.sha256(self.canonical_json()).hexdigest()
+
+    def run_dir(self) -> Path:
+        """``logging.run_dir``, or ``runs/<first 12 hex digits of the hash>``."""
+        return Path(self.logging.run_dir) if self.logging.run_dir is not None else Path("runs") / self.hash()[:12]
+
+    # -- runtime objects that combine sections -------------------------------------------------
+    def engine_config(self) -> EngineConfig:
+        """The config of each engine: the model, its dtype, the cluster's device, memory release when
+        colocated on an accelerator."""
+        device: EngineDevice = "cpu" if self.cluster.accelerator == "cpu" else "cuda"
+        release = self.cluster.placement == "colocated" and self.cluster.accelerator != "cpu"
+        return self.rollout.engines.to_config(self.model.path, dtype=self.model.dtype, device=device,
+                                              release_memory=release)
+
+    def agent_config(self) -> AgentConfig:
+        return self.rollout.to_agent_config()
+
+    def batching_config(self) -> BatchingConfig:
+        return self.algorithm.to_batching_config(max_sequence_length=self.train.max_sequence_length)
+
+    def loss_config(self) -> LossConfig:
+        """The objective at the rollout sampling temperature (engine logprobs are reported after it)."""
+        return self.algorithm.to_loss_config(temperature=self.rollout.sampling.temperature)
+
+    def torch_backend_config(self, device: str | None = None) -> TorchBackendConfig:
+        """The torch backend's config; ``device`` ``None``: the cluster's accelerator kind."""
+        if self.train.backend != "torch":
+            raise ValueError(f"train.backend={self.train.backend!r}: torch_backend_config() is for backend 'torch'")
+        return self.train.to_torch_config(self.loss_config(), device=device or self.cluster.train_device)
