@@ -9,7 +9,7 @@ section converts on validation, so a config that validates always builds its run
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
@@ -114,6 +114,10 @@ class SamplingSection(Section):
     skip_special_tokens: bool = False
     no_stop_trim: bool = True
     spaces_between_special_tokens: bool = False
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    logit_bias: dict[int, float] | None = None
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(**self.model_dump())
