@@ -203,7 +203,9 @@ async def main() -> None:
         "warm_target_p50_ms": 5, "warm_target_met": lat["target_met"],
         "pool_of_one_p50_ms": lat["pool_of_one_back_to_back"]["p50_ms"],
         "fresh_subprocess_p50_ms": lat["fresh_python_subprocess"]["p50_ms"],
-        "fresh_bwrap_p50_ms": lat["fresh_bwrap_exec"]["p50_ms"], "concurrency_speedup": conc["speedup"],
+        "fresh_bwrap_p50_ms": lat["fresh_bwrap_exec"]["p50_ms"],
+        "warm_speedup_vs_fresh_subprocess": lat["speedup_vs_fresh_subprocess"], "concurrency_speedup": conc["speedup"],
+        "concurrency_target_speedup": 10,
         "docker_warm_exec_p50_ms": docker.get("warm_exec", {}).get("p50_ms"), "load_average": report["load_average"],
     }))
 
