@@ -20,13 +20,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.trajectory import Status, StopReason, Trajectory, TrajectoryError
+from agentrl.trajectory import Status, StopReason, Trajectory, TrajectoryError, iter_records, write_records
 
 __all__ = ["Episode", "iter_episodes", "load_episodes", "save_episodes"]
 
@@ -104,25 +103,12 @@ class Episode:
 
 def save_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode], *, append: bool = False) -> int:
     """Writes one episode per JSON line; returns the number written."""
-    n = 0
-    with open(path, "a" if append else "w", encoding="utf-8") as f:
-        for episode in episodes:
-            f.write(json.dumps(episode.to_dict(), ensure_ascii=False, allow_nan=False))
-            f.write("\n")
-            n += 1
-    return n
+    return write_records(path, (e.to_dict() for e in episodes), append=append)
 
 
 def iter_episodes(path: str | os.PathLike[str]) -> Iterator[Episode]:
     """Yields episodes from a JSONL file; a bad line raises naming the file and line number."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield Episode.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TrajectoryError) as exc:
-                raise TrajectoryError(f"{os.fspath(path)}:{lineno}: {exc}") from exc
+    return iter_records(path, Episode.from_dict)
 
 
 def load_episodes(path: str | os.PathLike[str]) -> list[Episode]:

@@ -37,7 +37,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrl._enum import NamedEnum
 from agentrl.chat.types import Message
@@ -53,6 +53,8 @@ __all__ = [
     "load_jsonl",
     "save_jsonl",
 ]
+
+T = TypeVar("T")
 
 # Engines return logprobs that can exceed 0 by float rounding (log-softmax in bf16/fp32).
 _LOGPROB_TOLERANCE = 1e-3
@@ -366,27 +368,37 @@ class Trajectory:
         return traj
 
 
-def save_jsonl(path: str | os.PathLike[str], trajectories: Iterable[Trajectory], *, append: bool = False) -> int:
-    """Writes one JSON object per line; returns the number written."""
+def write_records(path: str | os.PathLike[str], records: Iterable[dict[str, Any]], *, append: bool = False) -> int:
+    """Writes one JSON object per line (the format of trajectory and episode files); returns the count."""
     n = 0
     with open(path, "a" if append else "w", encoding="utf-8") as f:
-        for traj in trajectories:
-            f.write(json.dumps(traj.to_dict(), ensure_ascii=False, allow_nan=False))
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
             f.write("\n")
             n += 1
     return n
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
-    """Yields trajectories from a JSONL file; a bad line raises naming the file and line number."""
+def iter_records(path: str | os.PathLike[str], build: Callable[[dict[str, Any]], T]) -> Iterator[T]:
+    """Yields ``build(record)`` per non-blank line; a bad line raises naming the file and line number."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                yield Trajectory.from_dict(json.loads(line))
+                yield build(json.loads(line))
             except (json.JSONDecodeError, TrajectoryError) as exc:
                 raise TrajectoryError(f"{os.fspath(path)}:{lineno}: {exc}") from exc
+
+
+def save_jsonl(path: str | os.PathLike[str], trajectories: Iterable[Trajectory], *, append: bool = False) -> int:
+    """Writes one JSON object per line; returns the number written."""
+    return write_records(path, (t.to_dict() for t in trajectories), append=append)
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
+    """Yields trajectories from a JSONL file; a bad line raises naming the file and line number."""
+    return iter_records(path, Trajectory.from_dict)
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> list[Trajectory]:
