@@ -76,12 +76,17 @@ def _first(finder: Finder, markers: tuple[str, ...], pos: int) -> int:
     return min(hits, default=-1)
 
 
-def _think(finder: Finder, start: int) -> Region:
-    body_start = start + len(THINK_OPEN)
-    close = finder.next(THINK_CLOSE, body_start)
+def _to_close(finder: Finder, kind: str, start: int, opener: str, closer: str) -> Region:
+    """``opener`` at ``start`` up to the first ``closer`` after it, else (unclosed) to the end of the text."""
+    body_start = start + len(opener)
+    close = finder.next(closer, body_start)
     if close == -1:
-        return Region("think", start, len(finder.text), body_start, len(finder.text), False)
-    return Region("think", start, close + len(THINK_CLOSE), body_start, close, True)
+        return Region(kind, start, len(finder.text), body_start, len(finder.text), False)
+    return Region(kind, start, close + len(closer), body_start, close, True)
+
+
+def _think(finder: Finder, start: int) -> Region:
+    return _to_close(finder, "think", start, THINK_OPEN, THINK_CLOSE)
 
 
 def _json_block(finder: Finder, start: int) -> Region:
@@ -111,11 +116,7 @@ def _json_block(finder: Finder, start: int) -> Region:
 
 def _xml_block(finder: Finder, start: int) -> Region:
     """A qwen3_coder block: ``<tool_call>`` up to the first ``</tool_call>``, else to the end."""
-    body_start = start + len(CALL_OPEN)
-    close = finder.next(CALL_CLOSE, body_start)
-    if close == -1:
-        return Region("call", start, len(finder.text), body_start, len(finder.text), False)
-    return Region("call", start, close + len(CALL_CLOSE), body_start, close, True)
+    return _to_close(finder, "call", start, CALL_OPEN, CALL_CLOSE)
 
 
 def _bare_function(finder: Finder, start: int) -> Region:
