@@ -13,7 +13,6 @@ from agentrl import Episode, TrajectoryError, load_episodes, save_episodes
 from agentrl.chat import ChatTemplate, Message, ToolCallFailure
 from agentrl.environments import Environment, StepResult
 from agentrl.rollout import AgentConfig, SamplingParams, run_episode
-from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient
 from agentrl.train import build_training_batch
 from agentrl.trajectory import StopReason, Trajectory
@@ -35,11 +34,6 @@ class FollowUpEnv(Environment):
 
     def reward(self, trajectory: Trajectory) -> float:
         return float(self.task["r"])
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer()
 
 
 async def _episodes(tok: Any, n: int = 2) -> list[Episode]:

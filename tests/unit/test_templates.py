@@ -17,11 +17,6 @@ FORMATS = {"qwen3": "Q3", "qwen3_coder": "QC", "qwen3_5": "Q35"}
 OFFICIAL = json.loads((Path(__file__).parent.parent / "data" / "chat_templates_official.json").read_text("utf-8"))
 
 
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer()
-
-
 def vec(prefix: str, name: str) -> str:
     return str(getattr(g, f"{prefix}_{name}"))
 

@@ -30,7 +30,6 @@ from agentrl.environments import (
 from agentrl.rewards import MathReward
 from agentrl.rollout.agent import AgentConfig, Episode, run_episode
 from agentrl.rollout.types import SamplingParams
-from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient
 from agentrl.tools.sandbox import create_sandbox
 from agentrl.trajectory import SegmentKind, Status, StopReason
@@ -39,11 +38,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROW = {"prompt": [{"role": "user", "content": "What is 2**100 mod 7?"}], "label": "2"}
 CONFIG = AgentConfig(sampling=SamplingParams(max_new_tokens=256))
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer()
 
 
 def call(fmt: str, code: str, think: str = "Let me compute it.") -> str:

@@ -18,17 +18,11 @@ from agentrl.environments import Environment, EnvLimits, FailurePolicy, StepResu
 from agentrl.rewards import final_answer_text, math_answer_reward
 from agentrl.rollout.agent import AgentConfig, Episode, run_episode
 from agentrl.rollout.types import PromptTooLongError, SamplingParams
-from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient, ScriptedTurn
 from agentrl.tools import ToolResult
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
 
 LOGPROB = -0.25
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,11 @@ from agentrl.environments.conformance import check_environment
 from agentrl.environments.retool import MathTask, RetoolMathEnv
 from agentrl.rollout.agent import AgentConfig, run_episode
 from agentrl.rollout.types import SamplingParams
-from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient
 from agentrl.tools.sandbox import create_sandbox
 from agentrl.trajectory import SegmentKind, Status, StopReason
 
 HERE = Path(__file__).parent
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer()
 
 
 def test_arithmetic_rows_are_deterministic_distinct_and_correct() -> None:

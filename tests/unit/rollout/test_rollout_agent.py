@@ -15,14 +15,8 @@ from agentrl.rollout import ClientConfig, InferenceClient
 from agentrl.rollout.agent import AgentConfig, run_episode
 from agentrl.rollout.process import free_port
 from agentrl.rollout.types import AbortCause, FinishKind, FinishReason, GenerateResult, SamplingParams
-from agentrl.testing import build_tokenizer
 from agentrl.testing.scripted import ScriptedClient
 from agentrl.trajectory import Status, StopReason, Trajectory
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")
