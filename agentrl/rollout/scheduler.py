@@ -53,21 +53,30 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.chat.template import ChatTemplate
-from agentrl.data.source import DataExhausted, DataRow, DataSource
+from agentrl.data.source import DataExhausted, DataSource
 from agentrl.environments.base import Environment
+from agentrl.rollout._step import (
+    Member,
+    PendingGroup,
+    Step,
+    StepClient,
+    close_all,
+    lost_reason,
+    member_sequences,
+    member_state,
+    oldest_version,
+    segment_version,
+)
 from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, new_id
 from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
-from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter, version_number
+from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.report import StepReport
-from agentrl.rollout.stats import StepStats
-from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
-from agentrl.trajectory import SegmentKind, Status
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
 
@@ -137,88 +146,6 @@ class StepBatch:
         return [ep for g in self.groups for ep in g.episodes]
 
 
-# -- per-step state ------------------------------------------------------------------------------
-@dataclass
-class _Step:
-    index: int
-    aborted: bool = False
-    inflight: set[str] = field(default_factory=set)
-    stats: StepStats = field(default_factory=StepStats)
-
-
-class _StepClient:
-    """The scheduler's view of the inference client for one step: request slots, abort flag, rid tracking."""
-
-    def __init__(self, client: GenerateClient, slots: asyncio.Semaphore, step: _Step) -> None:
-        self.client, self.slots, self.step = client, slots, step
-
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None) -> GenerateResult:
-        rid = rid or new_id()
-        async with self.slots:
-            if self.step.aborted:  # checked after the slot: a waiting request must not start after the abort
-                return _not_sent(rid)
-            self.step.inflight.add(rid)
-            try:
-                return await self.client.generate(input_ids, sampling, rid=rid, routing_key=routing_key)
-            finally:
-                self.step.inflight.discard(rid)
-
-    async def abort(self, rid: str) -> None:
-        abort = getattr(self.client, "abort", None)
-        if abort is not None:
-            await abort(rid)
-
-
-def _not_sent(rid: str) -> GenerateResult:
-    return GenerateResult(rid=rid, output_ids=(), output_logprobs=(), weight_version=None, prompt_tokens=0,
-                          cached_tokens=0, completion_tokens=0,
-                          finish_reason=FinishReason(FinishKind.ABORT, message="the step was full; not sent"))
-
-
-@dataclass
-class _Member:
-    runner: EpisodeRunner | None = None
-    episode: Episode | None = None
-    lost: str | None = None
-    stale: bool = False
-    retries: int = 0
-    start_version: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.episode is not None
-
-
-@dataclass
-class _Group:
-    group_id: str
-    row: DataRow
-    members: list[_Member]
-    regenerated: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return all(m.finished for m in self.members)
-
-    def runners(self) -> list[EpisodeRunner]:
-        return [m.runner for m in self.members if m.runner is not None]
-
-
-def _lost_reason(episode: Episode) -> str | None:
-    """Why an episode is not usable for training for an infrastructure reason (None: usable)."""
-    traj = episode.trajectory
-    if traj.status is Status.FAILED:
-        for key in ("engine_error", "env_error"):
-            if key in traj.info:
-                return key
-    if traj.reward is None and traj.status is not Status.ABORTED:
-        return "reward_error" if "reward_error" in traj.info else "unscored"
-    if traj.status is Status.ABORTED:
-        return "aborted"
-    return None
-
-
 class Scheduler:
     """Collects training steps from a data source; see the module doc.
 
@@ -245,9 +172,9 @@ class Scheduler:
         self._tool_slots = asyncio.Semaphore(self.config.max_tool_concurrency)
         self.opening_cache = OpeningCache(template)
         self.pacer = Pacer()
-        self._buffer: deque[_Group] = deque()
+        self._buffer: deque[PendingGroup] = deque()
         self._closing: set[asyncio.Task[None]] = set()
-        self._current: _Step | None = None
+        self._current: Step | None = None
         self._bad_rows_reported = False
 
     # -- public ------------------------------------------------------------------------------
@@ -271,15 +198,15 @@ class Scheduler:
 
     async def collect(self) -> StepBatch:
         """Collects one step: exactly ``groups_per_step`` accepted groups (fewer only when the data ran out)."""
-        step = _Step(index=self.steps)
+        step = Step(index=self.steps)
         self._current = step
         self.steps += 1
         report = StepReport(step=step.index, policy_version=self.policy_version)
         if not self._bad_rows_reported:
             report.bad_rows, self._bad_rows_reported = len(self.data.bad_rows), True
         step.stats.start()
-        accepted: list[_Group] = []
-        running: dict[asyncio.Task[None], _Group] = {}
+        accepted: list[PendingGroup] = []
+        running: dict[asyncio.Task[None], PendingGroup] = {}
         try:
             await self._fill(step, report, accepted, running)
         except BaseException:
@@ -309,12 +236,12 @@ class Scheduler:
         return {
             "data": self.data.state_dict(), "policy_version": self.policy_version, "steps": self.steps,
             "buffer": [{"group_id": g.group_id, "prompt_id": g.row.prompt_id, "epoch": g.row.epoch,
-                        "row": g.row.data, "members": [_member_state(m) for m in g.members]} for g in self._buffer],
+                        "row": g.row.data, "members": [member_state(m) for m in g.members]} for g in self._buffer],
         }
 
     # -- filling a step ------------------------------------------------------------------------
-    async def _fill(self, step: _Step, report: StepReport, accepted: list[_Group],
-                    running: dict[asyncio.Task[None], _Group]) -> None:
+    async def _fill(self, step: Step, report: StepReport, accepted: list[PendingGroup],
+                    running: dict[asyncio.Task[None], PendingGroup]) -> None:
         cfg = self.config
         rejected = 0
         while len(accepted) < cfg.groups_per_step or any(self._must_finish(g) for g in running.values()):
@@ -339,7 +266,7 @@ class Scheduler:
                             f"(max_rejected_groups={cfg.rejection_budget}) with {len(accepted)} of "
                             f"{cfg.groups_per_step} accepted; reasons: {report.filtered}")
 
-    def _accept(self, group: _Group, accepted: list[_Group], report: StepReport) -> None:
+    def _accept(self, group: PendingGroup, accepted: list[PendingGroup], report: StepReport) -> None:
         """Adds a finished group; a full batch makes room for a group that cannot wait another step."""
         if len(accepted) < self.config.groups_per_step:
             accepted.append(group)
@@ -353,13 +280,13 @@ class Scheduler:
                     return
         self._keep_leftovers([group], report)  # finished after the batch was full: surplus
 
-    def _must_finish(self, group: _Group) -> bool:
+    def _must_finish(self, group: PendingGroup) -> bool:
         """Whether the group would exceed ``max_staleness`` if it waited for the next step (its tokens are
         as old as the bound allows): the step then waits for it rather than leaving it to go stale."""
         bound = self.config.max_staleness
         if bound is None or self.config.mask_offpolicy or not self.config.partial_rollout:
             return False
-        oldest = min((_oldest_version(_member_sequences(m), m.start_version) for m in group.members),
+        oldest = min((oldest_version(member_sequences(m), m.start_version) for m in group.members),
                      default=self.policy_version)
         return self.policy_version + 1 - oldest > bound
 
@@ -370,8 +297,8 @@ class Scheduler:
             target = min(target, cfg.max_inflight_groups)
         return max(target, 1 if missing > 0 else 0)
 
-    def _top_up(self, step: _Step, report: StepReport, accepted: list[_Group],
-                running: dict[asyncio.Task[None], _Group]) -> None:
+    def _top_up(self, step: Step, report: StepReport, accepted: list[PendingGroup],
+                running: dict[asyncio.Task[None], PendingGroup]) -> None:
         target = self._target_inflight(self.config.groups_per_step - len(accepted))
         while len(running) < target:
             group = self._next_group(report)
@@ -383,7 +310,7 @@ class Scheduler:
                 task = asyncio.ensure_future(self._run_group(group, step))
             running[task] = group
 
-    def _next_group(self, report: StepReport) -> _Group | None:
+    def _next_group(self, report: StepReport) -> PendingGroup | None:
         while self._buffer:
             group = self._buffer.popleft()
             report.from_buffer += 1
@@ -397,22 +324,22 @@ class Scheduler:
         except DataExhausted:
             return None
         report.drawn += 1
-        return _Group(group_id=new_id(), row=row,
-                      members=[_Member(start_version=self.policy_version) for _ in range(self.config.group_size)])
+        return PendingGroup(group_id=new_id(), row=row,
+                      members=[Member(start_version=self.policy_version) for _ in range(self.config.group_size)])
 
     # -- one group -----------------------------------------------------------------------------
-    async def _run_group(self, group: _Group, step: _Step) -> None:
+    async def _run_group(self, group: PendingGroup, step: Step) -> None:
         await asyncio.gather(*(self._run_member(group, i, m, step) for i, m in enumerate(group.members)
                                if not m.finished))
 
-    def _new_runner(self, group: _Group, index: int, step: _Step) -> EpisodeRunner:
+    def _new_runner(self, group: PendingGroup, index: int, step: Step) -> EpisodeRunner:
         env = self.env_factory(dict(group.row.data))
-        return EpisodeRunner(env, self.template, _StepClient(self.client, self._slots, step), self.agent,
+        return EpisodeRunner(env, self.template, StepClient(self.client, self._slots, step), self.agent,
                              group_id=group.group_id, rollout_id=new_id(),
                              sample_id=f"{group.row.prompt_id}:{index}", tool_slots=self._tool_slots,
                              opening_cache=self.opening_cache, pacer=self.pacer)
 
-    async def _run_member(self, group: _Group, index: int, member: _Member, step: _Step) -> None:
+    async def _run_member(self, group: PendingGroup, index: int, member: Member, step: Step) -> None:
         member.stale = False
         while True:
             if member.runner is None:
@@ -422,13 +349,12 @@ class Scheduler:
                     member.runner = self._new_runner(group, index, step)
                 except Exception as exc:  # the factory rejected a row it was validated against
                     member.lost = f"env_build_error: {type(exc).__name__}: {exc}"
-                    member.episode = Episode(sequences=[])
                     return
             else:
-                member.runner.client = _StepClient(self.client, self._slots, step)
+                member.runner.client = StepClient(self.client, self._slots, step)
             runner = member.runner
 
-            def should_abort(m: _Member = member) -> bool:
+            def should_abort(m: Member = member) -> bool:
                 if step.aborted:
                     return True
                 if self._member_too_stale(m):
@@ -446,7 +372,6 @@ class Scheduler:
                     group.regenerated += 1
                     continue
                 member.lost = f"env_error: {type(exc).__name__}: {exc}"
-                member.episode = Episode(sequences=[])
                 return
             if episode is None:
                 if step.aborted or member.stale:  # suspended by this step's abort or the staleness bound
@@ -459,7 +384,7 @@ class Scheduler:
                     continue
                 episode = runner.finish_aborted()
                 episode.trajectory.info.setdefault("engine_error", f"aborted by the engine: {runner.abort_message}")
-            lost = _lost_reason(episode)
+            lost = lost_reason(episode)
             step.stats.add_episode(episode, lost)
             await runner.close()
             if lost is not None and member.retries < self.config.member_retries and not step.aborted:
@@ -470,28 +395,28 @@ class Scheduler:
             member.episode, member.lost = episode, lost
             return
 
-    def _member_too_stale(self, member: _Member) -> bool:
+    def _member_too_stale(self, member: Member) -> bool:
         bound = self.config.max_staleness
         if bound is None or self.config.mask_offpolicy or member.runner is None:
             return False
-        oldest = _oldest_version(member.runner.sequences, member.start_version)
+        oldest = oldest_version(member.runner.sequences, member.start_version)
         return self.policy_version - oldest > bound
 
-    def _group_too_stale(self, group: _Group) -> bool:
+    def _group_too_stale(self, group: PendingGroup) -> bool:
         bound = self.config.max_staleness
         if bound is None or self.config.mask_offpolicy:
             return False
-        oldest = min((_oldest_version(_member_sequences(m), m.start_version) for m in group.members),
+        oldest = min((oldest_version(member_sequences(m), m.start_version) for m in group.members),
                      default=self.policy_version)
         return self.policy_version - oldest > bound
 
-    async def _judge(self, group: _Group, report: StepReport) -> str:
+    async def _judge(self, group: PendingGroup, report: StepReport) -> str:
         """Decides a finished group: ``accepted``, ``rejected`` (filter), ``failed`` or ``stale``."""
         if any(m.stale for m in group.members):
             report.count("stale")
             await self._discard([group])
             return "stale"
-        kept = [m for m in group.members if m.finished and m.lost is None]
+        kept = [m for m in group.members if m.episode is not None and m.lost is None]
         report.members_regenerated += group.regenerated
         report.members_lost += len(group.members) - len(kept)
         if len(kept) < self.config.min_group_size:
@@ -506,20 +431,20 @@ class Scheduler:
         group.members = kept
         return "accepted"
 
-    def _as_rollout_group(self, group: _Group, members: list[_Member]) -> RolloutGroup:
+    def _as_rollout_group(self, group: PendingGroup, members: list[Member]) -> RolloutGroup:
         episodes = [m.episode for m in members if m.episode is not None]
         return RolloutGroup(group_id=group.group_id, prompt_id=group.row.prompt_id, row=group.row.data,
                             episodes=episodes, epoch=group.row.epoch, lost=len(group.members) - len(members),
                             regenerated=group.regenerated)
 
     # -- the end of a step ----------------------------------------------------------------------
-    async def _abort(self, step: _Step, running: dict[asyncio.Task[None], _Group]) -> None:
+    async def _abort(self, step: Step, running: dict[asyncio.Task[None], PendingGroup]) -> None:
         """Aborts this step's requests until every group task settled, then waits for idle engines."""
         step.aborted = True
         started = time.perf_counter()
         deadline = started + self.config.abort_timeout_s
         pending = {t for t in running if not t.done()}
-        client = _StepClient(self.client, self._slots, step)
+        client = StepClient(self.client, self._slots, step)
         rounds = 0
         while pending and time.perf_counter() < deadline:
             rids = list(step.inflight)
@@ -549,41 +474,41 @@ class Scheduler:
                 return left
             await asyncio.sleep(0.05)
 
-    def _keep_leftovers(self, groups: list[_Group], report: StepReport) -> None:
+    def _keep_leftovers(self, groups: list[PendingGroup], report: StepReport) -> None:
         for group in groups:
             if self.config.partial_rollout:
                 self._buffer.append(group)
                 report.count("buffered")
             else:
                 self._close_later(group)
-                fresh = _Group(group_id=new_id(), row=group.row,
-                               members=[_Member() for _ in range(self.config.group_size)])
+                fresh = PendingGroup(group_id=new_id(), row=group.row,
+                               members=[Member() for _ in range(self.config.group_size)])
                 self._buffer.append(fresh)
                 report.count("recycled")
 
-    def _close_later(self, group: _Group) -> None:
+    def _close_later(self, group: PendingGroup) -> None:
         runners = group.runners()
         for m in group.members:
             m.runner = None
         for runner in runners:
             runner.finish_aborted()
         if runners:
-            task = asyncio.ensure_future(_close_all(runners))
+            task = asyncio.ensure_future(close_all(runners))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    async def _discard(self, groups: list[_Group]) -> None:
+    async def _discard(self, groups: list[PendingGroup]) -> None:
         runners = [r for g in groups for r in g.runners()]
         for g in groups:
             for m in g.members:
                 m.runner = None
         for runner in runners:
             runner.finish_aborted()
-        await _close_all(runners)
+        await close_all(runners)
         if self._closing:
             await asyncio.gather(*list(self._closing), return_exceptions=True)
 
-    def _hand_over(self, accepted: list[_Group], report: StepReport) -> list[RolloutGroup]:
+    def _hand_over(self, accepted: list[PendingGroup], report: StepReport) -> list[RolloutGroup]:
         current = self.policy_version
         out: list[RolloutGroup] = []
         for group in accepted:
@@ -592,7 +517,7 @@ class Scheduler:
             if self.config.mask_offpolicy:
                 for traj in rollout.trajectories():
                     report.masked_offpolicy_tokens += traj.mask_model_segments(
-                        lambda seg: _segment_version(seg.weight_version, current) < current)
+                        lambda seg: segment_version(seg.weight_version, current) < current)
             versions = rollout.weight_versions()
             staleness = current - min(versions) if versions else 0
             if self.config.max_staleness is not None and staleness > self.config.max_staleness:
@@ -602,36 +527,3 @@ class Scheduler:
             report.count("trained")
             out.append(rollout)
         return out
-
-
-def _segment_version(version: str | None, default: int) -> int:
-    v = version_number(version)
-    return default if v is None else v
-
-
-def _member_sequences(member: _Member) -> list[Any]:
-    if member.episode is not None:
-        return list(member.episode.sequences)
-    return list(member.runner.sequences) if member.runner is not None else []
-
-
-def _oldest_version(sequences: Sequence[Any], default: int) -> int:
-    oldest = default
-    for traj in sequences:
-        for seg in traj.segments:
-            if seg.kind is SegmentKind.MODEL and seg.trainable:
-                v = version_number(seg.weight_version)
-                if v is not None and v < oldest:
-                    oldest = v
-    return oldest
-
-
-def _member_state(member: _Member) -> dict[str, Any]:
-    seqs = _member_sequences(member)
-    return {"finished": member.finished, "lost": member.lost, "start_version": member.start_version,
-            "partial_turn_tokens": member.runner.partial_turn_tokens if member.runner is not None else 0,
-            "sequences": [t.to_dict() for t in seqs]}
-
-
-async def _close_all(runners: Sequence[EpisodeRunner]) -> None:
-    await asyncio.gather(*(r.close() for r in runners), return_exceptions=True)

@@ -18,17 +18,11 @@ from agentrl.environments import StepResult, ToyArithmeticEnv, make_arithmetic_r
 from agentrl.rollout import AgentConfig, InferenceError, SamplingParams
 from agentrl.rollout.groups import FilterResult, RolloutGroup, drop_uniform_rewards
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError
-from agentrl.testing import build_tokenizer
 from agentrl.testing.policy import FakePolicyClient, PolicyRequest
 from agentrl.tools import tool
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
 
 QUESTION = re.compile(r"What is (\d+) \* (\d+)\?")
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -510,3 +504,22 @@ async def test_over_http_an_abort_leaves_no_request_on_any_worker(cluster: Any, 
         assert report.metrics["abort/engine_requests_left"] == 0 and await loads() == 0
         assert all(not w.state.running for w in cluster.workers)
         await sched.shutdown()
+
+
+async def test_an_environment_that_cannot_reset_fails_its_group_with_the_reason(template: ChatTemplate,
+                                                                               tok: Any) -> None:
+    class BrokenReset(ToyArithmeticEnv):
+        async def reset(self) -> list[Message]:
+            if self.task.question.endswith(("1?", "3?", "5?", "7?", "9?")):
+                raise RuntimeError("sandbox image missing")
+            return await super().reset()
+
+    client = FakePolicyClient(tok, arithmetic_policy(0.5))
+    sched = make_scheduler(template, client, env=BrokenReset, rows=32, groups_per_step=4, group_size=2,
+                           member_retries=1)
+    batch = await sched.collect()
+    report = batch.report
+    report.check()
+    assert report.trained == 4 and all(not g.row["question"].endswith("1?") for g in batch.groups)
+    assert report.failed.get("env_error", 0) >= 1  # each broken prompt: reset raised, retried once, then lost
+    assert report.members_regenerated == 2 * report.failed["env_error"]

@@ -1,0 +1,136 @@
+"""Per-step state of the rollout scheduler: the step's client view, groups and members, and the
+small helpers over them. Private to :mod:`agentrl.rollout.scheduler`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.data.source import DataRow
+from agentrl.rollout.agent import Episode, EpisodeRunner, GenerateClient, new_id
+from agentrl.rollout.groups import version_number
+from agentrl.rollout.stats import StepStats
+from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
+from agentrl.trajectory import SegmentKind, Status
+
+__all__ = ["Member", "PendingGroup", "Step", "StepClient", "close_all", "lost_reason", "member_sequences",
+           "member_state", "not_sent", "oldest_version", "segment_version"]
+
+
+@dataclass
+class Step:
+    index: int
+    aborted: bool = False
+    inflight: set[str] = field(default_factory=set)
+    stats: StepStats = field(default_factory=StepStats)
+
+
+class StepClient:
+    """The scheduler's view of the inference client for one step: request slots, abort flag, rid tracking."""
+
+    def __init__(self, client: GenerateClient, slots: asyncio.Semaphore, step: Step) -> None:
+        self.client, self.slots, self.step = client, slots, step
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
+                       routing_key: str | None = None) -> GenerateResult:
+        rid = rid or new_id()
+        async with self.slots:
+            if self.step.aborted:  # checked after the slot: a waiting request must not start after the abort
+                return not_sent(rid)
+            self.step.inflight.add(rid)
+            try:
+                return await self.client.generate(input_ids, sampling, rid=rid, routing_key=routing_key)
+            finally:
+                self.step.inflight.discard(rid)
+
+    async def abort(self, rid: str) -> None:
+        abort = getattr(self.client, "abort", None)
+        if abort is not None:
+            await abort(rid)
+
+
+def not_sent(rid: str) -> GenerateResult:
+    return GenerateResult(rid=rid, output_ids=(), output_logprobs=(), weight_version=None, prompt_tokens=0,
+                          cached_tokens=0, completion_tokens=0,
+                          finish_reason=FinishReason(FinishKind.ABORT, message="the step was full; not sent"))
+
+
+@dataclass
+class Member:
+    runner: EpisodeRunner | None = None
+    episode: Episode | None = None
+    lost: str | None = None
+    stale: bool = False
+    retries: int = 0
+    start_version: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """Ended: with an episode, or lost before it had one (its environment could not be built or reset)."""
+        return self.episode is not None or self.lost is not None
+
+
+@dataclass
+class PendingGroup:
+    group_id: str
+    row: DataRow
+    members: list[Member]
+    regenerated: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return all(m.finished for m in self.members)
+
+    def runners(self) -> list[EpisodeRunner]:
+        return [m.runner for m in self.members if m.runner is not None]
+
+
+def lost_reason(episode: Episode) -> str | None:
+    """Why an episode is not usable for training for an infrastructure reason (None: usable)."""
+    traj = episode.trajectory
+    if traj.status is Status.FAILED:
+        for key in ("engine_error", "env_error"):
+            if key in traj.info:
+                return key
+    if traj.reward is None and traj.status is not Status.ABORTED:
+        return "reward_error" if "reward_error" in traj.info else "unscored"
+    if traj.status is Status.ABORTED:
+        return "aborted"
+    return None
+
+
+
+def segment_version(version: str | None, default: int) -> int:
+    v = version_number(version)
+    return default if v is None else v
+
+
+def member_sequences(member: Member) -> list[Any]:
+    if member.episode is not None:
+        return list(member.episode.sequences)
+    return list(member.runner.sequences) if member.runner is not None else []
+
+
+def oldest_version(sequences: Sequence[Any], default: int) -> int:
+    oldest = default
+    for traj in sequences:
+        for seg in traj.segments:
+            if seg.kind is SegmentKind.MODEL and seg.trainable:
+                v = version_number(seg.weight_version)
+                if v is not None and v < oldest:
+                    oldest = v
+    return oldest
+
+
+def member_state(member: Member) -> dict[str, Any]:
+    seqs = member_sequences(member)
+    return {"finished": member.finished, "lost": member.lost, "start_version": member.start_version,
+            "partial_turn_tokens": member.runner.partial_turn_tokens if member.runner is not None else 0,
+            "sequences": [t.to_dict() for t in seqs]}
+
+
+async def close_all(runners: Sequence[EpisodeRunner]) -> None:
+    await asyncio.gather(*(r.close() for r in runners), return_exceptions=True)
+
