@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -99,23 +100,21 @@ def _spec(name: str, raw: Any) -> _ToolSpec:
                      tuple(r for r in required if isinstance(r, str)) if isinstance(required, list) else ())
 
 
-_SPEC_CACHE: dict[bytes, dict[str, _ToolSpec] | None] = {}
-
-
 def _cached_tool_specs(tools: Iterable[Any] | None) -> dict[str, _ToolSpec] | None:
     """:func:`_tool_specs`, memoised by the tools' JSON: every episode of a run lists the same tools, and
     building the specs costs more than parsing a short turn. Specs are never mutated."""
     if tools is None or not isinstance(tools, (list, tuple)):
         return _tool_specs(tools)
     try:
-        key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
+        key = orjson.dumps(tools)
     except TypeError:  # tool objects rather than dicts
         return _tool_specs(tools)
-    if key not in _SPEC_CACHE:
-        if len(_SPEC_CACHE) >= 256:
-            _SPEC_CACHE.clear()
-        _SPEC_CACHE[key] = _tool_specs(tools)
-    return _SPEC_CACHE[key]
+    return _specs_of_json(key)
+
+
+@functools.lru_cache(maxsize=256)
+def _specs_of_json(key: bytes) -> dict[str, _ToolSpec] | None:
+    return _tool_specs(orjson.loads(key))
 
 
 def _tool_specs(tools: Iterable[Any] | None) -> dict[str, _ToolSpec] | None:
