@@ -29,6 +29,8 @@ from agentrl.runner._sections import (
 )
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
+from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
+from agentrl.runner.rundir import RunDirectory, RunDirError
 
 __all__ = [
     "ESTIMATOR_LOSSES",
@@ -43,13 +45,18 @@ __all__ = [
     "EnginesSection",
     "EnvironmentSection",
     "EvalDatasetSection",
+    "LedgerError",
+    "LedgerStep",
     "LoggingSection",
     "LoopMode",
     "ModelSection",
     "OptimizerSection",
+    "PromptLedger",
     "RolloutSection",
     "RouterSection",
     "RunConfig",
+    "RunDirError",
+    "RunDirectory",
     "SamplingSection",
     "SchedulerSection",
     "TrainSection",

@@ -30,7 +30,8 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "DatasetSection", "EvalDatasetSection",
                        "EnvironmentSection", "RolloutSection", "EnginesSection", "RouterSection", "SamplingSection",
                        "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
-                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks"},
+                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
+                       "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep"},
 }
 
 
