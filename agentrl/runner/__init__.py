@@ -27,6 +27,7 @@ from agentrl.runner._sections import (
     OptimizerSection,
     TrainSection,
 )
+from agentrl.runner.checkpoint import CheckpointError, LoadedCheckpoint, RunCheckpointer
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
 from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
@@ -38,6 +39,7 @@ __all__ = [
     "LOSS_CLIP_DEFAULTS",
     "AgentSection",
     "AlgorithmSection",
+    "CheckpointError",
     "CheckpointSection",
     "ClusterSection",
     "DataSection",
@@ -47,6 +49,7 @@ __all__ = [
     "EvalDatasetSection",
     "LedgerError",
     "LedgerStep",
+    "LoadedCheckpoint",
     "LoggingSection",
     "LoopMode",
     "ModelSection",
@@ -54,6 +57,7 @@ __all__ = [
     "PromptLedger",
     "RolloutSection",
     "RouterSection",
+    "RunCheckpointer",
     "RunConfig",
     "RunDirError",
     "RunDirectory",

@@ -31,7 +31,8 @@ REQUIRED: dict[str, set[str]] = {
                        "EnvironmentSection", "RolloutSection", "EnginesSection", "RouterSection", "SamplingSection",
                        "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
                        "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
-                       "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep"},
+                       "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep",
+                       "RunCheckpointer", "CheckpointError", "LoadedCheckpoint"},
 }
 
 
