@@ -50,8 +50,9 @@ __all__ = ["RunDirError", "RunDirectory"]
 _TRAJ_RE = re.compile(r"step_(\d{6,})\.jsonl\.gz")
 _RESERVED_METRICS = ("step", "time")
 _RESERVED_HEADER = ("config_hash", "step", "count")
-# gzip level 6 writes token-id JSON about 3x faster than the default 9 for a few percent more bytes
-_GZIP_LEVEL = 6
+# Measured on 64 episodes x 2,000 random tokens with logprobs (3.6 MB of JSON): level 1 took 46 ms
+# for 1.65 MB, level 6 266 ms for 1.58 MB, level 9 (gzip's default) 375 ms for 1.57 MB.
+_GZIP_LEVEL = 1
 
 
 class RunDirError(ValueError):

@@ -290,3 +290,25 @@ def test_a_writer_killed_while_pruning_leaves_only_complete_checkpoints(
     assert ckpt.load(ckpt.directory).state == {"step": 2}
     save(ckpt, 3)
     assert sorted(os.listdir(ckpt.directory)) == ["step_000003"]
+
+
+def test_the_torch_backend_saves_into_and_loads_from_a_checkpoint(tmp_path: Path) -> None:
+    import torch
+
+    from agentrl.testing import build_tiny_model
+    from agentrl.train import TorchBackendConfig, TorchTrainBackend
+
+    config = TorchBackendConfig(device="cpu", dtype="float32")
+    backend = TorchTrainBackend.from_pretrained(build_tiny_model(), config)
+    with torch.no_grad():
+        for p in backend.model.parameters():
+            p.add_(0.01)  # differ from the folder the fresh backend starts from
+    ckpt = RunCheckpointer(tmp_path, keep_last=1, config_hash=HASH)
+    path = ckpt.save(1, write_trainer=backend.save_checkpoint, state={"policy_version": 1})
+    fresh = TorchTrainBackend.from_pretrained(build_tiny_model(), config)
+    loaded = ckpt.load(tmp_path)
+    fresh.load_checkpoint(loaded.trainer_dir)
+    assert loaded.path == path and loaded.state == {"policy_version": 1}
+    expected = dict(backend.model.named_parameters())
+    for name, p in fresh.model.named_parameters():
+        assert torch.equal(p, expected[name]), name
