@@ -46,7 +46,7 @@ def _checked_int(value: object, what: str) -> int:
 def _checked_entries(step: int, entries: Iterable[Any]) -> tuple[tuple[int, str], ...]:
     out = []
     for i, entry in enumerate(entries):
-        if not isinstance(entry, Sequence) or isinstance(entry, str) or len(entry) != 2:
+        if not isinstance(entry, tuple | list) or len(entry) != 2:
             raise LedgerError(f"step {step}: entries[{i}] = {entry!r}; expected an (epoch, prompt_id) pair")
         epoch = _checked_int(entry[0], f"step {step}: entries[{i}] epoch")
         if not isinstance(entry[1], str) or not entry[1]:
