@@ -173,6 +173,13 @@ class EngineGroup:
             await self._take_out(tracked)
             tracked.restart_task = asyncio.ensure_future(self._recover(tracked))
 
+    async def take_out(self, engine: SGLangEngine) -> None:
+        """Removes ``engine`` from the router's rotation and stops it (e.g. after a failed weight sync);
+        the health monitor restarts it when restarts are enabled."""
+        for tracked in self._tracked:
+            if tracked.engine is engine and tracked.in_rotation:
+                await self._take_out(tracked)
+
     async def _take_out(self, tracked: _Tracked) -> None:
         tracked.in_rotation = False
         with contextlib.suppress(RouterError):

@@ -31,6 +31,8 @@ from agentrl.runner.checkpoint import CheckpointError, LoadedCheckpoint, RunChec
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
 from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
+from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunnerError, RunSummary, StalenessError
+from agentrl.runner.rollout_service import RolloutService, WeightLoader
 from agentrl.runner.rundir import RunDirectory, RunDirError
 
 __all__ = [
@@ -52,17 +54,25 @@ __all__ = [
     "LoadedCheckpoint",
     "LoggingSection",
     "LoopMode",
+    "LoopSettings",
     "ModelSection",
     "OptimizerSection",
     "PromptLedger",
     "RolloutSection",
+    "RolloutService",
     "RouterSection",
+    "RunCallback",
     "RunCheckpointer",
     "RunConfig",
     "RunDirError",
     "RunDirectory",
+    "RunSummary",
+    "Runner",
+    "RunnerError",
     "SamplingSection",
     "SchedulerSection",
+    "StalenessError",
     "TrainSection",
+    "WeightLoader",
     "run_checks",
 ]

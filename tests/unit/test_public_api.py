@@ -32,7 +32,7 @@ REQUIRED: dict[str, set[str]] = {
                        "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
                        "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
                        "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep",
-                       "RunCheckpointer", "CheckpointError", "LoadedCheckpoint"},
+                       "RunCheckpointer", "CheckpointError", "LoadedCheckpoint", "Runner", "RunCallback", "RunnerError", "RolloutService"},
 }
 
 

@@ -1,0 +1,542 @@
+"""The training loop: :class:`Runner`, a sequence of named steps in one of three modes.
+
+Each step of training is made of named parts, each a method, so a mode is a short arrangement of
+them and a test (or a subclass) can drive or replace one part:
+
+``collect_rollouts`` → ``compute_advantages`` → ``train_step`` → ``sync_weights`` →
+``evaluate`` → ``checkpoint`` (and ``record``: ledger, ``metrics.jsonl``, trajectories).
+
+Modes (``RunConfig.mode``):
+
+- ``sync``: collect, train, sync; the engines are idle during the sync (the scheduler aborted and
+  drained the step's leftovers before handing the batch over).
+- ``one_step_off``: the next step's rollouts are generated while the current step trains; before
+  the weight update the runner waits for that generation to finish, so no update lands while a
+  request is being generated, and data trained at step k came from the weights of step k−1.
+- ``bounded_staleness``: rollouts run continuously (a collector task hands batches over a queue of
+  one); the weight update pauses the engines, loads and resumes them without aborting requests,
+  and the scheduler's admission keeps every trained token within ``max_staleness`` versions
+  (the scheduler is given ``max_staleness − 1``: a batch can wait one version in the queue). The
+  runner checks the bound again on every batch it trains and stops with an error if it is broken.
+
+Every step: the prompt ledger records which (epoch, prompt) were trained, a line goes to
+``metrics.jsonl`` and the step's episodes to ``trajectories/``. A checkpoint holds the trainer,
+the scheduler's cursor and buffer, the ledger, the step, the policy version and any batch that was
+collected but not trained yet (the async modes), so a resumed run neither skips nor repeats a
+prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentrl.rollout.groups import RolloutGroup
+from agentrl.rollout.report import StepReport
+from agentrl.rollout.scheduler import StepBatch
+from agentrl.runner.checkpoint import RunCheckpointer
+from agentrl.runner.ledger import PromptLedger
+from agentrl.runner.rundir import RunDirectory
+from agentrl.runner.serialize import batch_from_state, batch_to_state
+from agentrl.train.batching import TrainingBatch, build_training_batch
+from agentrl.train.config import BatchingConfig
+
+__all__ = ["RunCallback", "RunSummary", "Runner", "RunnerError", "StalenessError"]
+
+
+class RunnerError(RuntimeError):
+    """The run cannot go on (a broken bound, a failed probe, no data at all...)."""
+
+
+class StalenessError(RunnerError):
+    """A batch about to be trained is older than ``max_staleness`` allows (a scheduler bug)."""
+
+
+class RunCallback:
+    """Hooks called by the runner on the driver; override what you need."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        """When a named step starts (``collect_rollouts``, ``train_step``, ``sync_weights``,
+        ``evaluate``, ``checkpoint``); ``step`` is the training step it belongs to (1-based)."""
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> Any:
+        """After step ``step`` (1-based) was trained, synced and recorded; may be ``async``."""
+
+    def on_run_end(self, summary: RunSummary) -> None:
+        """Once, when the run ends normally."""
+
+
+class RolloutSide(Protocol):
+    """What the runner needs of the rollout side (:class:`~agentrl.runner.RolloutService`, or a
+    proxy to it in a Ray actor)."""
+
+    async def collect(self) -> StepBatch: ...
+    async def weights_folder(self, version: int) -> str: ...
+    async def sync_weights(self, version: int) -> dict[str, float]: ...
+    async def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
+    async def evaluate(self, name: str) -> dict[str, Any]: ...
+    async def evals_due(self, step: int, *, final: bool = False) -> list[str]: ...
+    async def state_dict(self) -> dict[str, Any]: ...
+    async def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class TrainSide(Protocol):
+    """What the runner needs of the trainer (every rank; results are rank 0's)."""
+
+    async def train(self, batch: TrainingBatch, step: int) -> dict[str, float]: ...
+    async def export(self, folder: str) -> str: ...
+    async def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
+    async def save(self, folder: str) -> str: ...
+    async def load(self, folder: str) -> None: ...
+
+
+@dataclass
+class RunSummary:
+    """What a run did (written to ``summary.json``)."""
+
+    steps: int = 0
+    policy_version: int = 0
+    resumed_from: str | None = None
+    stopped_because: str = ""
+    wall_s: float = 0.0
+    prompts_trained: int = 0
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+    evals: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "policy_version": self.policy_version, "resumed_from": self.resumed_from,
+                "stopped_because": self.stopped_because, "wall_s": self.wall_s,
+                "prompts_trained": self.prompts_trained, "last_metrics": self.last_metrics, "evals": self.evals}
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The parts of the run config the loop itself reads."""
+
+    mode: str = "sync"
+    steps: int | None = None
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    max_staleness: int | None = None
+    checkpoint_every: int | None = None
+    save_final: bool = True
+    save_trajectories: bool = True
+    probe_sequences: tuple[tuple[int, ...], ...] = ()
+    probe_bound: float = 0.05
+    rollout_only: bool = False
+
+    @classmethod
+    def from_config(cls, config: Any, *, probe_sequences: Sequence[Sequence[int]] = (),
+                    probe_bound: float = 0.05, rollout_only: bool = False) -> LoopSettings:
+        return cls(mode=config.mode, steps=config.train.steps, batching=config.batching_config(),
+                   max_staleness=config.rollout.scheduler.max_staleness,
+                   checkpoint_every=config.checkpoint.every_steps, save_final=config.checkpoint.save_final,
+                   save_trajectories=config.logging.save_trajectories,
+                   probe_sequences=tuple(tuple(s) for s in probe_sequences), probe_bound=probe_bound,
+                   rollout_only=rollout_only)
+
+
+class Runner:
+    """Drives one run: ``await runner.run()``. See the module doc.
+
+    ``rollout``/``trainer`` are the two sides (in-process objects or Ray proxies, same methods);
+    ``run_dir`` gets the config, metrics, trajectories and summary; ``checkpointer`` the
+    checkpoints (``None``: none are written). ``resume``: a checkpoint folder to continue from.
+    """
+
+    def __init__(self, rollout: RolloutSide, trainer: TrainSide | None, settings: LoopSettings, *,
+                 run_dir: RunDirectory, checkpointer: RunCheckpointer | None = None,
+                 callbacks: Sequence[RunCallback] = (), resume: str | None = None) -> None:
+        if trainer is None and not settings.rollout_only:
+            raise ValueError("trainer: None is only allowed with rollout_only=True")
+        self.rollout, self.trainer, self.settings = rollout, trainer, settings
+        self.run_dir, self.checkpointer, self.callbacks = run_dir, checkpointer, list(callbacks)
+        self.resume = resume
+        self.ledger = PromptLedger()
+        self.step = 0            # training steps done
+        self.version = 0         # the trainer's weight version (engines hold it after each sync)
+        self.pending: list[StepBatch] = []   # collected, not yet trained (async modes)
+        self.summary = RunSummary()
+        self._collector: asyncio.Task[None] | None = None
+        self._queue: asyncio.Queue[StepBatch | BaseException] | None = None
+        self._hold = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._stop_collecting = False
+        self._data_done = False
+        self._checkpointed = -1
+
+    # ==== the named steps ===========================================================================
+    async def collect_rollouts(self) -> StepBatch:
+        """One step's accepted groups from the scheduler."""
+        self._phase("collect_rollouts", self.step + 1)
+        return await self.rollout.collect()
+
+    def compute_advantages(self, batch: StepBatch) -> TrainingBatch | None:
+        """The training batch (advantages by the configured estimator); ``None`` if nothing to train."""
+        episodes = batch.episodes()
+        if not episodes:
+            return None
+        try:
+            return build_training_batch(episodes, self.settings.batching)
+        except ValueError as exc:
+            if "expected at least one trainable trajectory" in str(exc):
+                return None
+            raise
+
+    async def train_step(self, batch: TrainingBatch | None) -> dict[str, float]:
+        """One optimiser step (every rank); the weight version moves on even for a skipped batch."""
+        assert self.trainer is not None
+        self._phase("train_step", self.step + 1)
+        metrics = await self.trainer.train(batch, self.step) if batch is not None else {"train/skipped": 1.0}
+        return metrics
+
+    async def sync_weights(self) -> dict[str, float]:
+        """Exports the trainer's weights as version ``self.version`` and has every engine load them;
+        then the post-sync probe compares engine and trainer logprobs on fixed sequences."""
+        assert self.trainer is not None
+        self._phase("sync_weights")
+        started = time.perf_counter()
+        folder = await self.rollout.weights_folder(self.version)
+        await self.trainer.export(folder)
+        export_s = time.perf_counter() - started
+        metrics = dict(await self.rollout.sync_weights(self.version))
+        metrics["sync/export_s"] = export_s
+        metrics.update(await self.probe())
+        return metrics
+
+    async def probe(self) -> dict[str, float]:
+        """Scores the probe sequences on an engine and on the trainer; raises :class:`RunnerError`
+        when the mean ``|Δ|`` exceeds the bound (a stale or skipped weight sync)."""
+        seqs = [list(s) for s in self.settings.probe_sequences]
+        if not seqs or self.trainer is None:
+            return {}
+        engine, trainer = await asyncio.gather(self.rollout.score(seqs), self.trainer.score(seqs))
+        diffs = [abs(a - b) for e, t in zip(engine, trainer, strict=True) for a, b in zip(e[1:], t[1:], strict=True)]
+        mean = sum(diffs) / max(len(diffs), 1)
+        worst = max(diffs, default=0.0)
+        if mean > self.settings.probe_bound or not math.isfinite(mean):
+            raise RunnerError(
+                f"post-sync probe after weight version {self.version}: mean |engine - trainer| logprob = {mean:.4g} "
+                f"(max {worst:.4g}) over {len(diffs)} tokens exceeds the bound {self.settings.probe_bound}; the "
+                "engines do not serve the trainer's weights (a skipped or partial sync, a stale tied lm_head, a "
+                "dtype mismatch)")
+        return {"probe/mean_abs_diff": mean, "probe/max_abs_diff": worst, "probe/tokens": float(len(diffs))}
+
+    async def evaluate(self, *, final: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in await self.rollout.evals_due(self.step, final=final):
+            self._phase("evaluate")
+            report = await self.rollout.evaluate(name)
+            self.summary.evals[name] = report
+            out.update({f"eval/{name}/{k}": v for k, v in report.items() if isinstance(v, int | float)})
+            for k, v in report.get("pass_at_k", {}).items():
+                out[f"eval/{name}/pass@{k}"] = v
+        return out
+
+    async def checkpoint(self) -> str | None:
+        """Writes a checkpoint of everything a resumed run needs (see the module doc)."""
+        if self.checkpointer is None or self.trainer is None:
+            return None
+        self._phase("checkpoint")
+        state = {
+            "step": self.step, "policy_version": self.version, "ledger": self.ledger.state_dict(),
+            "scheduler": await self.rollout.state_dict(),
+            "pending": [batch_to_state(b) for b in self.pending],
+        }
+        trainer = self.trainer
+        loop = asyncio.get_running_loop()
+
+        def write_trainer(path: Any) -> None:
+            asyncio.run_coroutine_threadsafe(trainer.save(str(path)), loop).result()
+
+        path = await asyncio.to_thread(self.checkpointer.save, self.step, write_trainer=write_trainer, state=state)
+        self._checkpointed = self.step
+        return str(path)
+
+    async def record(self, batch: StepBatch, metrics: dict[str, Any]) -> None:
+        """Ledger, metrics line, trajectories of step ``self.step``."""
+        entries = [(g.epoch, g.prompt_id) for g in batch.groups]
+        self.ledger.record(self.step, entries)
+        self.summary.prompts_trained += len(entries)
+        if self.settings.save_trajectories:
+            self.run_dir.write_trajectories(self.step, batch.episodes())
+        self.run_dir.append_metrics(self.step, metrics)
+        for cb in self.callbacks:
+            result = cb.on_step_end(self.step, metrics)
+            if asyncio.iscoroutine(result):  # a callback may be async (e.g. to query the engines)
+                await result
+
+    def _phase(self, phase: str, step: int | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_phase(phase, self.step if step is None else step)
+
+    # ==== the run ===================================================================================
+    async def start(self) -> None:
+        """Restores a checkpoint when resuming (then pushes its weights to the engines)."""
+        if self.resume is None or self.checkpointer is None:
+            if self.run_dir.read_metrics():
+                raise RunnerError(f"run folder {str(self.run_dir.root)!r} already holds a run's metrics: expected "
+                                  "resume=<that folder> (checkpoint.resume) to continue it, or another logging.run_dir")
+            return
+        loaded = self.checkpointer.load(RunCheckpointer.resolve(self.resume))
+        assert self.trainer is not None
+        await self.trainer.load(str(loaded.trainer_dir))
+        state = loaded.state
+        self.step, self.version = int(state["step"]), int(state["policy_version"])
+        self._checkpointed = self.step
+        self.ledger.load_state_dict(state["ledger"])
+        await self.rollout.load_state_dict(state["scheduler"])
+        self.pending = [batch_from_state(b) for b in state.get("pending", [])]
+        self.summary.resumed_from = str(loaded.path)
+        self.run_dir.rewind(self.step)
+        await self.sync_weights()
+
+    async def run(self) -> RunSummary:
+        """Runs until ``train.steps`` steps are done or the data runs out; returns the summary."""
+        started = time.perf_counter()
+        await self.start()
+        mode = "rollout_only" if self.settings.rollout_only else self.settings.mode
+        try:
+            if mode == "rollout_only":
+                await self._rollout_only()
+            elif mode == "sync":
+                await self._run_sync()
+            elif mode == "one_step_off":
+                await self._run_one_step_off()
+            elif mode == "bounded_staleness":
+                await self._run_bounded()
+            else:
+                raise ValueError(f"mode={mode!r}: expected 'sync', 'one_step_off' or 'bounded_staleness'")
+        finally:
+            await self._stop_collector()
+        if not self.settings.rollout_only:
+            final_eval = await self.evaluate(final=True)
+            if final_eval:
+                self.run_dir.append_metrics(self.step, {"final": True, **final_eval})
+            if self.settings.save_final and self.checkpointer is not None and self._checkpointed != self.step:
+                await self.checkpoint()
+        self.summary.steps, self.summary.policy_version = self.step, self.version
+        self.summary.wall_s = time.perf_counter() - started
+        self.run_dir.write_summary(self.summary.to_dict())
+        for cb in self.callbacks:
+            cb.on_run_end(self.summary)
+        return self.summary
+
+    def _more_steps(self) -> bool:
+        if self._data_done:
+            self.summary.stopped_because = "data exhausted"
+            return False
+        if self.settings.steps is not None and self.step >= self.settings.steps:
+            self.summary.stopped_because = f"train.steps={self.settings.steps} reached"
+            return False
+        return True
+
+    def _note_data(self, batch: StepBatch) -> bool:
+        """Marks the data done when a batch came back short; returns whether it has groups."""
+        if batch.report.data_exhausted:
+            self._data_done = True
+        return bool(batch.groups)
+
+    async def _train(self, batch: StepBatch, timing: dict[str, float]) -> dict[str, Any]:
+        self._check_staleness(batch)
+        t0 = time.perf_counter()
+        tb = self.compute_advantages(batch)
+        t1 = time.perf_counter()
+        metrics: dict[str, Any] = dict(await self.train_step(tb))
+        t2 = time.perf_counter()
+        self.step += 1
+        self.version += 1
+        timing.update({"time/advantages_s": t1 - t0, "time/train_s": t2 - t1})
+        return metrics
+
+    async def _finish_step(self, batch: StepBatch, metrics: dict[str, Any], timing: dict[str, float],
+                           step_started: float) -> None:
+        t0 = time.perf_counter()
+        metrics.update(await self.evaluate())
+        timing["time/eval_s"] = time.perf_counter() - t0
+        metrics.update(step_metrics(batch))
+        metrics["policy_version"] = self.version
+        timing["time/step_s"] = time.perf_counter() - step_started
+        metrics.update(timing)
+        self.summary.last_metrics = metrics
+        await self.record(batch, metrics)
+        every = self.settings.checkpoint_every
+        if every is not None and self.step % every == 0:
+            t1 = time.perf_counter()
+            await self.checkpoint()
+            metrics["time/checkpoint_s"] = time.perf_counter() - t1
+
+    async def _run_sync(self) -> None:
+        while self._more_steps():
+            step_started = time.perf_counter()
+            batch = self.pending.pop(0) if self.pending else await self.collect_rollouts()
+            timing = {"time/collect_s": time.perf_counter() - step_started}
+            if not self._note_data(batch):
+                continue
+            metrics = await self._train(batch, timing)
+            t0 = time.perf_counter()
+            metrics.update(await self.sync_weights())
+            timing["time/sync_s"] = time.perf_counter() - t0
+            await self._finish_step(batch, metrics, timing, step_started)
+
+    async def _run_one_step_off(self) -> None:
+        next_batch: asyncio.Task[StepBatch] | None = None
+        try:
+            while self._more_steps():
+                step_started = time.perf_counter()
+                if self.pending:
+                    batch = self.pending.pop(0)
+                elif next_batch is not None:
+                    batch, next_batch = await next_batch, None
+                else:
+                    batch = await self.collect_rollouts()
+                timing = {"time/collect_wait_s": time.perf_counter() - step_started}
+                if not self._note_data(batch):
+                    continue
+                last = self.settings.steps is not None and self.step + 1 >= self.settings.steps
+                if not last and not self._data_done:
+                    next_batch = asyncio.ensure_future(self.collect_rollouts())  # generates with the old weights
+                metrics = await self._train(batch, timing)
+                t0 = time.perf_counter()
+                if next_batch is not None:  # drain: no update lands while a request is generated
+                    done = await next_batch
+                    next_batch = None
+                    self.pending.append(done)
+                timing["time/drain_s"] = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                metrics.update(await self.sync_weights())
+                timing["time/sync_s"] = time.perf_counter() - t1
+                await self._finish_step(batch, metrics, timing, step_started)
+        finally:
+            if next_batch is not None:
+                next_batch.cancel()
+
+    # -- bounded staleness -------------------------------------------------------------------------
+    async def _collect_forever(self) -> None:
+        assert self._queue is not None
+        try:
+            while not self._stop_collecting:
+                if self._hold.is_set():
+                    self._idle.set()
+                    while self._hold.is_set() and not self._stop_collecting:
+                        await asyncio.sleep(0.01)
+                    self._idle.clear()
+                    continue
+                batch = await self.collect_rollouts()
+                await self._queue.put(batch)
+                if batch.report.data_exhausted:
+                    return
+        except BaseException as exc:  # handed to the trainer side, which raises it
+            if not isinstance(exc, asyncio.CancelledError):
+                await self._queue.put(exc)
+            raise
+        finally:
+            self._idle.set()
+
+    async def _quiesce(self) -> None:
+        """Stops the collector between batches (for a checkpoint) and moves queued batches to pending."""
+        assert self._queue is not None
+        self._hold.set()
+        while True:
+            while not self._queue.empty():  # a collector blocked on a full queue can then finish its put
+                item = self._queue.get_nowait()
+                if isinstance(item, BaseException):
+                    raise item
+                self.pending.append(item)
+            if self._idle.is_set() and self._queue.empty():
+                return
+            await asyncio.sleep(0.01)
+
+    async def _run_bounded(self) -> None:
+        self._queue = asyncio.Queue(maxsize=1)
+        self._collector = asyncio.ensure_future(self._collect_forever())
+        while self._more_steps():
+            step_started = time.perf_counter()
+            if self.pending:
+                batch = self.pending.pop(0)
+            else:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                batch = item
+            timing = {"time/collect_wait_s": time.perf_counter() - step_started}
+            if not self._note_data(batch):
+                continue
+            metrics = await self._train(batch, timing)
+            t0 = time.perf_counter()
+            metrics.update(await self.sync_weights())  # pause, load, resume: requests keep running
+            timing["time/sync_s"] = time.perf_counter() - t0
+            checkpoint_now = self.settings.checkpoint_every is not None and \
+                self.step % self.settings.checkpoint_every == 0
+            if checkpoint_now:
+                await self._quiesce()
+            await self._finish_step(batch, metrics, timing, step_started)
+            if checkpoint_now:
+                self._hold.clear()
+        if self.settings.save_final and self.checkpointer is not None:
+            await self._quiesce()
+
+    async def _stop_collector(self) -> None:
+        task, self._collector = self._collector, None
+        if task is None:
+            return
+        self._stop_collecting = True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    def _check_staleness(self, batch: StepBatch) -> None:
+        bound = self.settings.max_staleness
+        if self.settings.mode != "bounded_staleness" or bound is None:
+            return
+        for group in batch.groups:
+            versions = group.weight_versions()
+            if versions and self.version - min(versions) > bound:
+                raise StalenessError(
+                    f"group {group.group_id} (prompt {group.prompt_id}) has tokens of weight version {min(versions)} "
+                    f"but the trainer is at version {self.version}: staleness {self.version - min(versions)} exceeds "
+                    f"max_staleness={bound}")
+
+    async def _rollout_only(self) -> None:
+        while self._more_steps():
+            started = time.perf_counter()
+            batch = await self.collect_rollouts()
+            if not self._note_data(batch):
+                continue
+            self.step += 1
+            metrics = step_metrics(batch)
+            metrics["time/collect_s"] = time.perf_counter() - started
+            await self.record(batch, metrics)
+
+
+def step_metrics(batch: StepBatch) -> dict[str, Any]:
+    """The step's rollout figures: rewards, accuracy, tool calls, truncation, staleness, the report."""
+    out: dict[str, Any] = {}
+    groups: list[RolloutGroup] = batch.groups
+    rewards = [r for g in groups for r in g.rewards]
+    if rewards:
+        out["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        out["rollout/accuracy"] = sum(1 for r in rewards if r >= 1.0) / len(rewards)
+    episodes = batch.episodes()
+    if episodes:
+        calls = [float(ep.trajectory.metrics.get("tool_calls", 0.0)) for ep in episodes]
+        out["rollout/tool_calls_per_episode"] = sum(calls) / len(calls)
+        out["rollout/tool_call_rate"] = sum(1 for c in calls if c > 0) / len(calls)
+        out["rollout/truncation_rate"] = sum(1 for ep in episodes if ep.status.value == "truncated") / len(episodes)
+        out["rollout/response_tokens_mean"] = sum(ep.trajectory.response_length for ep in episodes) / len(episodes)
+    report: StepReport = batch.report
+    staleness = [int(k) for k, v in report.staleness.items() for _ in range(int(v))]
+    out["rollout/staleness_max"] = max(staleness, default=0)
+    for key, value in report.to_dict().items():
+        if isinstance(value, bool):
+            out[f"report/{key}"] = int(value)
+        elif isinstance(value, int | float):
+            out[f"report/{key}"] = value
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(v, int | float):
+                    out[f"report/{key}/{k}"] = v
+    out["prompt_ids"] = [g.prompt_id for g in groups]
+    return out

@@ -1,0 +1,133 @@
+"""The rollout side of a run: :class:`RolloutService`, the scheduler and its engines as one object.
+
+A plain asyncio object (the runner calls it in-process, or through a Ray actor that wraps it, with
+the same methods):
+
+- :meth:`collect`: one step's batch from the scheduler;
+- :meth:`weights_folder` / :meth:`sync_weights`: where the trainer exports version *v*, then every
+  engine loads it and reports it (the engines' weight loader, :class:`WeightLoader`), and the
+  scheduler's policy version moves to *v*;
+- :meth:`score`: the engine's logprobs of fixed sequences (the post-sync probe);
+- :meth:`evaluate`: the run's eval sets;
+- :meth:`state_dict` / :meth:`load_state_dict`: the scheduler's cursor and buffer (checkpoints);
+- :meth:`shutdown`: ends buffered episodes, stops the engines and the router it started.
+
+:meth:`RolloutService.launch` builds it from a :class:`~agentrl.runner.RunConfig` (router +
+engines with their logs in the run folder, the client, the data source, the scheduler); tests build
+it from parts (a fake client and a :class:`WeightLoader` stand-in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agentrl.rollout.scheduler import Scheduler, StepBatch
+from agentrl.rollout.types import SamplingParams
+
+if TYPE_CHECKING:
+    from agentrl.rollout.health import EngineGroup
+
+__all__ = ["RolloutService", "WeightLoader"]
+
+
+class WeightLoader(Protocol):
+    """Loads a Hugging Face folder into every engine under a version; returns ``sync/*`` metrics."""
+
+    def folder(self, version: int) -> Path: ...
+
+    async def load(self, version: int, folder: Path) -> dict[str, float]: ...
+
+
+class ScoringClient(Protocol):
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, **kwargs: Any) -> Any: ...
+
+
+class RolloutService:
+    """See the module doc. ``eval_sets``: ``name -> (rows, EvalConfig, every_steps)``."""
+
+    def __init__(self, scheduler: Scheduler, weights: WeightLoader, *, scoring: ScoringClient | None = None,
+                 eval_sets: dict[str, tuple[list[dict[str, Any]], Any, int]] | None = None,
+                 on_shutdown: Callable[[], Any] | None = None) -> None:
+        self.scheduler = scheduler
+        self.weights = weights
+        self.scoring = scoring
+        self.eval_sets = eval_sets or {}
+        self._on_shutdown = on_shutdown
+        self.group: EngineGroup | None = None
+        self.collecting = False
+
+    # -- the step ------------------------------------------------------------------------------
+    async def collect(self) -> StepBatch:
+        self.collecting = True
+        try:
+            return await self.scheduler.collect()
+        finally:
+            self.collecting = False
+
+    async def weights_folder(self, version: int) -> str:
+        """Where the trainer writes version ``version`` for the engines to load."""
+        return str(self.weights.folder(version))
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """Every engine loads ``weights_folder(version)``; then the scheduler stamps ``version``."""
+        started = time.perf_counter()
+        metrics = await self.weights.load(version, Path(await self.weights_folder(version)))
+        self.scheduler.set_policy_version(version)
+        metrics.setdefault("sync/total_s", time.perf_counter() - started)
+        return metrics
+
+    async def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """The engine's logprob of every token of each sequence given the ones before (entry 0: 0.0)."""
+        if self.scoring is None:
+            raise RuntimeError("score: this rollout service has no engine client to score with")
+        client = self.scoring
+
+        async def one(ids: list[int]) -> list[float]:
+            res = await client.generate(ids, SamplingParams(max_new_tokens=0), logprob_start_len=0)
+            lps = [0.0 if x is None else float(x) for x in res.input_logprobs]
+            return [0.0, *lps[1:len(ids)]] if len(lps) >= len(ids) else [0.0, *lps][:len(ids)]
+
+        return list(await asyncio.gather(*(one(s) for s in sequences)))
+
+    async def evaluate(self, name: str) -> dict[str, Any]:
+        rows, eval_config, _ = self.eval_sets[name]
+        report = await self.scheduler.evaluate(rows, eval_config)
+        return report.to_dict()
+
+    async def evals_due(self, step: int, *, final: bool = False) -> list[str]:
+        """Names of the eval sets to run after training step ``step`` (1-based)."""
+        return [n for n, (_, _, every) in self.eval_sets.items() if final or step % every == 0]
+
+    # -- state -----------------------------------------------------------------------------------
+    async def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore = getattr(self.scheduler, "load_state_dict", None)
+        if restore is None:
+            raise RuntimeError("load_state_dict: this scheduler cannot restore its state")
+        result = restore(state)
+        if asyncio.iscoroutine(result):
+            await result
+
+    @property
+    def policy_version(self) -> int:
+        return self.scheduler.policy_version
+
+    async def active_requests(self) -> int:
+        if self.group is None:
+            return self.scheduler.inflight_requests
+        return await self.group.active_requests()
+
+    async def shutdown(self) -> None:
+        try:
+            await self.scheduler.shutdown()
+        finally:
+            if self._on_shutdown is not None:
+                result = self._on_shutdown()
+                if asyncio.iscoroutine(result):
+                    await result

@@ -1,0 +1,161 @@
+"""The train side of a run: :class:`TrainService`, a plain object around one train backend rank.
+
+It adds to the backend what a training *loop* needs around one optimiser step:
+
+- the learning rate of the step from the optimiser section's schedule (warm-up, cosine);
+- old logprobs scored once (recompute mode), and from them the **engine-vs-trainer mismatch**
+  over the trained tokens (mean, max, quantiles of ``|engine − trainer|``), logged every step;
+- a batch whose advantages are all zero is not run forward/backward at all (it would only move
+  the optimiser's moments through weight decay), and is counted;
+- export to a Hugging Face folder for the engines, scoring for the post-sync probe, checkpoints,
+  and a digest of the weights (tests compare runs bitwise with it).
+
+It works in-process (the runner calls it through a thread) or inside a Ray actor, one per
+data-parallel rank (:mod:`agentrl.runner.cluster`); it never knows which.
+
+Example::
+
+    service = TrainService.from_config(config)          # RunConfig: model, train, algorithm sections
+    metrics = service.train(batch, step=0)              # TrainingBatch from build_training_batch
+    service.export("weights/v000001")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+import torch
+
+from agentrl.train.batching import TrainingBatch, TrainSequence
+from agentrl.train.torch_backend import TorchTrainBackend
+
+if TYPE_CHECKING:
+    from agentrl.runner._sections import OptimizerSection
+    from agentrl.runner.config import RunConfig
+
+__all__ = ["TrainService"]
+
+
+class TrainService:
+    """One trainer rank. ``total_steps`` bounds a cosine schedule without ``decay_steps``."""
+
+    def __init__(self, backend: TorchTrainBackend, optimizer: OptimizerSection | None = None, *,
+                 total_steps: int | None = None) -> None:
+        self.backend = backend
+        self.optimizer = optimizer
+        self.total_steps = total_steps
+        self.skipped_steps = 0
+
+    @classmethod
+    def from_config(cls, config: RunConfig, *, threads: int | None = None) -> TrainService:
+        """The torch backend on ``config.model.path`` with the run's loss, optimiser and packing.
+
+        ``threads``: ``torch.set_num_threads`` for this process (on a CPU machine the runner gives
+        the trainer its share of the cores; oversubscription made a step 7× slower)."""
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if config.train.backend != "torch":
+            raise ValueError(f"train.backend={config.train.backend!r}: this trainer service builds the torch "
+                             "backend; the megatron backend plugs in through the same methods")
+        backend = TorchTrainBackend.from_pretrained(
+            config.model.path, config.torch_backend_config(),
+            with_ref_model=config.algorithm.kl_coef > 0)
+        return cls(backend, config.train.optimizer, total_steps=config.train.steps)
+
+    # -- one step ------------------------------------------------------------------------------
+    def lr_at(self, step: int) -> float | None:
+        if self.optimizer is None:
+            return None
+        return self.optimizer.lr_at(step, self.total_steps)
+
+    def train(self, batch: TrainingBatch, step: int) -> dict[str, float]:
+        """One optimiser step on ``batch`` (every rank gets the same batch); returns step metrics:
+        the backend's, ``train/lr``, ``train/skipped`` and ``mismatch/*`` (engine vs trainer)."""
+        started = time.perf_counter()
+        lr = self.lr_at(step)
+        if lr is not None:
+            for group in self.backend.optimizer.param_groups:
+                group["lr"] = lr
+        metrics: dict[str, float] = {}
+        if self.backend.config.loss.old_logprobs == "recompute":
+            self.backend.fill_old_logprobs(batch)
+            metrics.update({f"mismatch/{k}": v for k, v in _mismatch(batch.sequences).items()})
+        else:
+            scored = self.backend.compute_logprobs(batch)
+            metrics.update({f"mismatch/{k}": v for k, v in _mismatch(batch.sequences, scored).items()})
+        if all(a == 0.0 for s in batch.sequences for a, m in zip(s.advantages, s.loss_mask, strict=True) if m):
+            self.skipped_steps += 1
+            metrics.update({"train/skipped": 1.0, "train/step_s": time.perf_counter() - started})
+            if lr is not None:
+                metrics["train/lr"] = lr
+            return metrics
+        out = self.backend.train_step(batch)
+        metrics.update({f"train/{k}": v for k, v in out.items()})
+        metrics["train/skipped"] = 0.0
+        metrics["train/step_s"] = time.perf_counter() - started
+        return metrics
+
+    # -- weights -------------------------------------------------------------------------------
+    def export(self, folder: str | Path) -> str:
+        """Writes the current weights as a Hugging Face folder (with the tokenizer)."""
+        return str(self.backend.export_hf(folder))
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Per sequence, the logprob of each token given the ones before (entry 0 is 0.0)."""
+        fake = [TrainSequence(tokens=list(s), loss_mask=[0] * len(s), rollout_logprobs=[0.0] * len(s),
+                              advantages=[0.0] * len(s), rollout_id=f"probe-{i}", group_id="probe", reward=0.0,
+                              denominator=1.0) for i, s in enumerate(sequences)]
+        return self.backend.compute_logprobs(TrainingBatch.from_sequences(fake))
+
+    def digest(self) -> str:
+        """SHA-256 over every weight's bytes, in name order: equal iff the weights are bitwise equal."""
+        h = hashlib.sha256()
+        for name, tensor in sorted(self.backend.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> str:
+        extra = {"skipped_steps": self.skipped_steps}
+        path = self.backend.save_checkpoint(folder)
+        (Path(path) / "service.json").write_bytes(orjson.dumps(extra))
+        return str(path)
+
+    def load(self, folder: str | Path) -> None:
+        self.backend.load_checkpoint(folder)
+        extra_file = Path(folder) / "service.json"
+        if extra_file.is_file():
+            self.skipped_steps = int(orjson.loads(extra_file.read_bytes()).get("skipped_steps", 0))
+
+    @property
+    def step(self) -> int:
+        return self.backend.step
+
+
+def _mismatch(sequences: list[TrainSequence], scored: list[list[float]] | None = None) -> dict[str, float]:
+    engine: list[float] = []
+    trainer: list[float] = []
+    for i, seq in enumerate(sequences):
+        mine = scored[i] if scored is not None else seq.old_logprobs
+        if mine is None:
+            continue
+        for pos, m in enumerate(seq.loss_mask):
+            if m:
+                engine.append(seq.rollout_logprobs[pos])
+                trainer.append(mine[pos])
+    return logprob_mismatch(engine, trainer)
+
+
+def logprob_mismatch(engine: list[float], trainer: list[float]) -> dict[str, float]:
+    """``|engine − trainer|`` over aligned logprobs: mean, max, p50/p90/p99 and the count ``n``."""
+    if not engine:
+        return {"n": 0.0}
+    diff = torch.tensor(engine, dtype=torch.float64).sub_(torch.tensor(trainer, dtype=torch.float64)).abs_()
+    q = torch.quantile(diff, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
+    return {"mean": float(diff.mean()), "max": float(diff.max()), "p50": q[0], "p90": q[1], "p99": q[2],
+            "n": float(diff.numel())}
