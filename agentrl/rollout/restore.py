@@ -197,7 +197,8 @@ class _ReplayClient:
         kind = FinishKind(seg.finish_reason) if seg.finish_reason else FinishKind.STOP
         finish = FinishReason(kind, message="replayed abort" if kind is FinishKind.ABORT else None)
         ids = tuple(seq.tokens[seg.start: seg.end])
-        return GenerateResult(rid=rid or "replay", output_ids=ids, output_logprobs=tuple(seq.logprobs[seg.start: seg.end]),
+        lo = seg.start - seq.prompt_length  # logprobs cover the response only
+        return GenerateResult(rid=rid or "replay", output_ids=ids, output_logprobs=tuple(seq.logprobs[lo: lo + len(ids)]),
                               finish_reason=finish, weight_version=seg.weight_version, prompt_tokens=0,
                               cached_tokens=0, completion_tokens=len(ids))
 
