@@ -374,9 +374,8 @@ class Scheduler:
                 except Exception as exc:  # the factory rejected a row it was validated against
                     member.lost = f"env_build_error: {type(exc).__name__}: {exc}"
                     return
-                if record is not None and not await self._rebuild(member.runner, record, step):
-                    member.runner = None  # restarted from scratch
-                    continue
+                if record is not None and not await self._rebuild(member, record, step):
+                    continue  # the replay did not match: restarted from scratch
             else:
                 member.runner.client = StepClient(self.client, self._slots, step)
             runner = member.runner
@@ -422,13 +421,24 @@ class Scheduler:
             member.episode, member.lost = episode, lost
             return
 
-    async def _rebuild(self, runner: EpisodeRunner, record: MemberRecord, step: Step) -> bool:
-        """Replays a restored episode's environment side in ``runner``; False (runner closed) on a mismatch."""
-        problem = await replay(runner, record)
+    async def _rebuild(self, member: Member, record: MemberRecord, step: Step) -> bool:
+        """Replays a restored episode's environment side in the member's new runner; False (runner closed and
+        dropped) on a mismatch. Cancelled part way (past the abort deadline), the member keeps its record."""
+        runner = member.runner
+        assert runner is not None
+        try:
+            problem = await replay(runner, record)
+        except BaseException:
+            member.runner, member.restore = None, record  # rebuilt again at the group's next run
+            task = asyncio.ensure_future(runner.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+            raise
         if problem is None:
             step.stats.restored += 1
             return True
         step.stats.restore_problems.append(problem)
+        member.runner = None
         await runner.close()
         return False
 

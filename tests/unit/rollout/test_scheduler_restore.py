@@ -3,6 +3,7 @@ continued exactly as the uninterrupted scheduler continues them; replay mismatch
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -308,3 +309,46 @@ async def test_a_state_saved_for_other_data_or_another_group_size_is_refused(tok
     loaded.load_state_dict(state)
     with pytest.raises(SchedulerError, match="already holds 2 buffered groups"):
         loaded.load_state_dict(state)
+
+
+class HangingTools(ToyArithmeticEnv):
+    """While ``hang`` is set, the slow prompts' tool calls never return (a stuck sandbox)."""
+
+    hang = False
+    opened = 0
+    closed = 0
+
+    async def reset(self) -> list[Message]:
+        type(self).opened += 1
+        return await super().reset()
+
+    async def step(self, reply: Message, failures: Sequence[ToolCallFailure] = ()) -> StepResult:
+        if self.hang and self.task.question in SLOW:
+            await asyncio.sleep(30)
+        return await super().step(reply, failures)
+
+    async def close(self) -> None:
+        type(self).closed += 1
+
+
+async def test_a_replay_cut_off_by_the_abort_deadline_keeps_its_record(tok: Any, template: ChatTemplate) -> None:
+    HangingTools.hang, HangingTools.opened, HangingTools.closed = False, 0, 0
+    original, _, state = await first_step(template, tok, tool_then_answer, HangingTools)
+    await original.shutdown()
+    client = client_for(tok, tool_then_answer)
+    resumed = make(template, client, HangingTools, abort_timeout_s=0.3)
+    resumed.load_state_dict(state)
+    HangingTools.hang = True  # the replays hang in env.step; fresh prompts fill the step; the abort cancels them
+    cut = await resumed.collect()
+    cut.report.check()
+    assert sorted(g.prompt_id for g in cut.groups) == ["5", "6"] and cut.report.buffered == 2
+    assert cut.report.metrics["abort/cancelled_tasks"] == 2 and cut.report.members_restored == 0
+    again = orjson.loads(orjson.dumps(resumed.state_dict()))
+    assert again["buffer"] == state["buffer"]  # the cut-off members are saved as they were loaded
+    HangingTools.hang = False
+    batch = await next_step(resumed, client)
+    assert sorted(g.prompt_id for g in batch.groups) == ["1", "2"] and batch.report.members_restored == 4
+    for traj in batch.trajectories():  # turn 1 and the first part of turn 2 from the record, the rest new
+        assert [s.weight_version for s in traj.segments_of(SegmentKind.MODEL)] == ["0", "0", "1"]
+    await resumed.shutdown()
+    assert HangingTools.opened == HangingTools.closed
