@@ -26,7 +26,8 @@
 5. **Leftovers.** With ``partial_rollout`` a cut-short group waits in the buffer with its work (its
    environments open, each member's partial turn kept), and surplus finished groups wait whole.
    Without it the work is discarded, environments closed, and the prompt is *recycled*: served
-   again from scratch next step.
+   again from scratch next step. :meth:`Scheduler.state_dict` saves the buffer as JSON and
+   :meth:`Scheduler.load_state_dict` rebuilds it in a new process (:mod:`agentrl.rollout.restore`).
 6. **Hand-over.** With ``mask_offpolicy`` tokens sampled by an older weight version than the current
    policy get loss mask 0; otherwise they are kept for TIS/MIS to correct. Every accepted group's
    staleness (``policy_version − oldest version among its trainable tokens``) is within the bound.
