@@ -27,6 +27,7 @@ from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer, tune_gc
 from agentrl.rollout.report import AccountingError, StepReport
+from agentrl.rollout.restore import RestoreError
 from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError, StepBatch
 from agentrl.rollout.types import (
@@ -70,6 +71,7 @@ __all__ = [
     "PromptTooLongError",
     "ProtocolError",
     "RequestRejectedError",
+    "RestoreError",
     "RolloutGroup",
     "Router",
     "RouterConfig",

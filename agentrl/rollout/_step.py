@@ -13,10 +13,10 @@ from agentrl.rollout.agent import Episode, EpisodeRunner, GenerateClient, new_id
 from agentrl.rollout.groups import version_number
 from agentrl.rollout.stats import StepStats
 from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
-from agentrl.trajectory import SegmentKind, Status
+from agentrl.trajectory import SegmentKind, Status, Trajectory
 
-__all__ = ["Member", "PendingGroup", "Step", "StepClient", "close_all", "lost_reason", "member_sequences",
-           "member_state", "not_sent", "oldest_version", "segment_version"]
+__all__ = ["Member", "MemberRecord", "PendingGroup", "Step", "StepClient", "close_all", "lost_reason",
+           "member_sequences", "not_sent", "oldest_version", "segment_version"]
 
 
 @dataclass
@@ -58,6 +58,25 @@ def not_sent(rid: str) -> GenerateResult:
 
 
 @dataclass
+class MemberRecord:
+    """A suspended episode as saved (:func:`agentrl.rollout.restore.member_state`): its sequences so far
+    and the agent loop's counters; rebuilt into a runner by :func:`agentrl.rollout.restore.replay`."""
+
+    sequences: list[Trajectory]
+    partial_turn_tokens: int = 0
+    metrics: dict[str, int] = field(default_factory=dict)  # the agent loop's counters (token and turn counts)
+    timings: dict[str, float] = field(default_factory=dict)
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    env_info: list[dict[str, Any]] = field(default_factory=list)
+    suspensions: int = 0
+    abort_message: str | None = None
+
+    @property
+    def rollout_id(self) -> str | None:
+        return self.sequences[0].rollout_id if self.sequences else None
+
+
+@dataclass
 class Member:
     runner: EpisodeRunner | None = None
     episode: Episode | None = None
@@ -65,6 +84,7 @@ class Member:
     stale: bool = False
     retries: int = 0
     start_version: int = 0
+    restore: MemberRecord | None = None  # a suspended episode loaded from a saved state, rebuilt at its next run
 
     @property
     def finished(self) -> bool:
@@ -110,7 +130,9 @@ def segment_version(version: str | None, default: int) -> int:
 def member_sequences(member: Member) -> list[Any]:
     if member.episode is not None:
         return list(member.episode.sequences)
-    return list(member.runner.sequences) if member.runner is not None else []
+    if member.runner is not None:
+        return list(member.runner.sequences)
+    return list(member.restore.sequences) if member.restore is not None else []
 
 
 def oldest_version(sequences: Sequence[Any], default: int) -> int:
@@ -122,13 +144,6 @@ def oldest_version(sequences: Sequence[Any], default: int) -> int:
                 if v is not None and v < oldest:
                     oldest = v
     return oldest
-
-
-def member_state(member: Member) -> dict[str, Any]:
-    seqs = member_sequences(member)
-    return {"finished": member.finished, "lost": member.lost, "start_version": member.start_version,
-            "partial_turn_tokens": member.runner.partial_turn_tokens if member.runner is not None else 0,
-            "sequences": [t.to_dict() for t in seqs]}
 
 
 async def close_all(runners: Sequence[EpisodeRunner]) -> None:

@@ -51,6 +51,9 @@ class StepReport:
     members_regenerated: int = 0
     members_lost: int = 0
     masked_offpolicy_tokens: int = 0
+    members_restored: int = 0  # suspended episodes of a loaded state, rebuilt by replaying their environments
+    restored_mismatch: int = 0  # ... whose replay did not match the record: restarted from scratch
+    restore_problems: list[str] = field(default_factory=list)  # why (the first few)
     staleness: dict[int, int] = field(default_factory=dict)
     weight_versions: dict[str, int] = field(default_factory=dict)
     failure_kinds: dict[str, int] = field(default_factory=dict)

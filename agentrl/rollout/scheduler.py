@@ -26,7 +26,8 @@
 5. **Leftovers.** With ``partial_rollout`` a cut-short group waits in the buffer with its work (its
    environments open, each member's partial turn kept), and surplus finished groups wait whole.
    Without it the work is discarded, environments closed, and the prompt is *recycled*: served
-   again from scratch next step.
+   again from scratch next step. :meth:`Scheduler.state_dict` saves the buffer as JSON and
+   :meth:`Scheduler.load_state_dict` rebuilds it in a new process (:mod:`agentrl.rollout.restore`).
 6. **Hand-over.** With ``mask_offpolicy`` tokens sampled by an older weight version than the current
    policy get loss mask 0; otherwise they are kept for TIS/MIS to correct. Every accepted group's
    staleness (``policy_version − oldest version among its trainable tokens``) is within the bound.
@@ -52,7 +53,7 @@ import asyncio
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,13 +62,13 @@ from agentrl.data.source import DataExhausted, DataSource
 from agentrl.environments.base import Environment
 from agentrl.rollout._step import (
     Member,
+    MemberRecord,
     PendingGroup,
     Step,
     StepClient,
     close_all,
     lost_reason,
     member_sequences,
-    member_state,
     oldest_version,
     segment_version,
 )
@@ -77,6 +78,7 @@ from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.report import StepReport
+from agentrl.rollout.restore import RestoreError, member_state, replay, restore_groups
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
 
@@ -232,12 +234,32 @@ class Scheduler:
         await self._discard(buffered)
 
     def state_dict(self) -> dict[str, Any]:
-        """The data cursor, the policy version and the buffered groups (rows and trajectories so far)."""
+        """The data cursor, the policy version and the buffered groups (rows and trajectories so far), as
+        JSON types; :meth:`load_state_dict` reads it back (see :mod:`agentrl.rollout.restore`)."""
         return {
             "data": self.data.state_dict(), "policy_version": self.policy_version, "steps": self.steps,
-            "buffer": [{"group_id": g.group_id, "prompt_id": g.row.prompt_id, "epoch": g.row.epoch,
-                        "row": g.row.data, "members": [member_state(m) for m in g.members]} for g in self._buffer],
+            "buffer": [{"group_id": g.group_id, "prompt_id": g.row.prompt_id, "row_number": g.row.row_number,
+                        "epoch": g.row.epoch, "row": g.row.data, "regenerated": g.regenerated,
+                        "members": [member_state(m) for m in g.members]} for g in self._buffer],
         }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the data cursor, policy version, step count and buffer. Finished
+        members get their episodes back; a suspended one is rebuilt when its group next runs (a fresh
+        environment, its environment side replayed and checked, its partial turn continued). Raises
+        :class:`~agentrl.rollout.restore.RestoreError` (or the data source's ``DataError``) for a state
+        saved for other data or another group size; nothing changes then."""
+        if self._buffer:
+            raise SchedulerError(f"load_state_dict: this scheduler already holds {len(self._buffer)} buffered "
+                                 "groups; load into a new scheduler (or call shutdown() first)")
+        missing = [k for k in ("data", "policy_version", "steps", "buffer") if k not in state]
+        if missing:
+            raise RestoreError(f"scheduler state: missing {missing}; expected a Scheduler.state_dict()")
+        groups = restore_groups(state["buffer"], self.data, self.config.group_size)
+        self.data.load_state_dict(state["data"])
+        self.policy_version, self.steps = int(state["policy_version"]), int(state["steps"])
+        self._bad_rows_reported = self.steps > 0  # the run's first step reported them
+        self._buffer = deque(groups)
 
     # -- filling a step ------------------------------------------------------------------------
     async def _fill(self, step: Step, report: StepReport, accepted: list[PendingGroup],
@@ -332,10 +354,11 @@ class Scheduler:
         await asyncio.gather(*(self._run_member(group, i, m, step) for i, m in enumerate(group.members)
                                if not m.finished))
 
-    def _new_runner(self, group: PendingGroup, index: int, step: Step) -> EpisodeRunner:
+    def _new_runner(self, group: PendingGroup, index: int, step: Step, record: MemberRecord | None) -> EpisodeRunner:
         env = self.env_factory(dict(group.row.data))
+        rollout_id = record.rollout_id if record is not None else None  # a restored episode keeps its id
         return EpisodeRunner(env, self.template, StepClient(self.client, self._slots, step), self.agent,
-                             group_id=group.group_id, rollout_id=new_id(),
+                             group_id=group.group_id, rollout_id=rollout_id or new_id(),
                              sample_id=f"{group.row.prompt_id}:{index}", tool_slots=self._tool_slots,
                              opening_cache=self.opening_cache, pacer=self.pacer)
 
@@ -344,12 +367,16 @@ class Scheduler:
         while True:
             if member.runner is None:
                 await self.pacer.turn()  # building an environment is CPU work: take turns
-                member.start_version = self.policy_version
+                record, member.restore = member.restore, None  # a suspended episode of a saved state
+                if record is None:
+                    member.start_version = self.policy_version
                 try:
-                    member.runner = self._new_runner(group, index, step)
+                    member.runner = self._new_runner(group, index, step, record)
                 except Exception as exc:  # the factory rejected a row it was validated against
                     member.lost = f"env_build_error: {type(exc).__name__}: {exc}"
                     return
+                if record is not None and not await self._rebuild(member, record, step):
+                    continue  # the replay did not match: restarted from scratch
             else:
                 member.runner.client = StepClient(self.client, self._slots, step)
             runner = member.runner
@@ -394,6 +421,27 @@ class Scheduler:
                 continue
             member.episode, member.lost = episode, lost
             return
+
+    async def _rebuild(self, member: Member, record: MemberRecord, step: Step) -> bool:
+        """Replays a restored episode's environment side in the member's new runner; False (runner closed and
+        dropped) on a mismatch. Cancelled part way (past the abort deadline), the member keeps its record."""
+        runner = member.runner
+        assert runner is not None
+        try:
+            problem = await replay(runner, record)
+        except BaseException:
+            member.runner, member.restore = None, record  # rebuilt again at the group's next run
+            task = asyncio.ensure_future(runner.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+            raise
+        if problem is None:
+            step.stats.restored += 1
+            return True
+        step.stats.restore_problems.append(problem)
+        member.runner = None
+        await runner.close()
+        return False
 
     def _member_too_stale(self, member: Member) -> bool:
         bound = self.config.max_staleness

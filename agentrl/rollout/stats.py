@@ -52,6 +52,8 @@ class StepStats:
     abort_settle_s: float = 0.0
     abort_idle_s: float = 0.0
     engine_requests_after_abort: int = 0
+    restored: int = 0
+    restore_problems: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         self.wall_start, self.cpu_start = time.perf_counter(), time.process_time()
@@ -96,6 +98,9 @@ class StepStats:
         report.stop_reasons = dict(self.stop_reasons)
         report.episodes_finished = self.episodes
         report.episodes_suspended = self.suspended
+        report.members_restored = self.restored
+        report.restored_mismatch = len(self.restore_problems)
+        report.restore_problems = self.restore_problems[:8]
         report.metrics.update({
             "wall_s": wall,
             "samples_per_s": self.episodes / wall,

@@ -4,7 +4,8 @@
 methods. Each request asks ``policy(request)`` for the reply text, encodes it once (that is the
 "sampling") and produces it at ``token_delay_s`` per token (a prompt that already ends with the
 first part of that reply, a resumed turn, gets the rest), so aborts cut a turn part way and
-return the tokens produced so far, as SGLang does. Stop ids and ``max_new_tokens`` are honoured;
+return the tokens produced so far, as SGLang does. ``token_delay_s`` may be a function of the
+request (some prompts slower than others). Stop ids and ``max_new_tokens`` are honoured;
 every token gets logprob ``logprob``; every answer carries ``weight_version``.
 
 It is deterministic given the policy: a request's reply depends on what the policy returns for
@@ -60,7 +61,8 @@ def _continued(prompt: tuple[int, ...], reply: tuple[int, ...]) -> int:
 class FakePolicyClient:
     """See the module doc. ``running`` holds the rids being generated right now."""
 
-    def __init__(self, tokenizer: Any, policy: Policy, *, token_delay_s: float = 0.0, logprob: float = -0.5,
+    def __init__(self, tokenizer: Any, policy: Policy, *,
+                 token_delay_s: float | Callable[[PolicyRequest], float] = 0.0, logprob: float = -0.5,
                  weight_version: str = "0", fail: Callable[[PolicyRequest], BaseException | None] | None = None,
                  ) -> None:
         self.tokenizer, self.policy = tokenizer, policy
@@ -88,7 +90,8 @@ class FakePolicyClient:
             ids = self._encoded[text] = tuple(self.tokenizer.encode(text, add_special_tokens=False))
         ids = ids[_continued(req.input_ids, ids):]
         out, finish = self._cut(ids, sampling)
-        produced, aborted = await self._produce(rid, len(out))
+        delay = self.token_delay_s(req) if callable(self.token_delay_s) else self.token_delay_s
+        produced, aborted = await self._produce(rid, len(out), delay)
         if aborted:
             out, finish = out[:produced], FinishReason(FinishKind.ABORT, message="aborted")
         return GenerateResult(rid=rid, output_ids=tuple(out), output_logprobs=tuple(self.logprob for _ in out),
@@ -105,7 +108,7 @@ class FakePolicyClient:
             return list(ids[: sampling.max_new_tokens]), FinishReason(FinishKind.LENGTH)
         return list(ids), FinishReason(FinishKind.STOP)
 
-    async def _produce(self, rid: str, n: int) -> tuple[int, bool]:
+    async def _produce(self, rid: str, n: int, delay: float) -> tuple[int, bool]:
         """Waits ``n`` token times; returns (tokens produced, aborted)."""
         event = asyncio.Event()
         self._abort_events[rid] = event
@@ -113,7 +116,7 @@ class FakePolicyClient:
         self.max_running = max(self.max_running, len(self.running))
         started = time.perf_counter()
         try:
-            total = n * self.token_delay_s
+            total = n * delay
             if total > 0:
                 try:
                     await asyncio.wait_for(event.wait(), timeout=total)
@@ -123,7 +126,7 @@ class FakePolicyClient:
                 await asyncio.sleep(0)
                 if not event.is_set():
                     return n, False
-            produced = int((time.perf_counter() - started) / self.token_delay_s) if self.token_delay_s else 0
+            produced = int((time.perf_counter() - started) / delay) if delay else 0
             return min(produced, n), True
         finally:
             self.running.discard(rid)

@@ -13,7 +13,7 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.chat": {"ChatTemplate", "parse_tool_calls", "Message", "ToolCall", "ParsedReply", "ToolCallFailure",
                      "FailureKind", "BridgeResult", "BridgeOutcome", "validate_arguments"},
     "agentrl.rollout": {"InferenceClient", "SamplingParams", "GenerateResult", "SGLangEngine", "Router",
-                        "continuation_budget", "run_episode", "AgentConfig", "EpisodeRunner", "Episode", "AbortCause", "Scheduler",
+                        "continuation_budget", "run_episode", "AgentConfig", "EpisodeRunner", "Episode", "AbortCause", "Scheduler", "RestoreError",
                         "SchedulerConfig", "StepBatch", "StepReport", "RolloutGroup", "FilterResult",
                         "drop_uniform_rewards", "OpeningCache"},
     "agentrl.data": {"DataSource", "DataConfig", "DataRow", "BadRow", "DataError", "DataExhausted"},
