@@ -28,14 +28,18 @@ from agentrl.runner._sections import (
     TrainSection,
 )
 from agentrl.runner.checks import LoopMode, run_checks
+from agentrl.runner.cluster import RayRuntime, TrainGroup, TrainGroupError, spawn
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
+from agentrl.runner.placement import ActorPlacement, BundleGroup, PlacedGroups, PlacementError, PlacementPlan
 
 __all__ = [
     "ESTIMATOR_LOSSES",
     "HASH_EXCLUDED",
     "LOSS_CLIP_DEFAULTS",
+    "ActorPlacement",
     "AgentSection",
     "AlgorithmSection",
+    "BundleGroup",
     "CheckpointSection",
     "ClusterSection",
     "DataSection",
@@ -47,11 +51,18 @@ __all__ = [
     "LoopMode",
     "ModelSection",
     "OptimizerSection",
+    "PlacedGroups",
+    "PlacementError",
+    "PlacementPlan",
+    "RayRuntime",
     "RolloutSection",
     "RouterSection",
     "RunConfig",
     "SamplingSection",
     "SchedulerSection",
+    "TrainGroup",
+    "TrainGroupError",
     "TrainSection",
     "run_checks",
+    "spawn",
 ]

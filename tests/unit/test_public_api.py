@@ -30,7 +30,9 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "DatasetSection", "EvalDatasetSection",
                        "EnvironmentSection", "RolloutSection", "EnginesSection", "RouterSection", "SamplingSection",
                        "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
-                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks"},
+                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
+                       "RayRuntime", "PlacementPlan", "PlacedGroups", "ActorPlacement", "BundleGroup",
+                       "PlacementError", "spawn", "TrainGroup", "TrainGroupError"},
 }
 
 
