@@ -74,6 +74,11 @@ def _check_temp_dir(temp_dir: Path) -> None:
             "(e.g. tempfile.mkdtemp(prefix='ray-', dir='/tmp'), or None for such a folder)")
 
 
+def _short_temp_root() -> str | None:
+    """``/tmp`` where it exists: the system temp dir can be too long for sockets (macOS ``/var/folders/...``)."""
+    return "/tmp" if os.path.isdir("/tmp") else None
+
+
 class RayRuntime:
     """The Ray of one run. Build with :meth:`start`; use as a context manager or call :meth:`shutdown`.
 
@@ -134,7 +139,8 @@ class RayRuntime:
             return cls(namespace=namespace, address=_gcs_address(), temp_dir=None, owns_cluster=False,
                        connected=True, remove_temp_dir=False, start_s=time.perf_counter() - t0)
         created = temp_dir is None
-        folder = Path(tempfile.mkdtemp(prefix="ray-")) if temp_dir is None else Path(temp_dir).absolute()
+        folder = Path(tempfile.mkdtemp(prefix="ray-", dir=_short_temp_root())) if temp_dir is None \
+            else Path(temp_dir).absolute()
         _check_temp_dir(folder)
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -331,7 +337,8 @@ def _gather(refs: Sequence[Any], what: str, timeout_s: float | None) -> list[Any
             try:
                 results[index[ref]] = ray.get(ref)
             except Exception as err:
-                raise TrainGroupError(f"{what} failed on rank {index[ref]}: {err}") from err
+                cause = getattr(err, "cause", None) or err  # a RayTaskError carries the rank's exception
+                raise TrainGroupError(f"{what} failed on rank {index[ref]}: {type(cause).__name__}: {cause}") from err
     return [results[r] for r in range(len(refs))]
 
 
