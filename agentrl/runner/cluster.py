@@ -94,13 +94,10 @@ class RayRuntime:
         self.temp_dir = temp_dir
         self.owns_cluster = owns_cluster
         self.connected = connected
+        self.reused = not connected
         self.start_s = start_s
         self.shutdown_s: float | None = None
         self._remove_temp_dir = remove_temp_dir
-
-    @property
-    def reused(self) -> bool:
-        return not self.connected
 
     @classmethod
     def start(
@@ -144,8 +141,9 @@ class RayRuntime:
         _check_temp_dir(folder)
         folder.mkdir(parents=True, exist_ok=True)
         try:
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources) if resources else None,
-                     object_store_memory=object_store_memory, include_dashboard=False,
+            # "local": a new Ray even when RAY_ADDRESS names a running one.
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
+                     resources=dict(resources) if resources else None, object_store_memory=object_store_memory, include_dashboard=False,
                      _temp_dir=str(folder), **common)
         except BaseException:
             if created:
@@ -319,11 +317,12 @@ class _RankWorker:
             dist.destroy_process_group()
 
 
-def _gather(refs: Sequence[Any], what: str, timeout_s: float | None) -> list[Any]:
-    """Results of ``refs`` (one per rank) in rank order; the first failing rank raises at once."""
+def _gather(refs: Sequence[Any], what: str, timeout_s: float | None, ranks: Sequence[int] | None = None) -> list[Any]:
+    """Results of ``refs`` (one per rank of ``ranks``, default 0..n-1) in order; the first failure raises."""
     import ray
 
-    index = {ref: rank for rank, ref in enumerate(refs)}
+    labels = list(range(len(refs))) if ranks is None else list(ranks)
+    index = {ref: rank for rank, ref in zip(labels, refs, strict=True)}
     results: dict[int, Any] = {}
     pending = list(refs)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -339,7 +338,7 @@ def _gather(refs: Sequence[Any], what: str, timeout_s: float | None) -> list[Any
             except Exception as err:
                 cause = getattr(err, "cause", None) or err  # a RayTaskError carries the rank's exception
                 raise TrainGroupError(f"{what} failed on rank {index[ref]}: {type(cause).__name__}: {cause}") from err
-    return [results[r] for r in range(len(refs))]
+    return [results[r] for r in labels]
 
 
 class TrainGroup:
@@ -347,12 +346,15 @@ class TrainGroup:
 
     Build with :meth:`start`; :meth:`call` runs a method of the plain object on every rank with the
     same arguments and returns the results in rank order; :meth:`teardown` leaves the process group
-    and kills the actors. ``ranks``: per rank, its backend, pid, node id and process-group init time.
+    and kills the actors. ``ranks``: per rank, its backend, pid, node id and process-group init time;
+    ``timings``: seconds :meth:`start` spent starting the actors, joining the group, building objects.
     """
 
-    def __init__(self, actors: Sequence[ActorHandle[Any]], ranks: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, actors: Sequence[ActorHandle[Any]], ranks: Sequence[Mapping[str, Any]],
+                 timings: Mapping[str, float] | None = None) -> None:
         self.actors = list(actors)
         self.ranks = [dict(r) for r in ranks]
+        self.timings = dict(timings or {})
 
     @property
     def world_size(self) -> int:
@@ -393,20 +395,24 @@ class TrainGroup:
         actors = [spawn(_RankWorker, placement=None if slots is None else slots[r], num_cpus=num_cpus,
                         env_vars=env_vars) for r in range(world_size)]
         try:
+            t0 = time.perf_counter()
             where = _gather([a.rendezvous.remote() for a in actors], "rendezvous", timeout_s)
+            t1 = time.perf_counter()
             ip, port, _ = where[0]
             # One host: loopback, which every rank can reach whatever the host's interfaces are.
             master = ("127.0.0.1" if len({w[0] for w in where}) == 1 else ip, port)
             setups = [a.setup.remote(r, world_size, master, device, timeout_s) for r, a in enumerate(actors)]
             ranks = _gather(setups, "torch.distributed setup", timeout_s + 30)
+            t2 = time.perf_counter()
             for rank, (_, _, node) in zip(ranks, where, strict=True):
                 rank["node_id"] = node
             _gather([a.build.remote(plain_cls, args, kwargs) for a in actors], f"{plain_cls.__name__}()", None)
+            timings = {"actors_s": t1 - t0, "setup_s": t2 - t1, "build_s": time.perf_counter() - t2}
         except BaseException:
             for actor in actors:
                 ray.kill(actor)
             raise
-        return cls(actors, ranks)
+        return cls(actors, ranks, timings)
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Issue ``method`` on every rank without waiting; returns the ObjectRefs in rank order."""
@@ -418,14 +424,26 @@ class TrainGroup:
         """Run ``method(*args, **kwargs)`` on every rank; the results in rank order."""
         return _gather(self.submit(method, *args, **kwargs), method, timeout_s)
 
+    def call_rank(self, rank: int, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """Run ``method`` on one rank only (no collective in it!), e.g. an export on rank 0."""
+        if not 0 <= rank < len(self.actors):
+            raise IndexError(f"rank={rank}: expected 0 <= rank < {len(self.actors)} (world size)")
+        (result,) = _gather([self.actors[rank].call.remote(method, args, kwargs)], method, timeout_s, [rank])
+        return result
+
     def teardown(self, *, timeout_s: float = 30.0) -> None:
-        """Leave the process group on every rank (waiting up to ``timeout_s``), then kill the actors."""
+        """Leave the process group on every rank (waiting up to ``timeout_s``), then kill the actors.
+
+        A rank that cannot leave (stuck in a collective, dead) is logged and killed all the same.
+        """
         import ray
 
         actors, self.actors = self.actors, []
         try:
             if actors:
                 _gather([a.teardown.remote() for a in actors], "teardown", timeout_s)
+        except TrainGroupError as err:
+            logger.warning("TrainGroup teardown: %s; killing the actors", err)
         finally:
             for actor in actors:
                 ray.kill(actor)

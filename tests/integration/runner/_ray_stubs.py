@@ -32,7 +32,8 @@ class Counter:
         return os.environ.get(name)
 
     def where(self) -> dict[str, object]:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
 
     async def meet(self, n: int) -> int:
         """Returns only once ``n`` calls are inside at the same time (so it needs concurrency >= n)."""
@@ -84,7 +85,8 @@ class TinyTrainer:
         self.backend = TorchTrainBackend.from_pretrained(model_path, config)
 
     def where(self) -> dict[str, object]:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
 
     def train_step(self, seed: int) -> dict[str, float]:
         import random

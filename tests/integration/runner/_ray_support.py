@@ -13,6 +13,7 @@ from agentrl.runner import RayRuntime
 RAY_HOST_A = "host_a"
 RAY_HOST_B = "host_b"
 RAY_OBJECT_STORE = 100 * 1024 * 1024
+RAY_FAKE_GPUS = 2  # declared on host_a so GPU plans can be placed; no CUDA device is touched
 
 
 @dataclass

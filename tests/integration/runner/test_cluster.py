@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 _LOCAL_RUN = textwrap.dedent("""
     import json, sys
-        import psutil
+    from pathlib import Path
+    import psutil
     from agentrl.runner import RayRuntime
 
     def alive(pids):
@@ -90,7 +91,7 @@ def test_runtime_reuses_the_process_ray_and_leaves_it_running(ray_two_hosts: Ray
     with RayRuntime.start(namespace="another", num_cpus=8) as runtime:
         assert runtime.reused and not runtime.owns_cluster
         assert runtime.namespace == "agentrl-tests" and runtime.address == ray_two_hosts.runtime.address
-        assert runtime.cluster_resources()["CPU"] == 2.0
+        assert runtime.cluster_resources()["CPU"] == 2.0 and runtime.cluster_resources()["GPU"] == 2.0
     assert ray.is_initialized()
     with pytest.raises(ValueError, match=r"address='10.0.0.1:6379': this process is already connected to Ray"):
         RayRuntime.start(address="10.0.0.1:6379")
@@ -161,7 +162,10 @@ def test_train_group_all_reduces_over_gloo_and_names_a_failing_rank(ray_two_host
         with pytest.raises(TrainGroupError, match=r"fail_on failed on rank 1: ValueError: rank 1 fails on purpose$"):
             group.call("fail_on", 1)
         assert group.call("all_reduce", [0.5, 0.25]) == [[0.75], [0.75]]  # the group still works
-        print("RAY_TRAIN_GROUP", json.dumps({"start_s": start_s, "init_s": [r["init_s"] for r in group.ranks]}))
+        with pytest.raises(IndexError, match=r"rank=2: expected 0 <= rank < 2"):
+            group.call_rank(2, "info")
+        print("RAY_TRAIN_GROUP", json.dumps({"start_s": start_s, **group.timings,
+                                             "init_s": [r["init_s"] for r in group.ranks]}))
     finally:
         group.teardown()
     with pytest.raises(TrainGroupError, match=r"the group was torn down"):
@@ -184,10 +188,44 @@ def test_two_hosts_engine_and_trainer_apart_and_a_train_step_runs(ray_two_hosts:
             assert trainer_where["node_id"] == group.node_ids[0] == ray_two_hosts.node_of[RAY_HOST_B]
             assert engine_node != trainer_where["node_id"]
             (step,) = group.call("train_step", 0, timeout_s=120)
+            assert group.call_rank(0, "where")["pid"] == trainer_where["pid"]
             assert math.isfinite(step["loss"]) and step["param_abs_change"] > 0, step
             print("RAY_TWO_HOSTS", json.dumps({"cluster_start_s": ray_two_hosts.start_s, "group_start_s": start_s,
+                                               **group.timings,
                                                "engine_node": engine_node[:8],
                                                "trainer_node": trainer_where["node_id"][:8], **step}))
         finally:
             group.teardown()
             ray.kill(engine)
+
+
+def test_gpu_plans_share_an_accelerator_when_colocated_and_not_when_disaggregated(
+        ray_two_hosts: RayTwoHosts) -> None:
+    def gpu_ids(actor: object) -> list[str]:
+        return list(ray.get(actor.where.remote())["gpu_ids"])  # type: ignore[attr-defined]
+
+    colocated = PlacementPlan.build(ClusterSection(accelerator="gpu"), engines=1, accelerators_per_engine=2,
+                                    trainer_ranks=2)
+    with colocated.create(timeout_s=30) as placed:
+        engine = spawn(Counter, placement=placed.engine(0))
+        ranks = [spawn(Counter, placement=slot) for slot in placed.trainers()]
+        try:
+            engine_gpus, rank_gpus = gpu_ids(engine), [gpu_ids(r) for r in ranks]
+            assert len(engine_gpus) == 1 and engine_gpus == rank_gpus[0]  # half of the same GPU each
+            assert sorted(g for ids in rank_gpus for g in ids) == ["0", "1"]
+        finally:
+            for actor in (engine, *ranks):
+                ray.kill(actor)
+    apart = PlacementPlan.build(ClusterSection(placement="disaggregated", accelerator="gpu"), engines=1,
+                                trainer_ranks=1)
+    with apart.create(timeout_s=30) as placed:
+        engine, trainer = spawn(Counter, placement=placed.engine(0)), spawn(Counter, placement=placed.trainer(0))
+        try:
+            engine_gpus, trainer_gpus = gpu_ids(engine), gpu_ids(trainer)
+            assert len(engine_gpus) == len(trainer_gpus) == 1 and engine_gpus != trainer_gpus
+        finally:
+            ray.kill(engine)
+            ray.kill(trainer)
+    with pytest.raises(PlacementError, match=r"short of GPU \(asked 3.0, has 2.0\)"):
+        PlacementPlan.build(ClusterSection(placement="disaggregated", accelerator="gpu"), engines=2,
+                            trainer_ranks=1).create(timeout_s=5)
