@@ -125,6 +125,8 @@ class RayRuntime:
         if object_store_memory is not None and object_store_memory < _MIN_OBJECT_STORE:
             raise ValueError(f"object_store_memory={object_store_memory}: expected at least "
                              f"{_MIN_OBJECT_STORE} bytes (Ray's minimum, 75 MiB)")
+        if temp_dir is not None:
+            _check_temp_dir(Path(temp_dir).absolute())
         t0 = time.perf_counter()
         if ray.is_initialized():
             return cls._reuse(address, namespace, t0)
