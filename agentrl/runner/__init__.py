@@ -29,9 +29,11 @@ from agentrl.runner._sections import (
 )
 from agentrl.runner.checkpoint import CheckpointError, LoadedCheckpoint, RunCheckpointer
 from agentrl.runner.checks import LoopMode, run_checks
+from agentrl.runner.cluster import RayRuntime, TrainGroup, TrainGroupError, spawn
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
 from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
 from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunnerError, RunSummary, StalenessError
+from agentrl.runner.placement import ActorPlacement, BundleGroup, PlacedGroups, PlacementError, PlacementPlan
 from agentrl.runner.rollout_service import RolloutService, WeightLoader
 from agentrl.runner.rundir import RunDirectory, RunDirError
 
@@ -39,8 +41,10 @@ __all__ = [
     "ESTIMATOR_LOSSES",
     "HASH_EXCLUDED",
     "LOSS_CLIP_DEFAULTS",
+    "ActorPlacement",
     "AgentSection",
     "AlgorithmSection",
+    "BundleGroup",
     "CheckpointError",
     "CheckpointSection",
     "ClusterSection",
@@ -57,7 +61,11 @@ __all__ = [
     "LoopSettings",
     "ModelSection",
     "OptimizerSection",
+    "PlacedGroups",
+    "PlacementError",
+    "PlacementPlan",
     "PromptLedger",
+    "RayRuntime",
     "RolloutSection",
     "RolloutService",
     "RouterSection",
@@ -72,7 +80,10 @@ __all__ = [
     "SamplingSection",
     "SchedulerSection",
     "StalenessError",
+    "TrainGroup",
+    "TrainGroupError",
     "TrainSection",
     "WeightLoader",
     "run_checks",
+    "spawn",
 ]

@@ -1,0 +1,37 @@
+"""Shared by the runner's Ray tests: the session cluster's shape and a finder for a Ray session's processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agentrl.runner import RayRuntime
+
+RAY_HOST_A = "host_a"
+RAY_HOST_B = "host_b"
+RAY_OBJECT_STORE = 100 * 1024 * 1024
+RAY_FAKE_GPUS = 2  # declared on host_a so GPU plans can be placed; no CUDA device is touched
+
+
+@dataclass
+class RayTwoHosts:
+    runtime: RayRuntime
+    cluster: Any  # ray.cluster_utils.Cluster
+    temp_dir: Path
+    node_of: dict[str, str]  # host resource -> node id
+    start_s: float
+
+
+def ray_processes(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line names ``marker`` (a Ray session's temp folder)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or ()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
