@@ -170,9 +170,13 @@ class Runner:
 
     # ==== the named steps ===========================================================================
     async def collect_rollouts(self) -> StepBatch:
-        """One step's accepted groups from the scheduler."""
+        """One step's accepted groups from the scheduler, in a canonical order (epoch, then prompt):
+        groups complete in whatever order the engines finish them, and the batch (so the float sums
+        of the step) must not depend on that for a resumed run to equal an uninterrupted one."""
         self._phase("collect_rollouts", self.step + 1)
-        return await self.rollout.collect()
+        batch = await self.rollout.collect()
+        batch.groups.sort(key=_group_order)
+        return batch
 
     def compute_advantages(self, batch: StepBatch) -> TrainingBatch | None:
         """The training batch (advantages by the configured estimator); ``None`` if nothing to train."""
@@ -509,6 +513,11 @@ class Runner:
             metrics = step_metrics(batch)
             metrics["time/collect_s"] = time.perf_counter() - started
             await self.record(batch, metrics)
+
+
+def _group_order(group: RolloutGroup) -> tuple[int, int, str]:
+    pid = group.prompt_id
+    return (group.epoch, int(pid) if pid.isdigit() else -1, pid)
 
 
 def step_metrics(batch: StepBatch) -> dict[str, Any]:
