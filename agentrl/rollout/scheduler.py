@@ -274,7 +274,9 @@ class Scheduler:
                     report.data_exhausted = True
                 return
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            # groups that finished in the same pass are judged in data order, not in the set's
+            # (address-dependent) order: the same events give the same batch, run after run
+            for task in sorted(done, key=lambda t: (running[t].row.epoch, running[t].row.row_number)):
                 group = running.pop(task)
                 task.result()  # a bug in the scheduler itself propagates
                 verdict = await self._judge(group, report)

@@ -73,7 +73,8 @@ def index_reward(trajectory: Any, task: Any) -> float:
 
 def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 12, groups_per_step: int = 2,
                     group_size: int = 2, checkpoint_every: int | None = 1, partial_rollout: bool = False,
-                    max_staleness: int | None = None, epochs: int | None = 1) -> Any:
+                    max_staleness: int | None = None, epochs: int | None = 1,
+                    over_sampling: float = 0.0) -> Any:
     """A :class:`~agentrl.runner.RunConfig` for the tiny model and a JSONL of arithmetic rows under ``root``."""
     import orjson
 
@@ -86,7 +87,8 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
     if not data.exists():
         data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in make_arithmetic_rows(rows, seed=0)))
     scheduler: dict[str, Any] = {"groups_per_step": groups_per_step, "group_size": group_size,
-                                 "partial_rollout": partial_rollout, "max_staleness": max_staleness}
+                                 "partial_rollout": partial_rollout, "max_staleness": max_staleness,
+                                 "over_sampling": over_sampling}
     return RunConfig.from_dict({
         "model": {"path": str(build_tiny_model()), "dtype": "float32"},
         "data": {"train": {"path": str(data), "seed": 0, "epochs": epochs}},

@@ -46,3 +46,27 @@ async def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path: P
     assert trained_prompts(resumed.run_dir) == trained_prompts(straight.run_dir)
     assert [m["step"] for m in resumed.run_dir.read_metrics() if "prompt_ids" in m] == [1, 2, 3, 4]
     assert await resumed.trainer.digest() == await straight.trainer.digest()
+
+
+async def test_resume_with_a_partial_rollout_buffer_continues_it_exactly(tmp_path: Path) -> None:
+    """Over-sampling leaves groups in flight at each step's end; they are buffered (environments
+    open, partial turns kept), checkpointed, rebuilt by replay after the crash and continued."""
+    def config_at(root: Path) -> Any:
+        return fake_run_config(root, steps=4, partial_rollout=True, over_sampling=1.0, rows=20)
+
+    straight, _ = build_fake_runner(config_at(tmp_path / "a"))
+    await straight.run()
+
+    config = config_at(tmp_path / "b")
+    crashed, _ = build_fake_runner(config, callbacks=[_Crash(3)])
+    with pytest.raises(_Killed):
+        await crashed.run()
+    resumed_from = crashed.checkpointer.load(crashed.checkpointer.latest())
+    assert resumed_from.step == 2 and resumed_from.state["scheduler"]["buffer"], "nothing was buffered"
+    resumed, _ = build_fake_runner(config, resume=str(config.run_dir()))
+    await resumed.run()
+
+    assert trained_prompts(resumed.run_dir) == trained_prompts(straight.run_dir)
+    assert [g["prompt_id"] for g in (await resumed.rollout.state_dict())["buffer"]] == \
+        [g["prompt_id"] for g in (await straight.rollout.state_dict())["buffer"]]
+    assert await resumed.trainer.digest() == await straight.trainer.digest()
