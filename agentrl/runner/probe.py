@@ -19,8 +19,7 @@ probe sequences from a tokenizer's ordinary (non-special) tokens.
 Example::
 
     probe = LogprobProbe(probe_sequences(tokenizer, n=4, length=64, seed=0), bound=1e-2, prompt_length=1)
-    report = await probe.check(client, lambda seqs: backend.compute_logprobs(batch_of(seqs)),
-                               expected_version=str(step))
+    report = await probe.check(client, backend_scorer(backend), expected_version=str(step))
     metrics.update(report.to_metrics())
 """
 
@@ -36,7 +35,8 @@ from typing import Any, Protocol
 
 from agentrl.rollout.types import GenerateResult, SamplingParams
 
-__all__ = ["LogprobProbe", "ProbeError", "ProbeReport", "ScoringClient", "logprob_mismatch", "probe_sequences"]
+__all__ = ["LogprobProbe", "ProbeError", "ProbeReport", "ScoringClient", "backend_scorer", "logprob_mismatch",
+           "probe_sequences"]
 
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 HINT = ("the engine does not serve the trainer's weights: a skipped or partial weight sync, a stale tied "
@@ -132,6 +132,22 @@ class ProbeReport:
 
 TrainerScores = Callable[[list[list[int]]], "list[list[float]] | Awaitable[list[list[float]]]"]
 """The trainer side: sequences in, position-aligned logprobs out (sync or async)."""
+
+
+def backend_scorer(backend: Any) -> Callable[[list[list[int]]], list[list[float]]]:
+    """The trainer side for a :class:`~agentrl.train.TorchTrainBackend` (or anything with its
+    ``compute_logprobs(TrainingBatch)``): each sequence scored as one untrained sequence."""
+    from agentrl.train.batching import TrainingBatch, TrainSequence
+
+    def score(sequences: list[list[int]]) -> list[list[float]]:
+        zeros = [[0.0] * len(s) for s in sequences]
+        batch = TrainingBatch.from_sequences([
+            TrainSequence(tokens=list(s), loss_mask=[0] * len(s), rollout_logprobs=z, advantages=z,
+                          rollout_id=f"probe-{i}", group_id="probe", reward=0.0, denominator=1.0)
+            for i, (s, z) in enumerate(zip(sequences, zeros, strict=True))])
+        return [list(row) for row in backend.compute_logprobs(batch)]
+
+    return score
 
 
 class LogprobProbe:
