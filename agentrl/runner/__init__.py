@@ -4,6 +4,10 @@
 ``environment``, ``rollout``, ``algorithm``, ``train``, ``cluster``, ``logging``, ``checkpoint``);
 each section converts to the runtime object its component takes. :data:`ESTIMATOR_LOSSES` is the
 table of policy losses each advantage estimator trains with.
+
+Pieces of the loop: :class:`DiskWeightSync` (export, pause, load, verify, continue), the post-sync
+:class:`LogprobProbe` with :func:`logprob_mismatch`, and :func:`plan_cpu` (thread placement on a
+CPU-only machine).
 """
 
 from agentrl.runner._algorithm import ESTIMATOR_LOSSES, LOSS_CLIP_DEFAULTS, AlgorithmSection
@@ -29,6 +33,16 @@ from agentrl.runner._sections import (
 )
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
+from agentrl.runner.cpu import CpuPlan, plan_cpu
+from agentrl.runner.probe import (
+    LogprobProbe,
+    ProbeError,
+    ProbeReport,
+    backend_scorer,
+    logprob_mismatch,
+    probe_sequences,
+)
+from agentrl.runner.weights import DiskWeightSync, SyncReport, WeightSyncConfig, WeightSyncError
 
 __all__ = [
     "ESTIMATOR_LOSSES",
@@ -38,20 +52,32 @@ __all__ = [
     "AlgorithmSection",
     "CheckpointSection",
     "ClusterSection",
+    "CpuPlan",
     "DataSection",
     "DatasetSection",
+    "DiskWeightSync",
     "EnginesSection",
     "EnvironmentSection",
     "EvalDatasetSection",
     "LoggingSection",
+    "LogprobProbe",
     "LoopMode",
     "ModelSection",
     "OptimizerSection",
+    "ProbeError",
+    "ProbeReport",
     "RolloutSection",
     "RouterSection",
     "RunConfig",
     "SamplingSection",
     "SchedulerSection",
+    "SyncReport",
     "TrainSection",
+    "WeightSyncConfig",
+    "WeightSyncError",
+    "backend_scorer",
+    "logprob_mismatch",
+    "plan_cpu",
+    "probe_sequences",
     "run_checks",
 ]

@@ -30,7 +30,10 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "DatasetSection", "EvalDatasetSection",
                        "EnvironmentSection", "RolloutSection", "EnginesSection", "RouterSection", "SamplingSection",
                        "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
-                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks"},
+                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
+                       "DiskWeightSync", "WeightSyncConfig", "WeightSyncError", "SyncReport", "LogprobProbe",
+                       "ProbeError", "ProbeReport", "logprob_mismatch", "probe_sequences", "backend_scorer",
+                       "CpuPlan", "plan_cpu"},
 }
 
 

@@ -124,3 +124,24 @@ async def test_probe_accepts_an_async_trainer_and_checks_shapes() -> None:
 def test_probe_arguments_are_checked(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LogprobProbe(**kwargs)
+
+
+def test_backend_scorer_gives_position_aligned_logprobs_of_the_trainer_model(tok: Any) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from agentrl.runner.probe import backend_scorer
+    from agentrl.testing import TINY_MODEL_CONFIG
+    from agentrl.train import TorchTrainBackend
+    from agentrl.train.config import TorchBackendConfig
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=(len(tok) + 63) // 64 * 64, **TINY_MODEL_CONFIG))
+    backend = TorchTrainBackend(model, TorchBackendConfig(device="cpu", dtype="float64"))
+    seqs = probe_sequences(tok, n=2, length=9, seed=0)
+    rows = backend_scorer(backend)(seqs)
+    with torch.no_grad():
+        logits = backend.model(torch.tensor(seqs)).logits.double()
+    expected = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, torch.tensor(seqs)[:, 1:, None])[..., 0]
+    assert [len(r) for r in rows] == [9, 9]
+    assert np.allclose([r[1:] for r in rows], expected.numpy(), atol=1e-9)
