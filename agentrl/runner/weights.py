@@ -226,7 +226,7 @@ class DiskWeightSync:
             else:
                 await _maybe_await(await asyncio.to_thread(export, folder))
             check_model_folder(folder, needs=("config", "weights"), what=f"export({folder.name})")
-        except (ModelFolderError, OSError, ValueError, TypeError, RuntimeError) as err:
+        except Exception as err:  # the caller's exporter: whatever it raised, the phase is named
             raise WeightSyncError("export", f"{type(err).__name__}: {err}") from err
         return folder
 
