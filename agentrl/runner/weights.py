@@ -12,10 +12,11 @@ One :meth:`DiskWeightSync.sync` call is one policy version:
    paused hangs every later rollout);
 6. older ``v*`` folders beyond :attr:`WeightSyncConfig.keep_folders` are removed.
 
-An engine whose load or verify fails is retried (``retries`` times); after that it is taken out of
-rotation through ``on_remove(engine)`` and named in :attr:`SyncReport.engines_removed`, so a mix of
-versions is never left unreported. If no engine holds the new version, :class:`WeightSyncError`
-names the phase, the engine and the cause. Each phase has a deadline; past it the error names the
+An engine whose pause, load or verify fails is retried (``retries`` times); after that, if other
+engines hold the new version, it is taken out of rotation through ``on_remove(engine)`` and named in
+:attr:`SyncReport.engines_removed`, so a mix of versions is never left unreported. If no engine
+holds the new version, :class:`WeightSyncError` names the phase, the engine and the cause, and no
+engine is removed (they all still serve the previous version). Each phase has a deadline; past it the error names the
 phase.
 
 Pause modes on SGLang 0.5.23 (read from its tokenizer manager and scheduler):
@@ -185,8 +186,6 @@ class DiskWeightSync:
         on every engine; see the module docstring."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"sync(version={version!r}): expected an int >= 0")
-        if not self.engines:
-            raise WeightSyncError("pause", "no engine left in rotation (all were removed by earlier syncs)")
         async with self._lock:
             return await self._sync(version, export)
 
@@ -200,13 +199,13 @@ class DiskWeightSync:
             await run.execute()
         finally:
             await run.resume()
+        if not run.updated:  # all still serve the old version alike: nothing is removed, the run stops
+            url, cause = run.last_failure or (None, "no engine accepted the update")
+            raise WeightSyncError(run.failed_phase, cause, url)
         removed = run.finish_removals()
         if self.on_remove is not None:
             for engine in removed:
                 await _maybe_await(self.on_remove(engine))
-        if not run.updated:
-            url, cause = run.last_failure or (None, "no engine accepted the update")
-            raise WeightSyncError(run.failed_phase, cause, url)
         self._prune(version)
         t = run.timings
         return SyncReport(version=version, folder=folder, export_s=export_s, pause_s=t["pause"], load_s=t["load"],
@@ -232,10 +231,11 @@ class DiskWeightSync:
 
     def _prune(self, current: int) -> None:
         """Keeps the newest ``keep_folders`` version folders up to ``current``; never newer ones."""
-        found = sorted(int(m.group(1)) for p in self.root.iterdir() if p.is_dir() and (m := _FOLDER.match(p.name)))
-        older = [v for v in found if v <= current]
-        for v in older[: max(0, len(older) - self.config.keep_folders)]:
-            shutil.rmtree(self.folder(v), ignore_errors=True)
+        found = sorted((int(m.group(1)), p) for p in self.root.iterdir()
+                       if p.is_dir() and (m := _FOLDER.match(p.name)))
+        older = [p for v, p in found if v <= current]
+        for path in older[: max(0, len(older) - self.config.keep_folders)]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _SyncRun:

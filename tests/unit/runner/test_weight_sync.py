@@ -127,12 +127,15 @@ async def test_no_engine_with_the_new_version_raises_naming_phase_engine_and_cau
         tmp_path: Path, workers: list[FakeWorker], engines: list[SGLangEngine]) -> None:
     for w in workers:
         w.state.fail_updates = -1
-    sync = DiskWeightSync(engines, tmp_path, WeightSyncConfig(retries=0))
+    removed: list[SGLangEngine] = []
+    sync = DiskWeightSync(engines, tmp_path, WeightSyncConfig(retries=0), on_remove=removed.append)
     with pytest.raises(WeightSyncError, match=r"phase 'load' on http://127\.0\.0\.1:\d+: .*injected update failure"):
         await sync.sync(8, write_model)
     assert all(not w.state.paused and w.state.control_calls[-1] == "/continue_generation" for w in workers)
-    with pytest.raises(WeightSyncError, match="no engine left in rotation"):
-        await sync.sync(9, write_model)
+    assert removed == [] and sync.engines == engines  # all still on the old version: none taken out
+    for w in workers:
+        w.state.fail_updates = 0
+    assert len((await sync.sync(9, write_model)).engines_updated) == 2
 
 
 async def test_a_phase_past_its_deadline_names_the_phase_and_continues_the_engines(
