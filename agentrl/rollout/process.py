@@ -3,6 +3,15 @@
 A launcher starts its server in a new session (its own process group), remembers the process, and
 stops exactly the tree it started: the process and every descendant it has at stop time, SIGTERM
 first, SIGKILL after a grace period. Nothing is ever looked up or killed by name.
+
+Because each server has its own session, a signal that ends the parent does not reach it: a
+SIGTERM to the parent would leave the engines (and SGLang's scheduler and detokenizer children)
+running. So every live :class:`ManagedProcess` is in a registry that :func:`stop_all` stops; it
+runs at interpreter exit (``atexit``: normal exit, an uncaught exception, SIGINT's
+``KeyboardInterrupt``), and :func:`stop_all_on_exit` adds handlers for SIGTERM and SIGHUP that stop
+the trees, then let the signal end the process as it would have. The first ManagedProcess started
+from the main thread installs them where those signals still have their default action. A SIGKILL
+of the parent cannot be handled in-process; the servers outlive it.
 :meth:`ManagedProcess.start` stops the tree again when the server never becomes ready;
 :func:`wait_ready` is the readiness loop and :func:`request_json` the one-shot control request.
 """
@@ -10,10 +19,12 @@ first, SIGKILL after a grace period. Nothing is ever looked up or killed by name
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +32,42 @@ from typing import Any
 import aiohttp
 import psutil
 
-__all__ = ["ManagedProcess", "default_log_dir", "free_port", "request_json", "wait_ready"]
+__all__ = ["ManagedProcess", "default_log_dir", "free_port", "request_json", "stop_all", "stop_all_on_exit",
+           "wait_ready"]
+
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Registry:
+    """The live ManagedProcesses of this interpreter, and which exit hooks are installed."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, ManagedProcess] = {}
+        self.lock = threading.Lock()
+        self.atexit = False
+        self.signals: set[int] = set()
+
+    def add(self, process: ManagedProcess) -> None:
+        with self.lock:
+            self.live[process.pid] = process
+            first, self.atexit = not self.atexit, True
+        if first:
+            atexit.register(stop_all)
+            if threading.current_thread() is threading.main_thread():
+                stop_all_on_exit(only_default=True)
+
+    def discard(self, process: ManagedProcess) -> None:
+        with self.lock:
+            self.live.pop(process.pid, None)
+
+    def take_all(self) -> list[ManagedProcess]:
+        with self.lock:
+            live = list(self.live.values())
+            self.live.clear()
+        return live
+
+
+_REGISTRY = _Registry()
 
 
 def default_log_dir() -> Path:
@@ -49,6 +95,7 @@ class ManagedProcess:
                 self.cmd, env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        _REGISTRY.add(self)
 
     @classmethod
     async def start(cls, cmd: Sequence[str], *, env: Mapping[str, str], log_path: Path, name: str,
@@ -96,6 +143,7 @@ class ManagedProcess:
             except psutil.NoSuchProcess:
                 pass
         self.popen.wait(timeout=30)
+        _REGISTRY.discard(self)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the tree, wait up to ``grace_s``, SIGKILL what is left, reap the root."""
@@ -126,6 +174,45 @@ class ManagedProcess:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        _REGISTRY.discard(self)
+
+
+def stop_all(grace_s: float = 5.0) -> int:
+    """Stops the tree of every live :class:`ManagedProcess` of this process; returns how many."""
+    live = _REGISTRY.take_all()
+    for process in live:
+        try:
+            process.stop(grace_s=grace_s)
+        except Exception:  # stopping the others matters more than one failure here
+            pass
+    return len(live)
+
+
+def stop_all_on_exit(signals: Sequence[signal.Signals] = EXIT_SIGNALS, *, only_default: bool = False) -> None:
+    """Installs handlers that :func:`stop_all`, then hand the signal on: to the handler that was
+    there before, or, if that was the default action, by re-raising it with the default action
+    (so the exit status still says which signal ended the process). Main thread only (a Python
+    rule for signal handlers). ``only_default`` leaves signals that already have a handler alone.
+    Idempotent per signal."""
+    for sig in signals:
+        if sig in _REGISTRY.signals:
+            continue
+        previous = signal.getsignal(sig)
+        if only_default and previous is not signal.SIG_DFL:
+            continue
+
+        def handler(signum: int, frame: object, previous: object = previous) -> None:
+            stop_all()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous is signal.SIG_IGN:
+                return
+            else:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(sig, handler)
+        _REGISTRY.signals.add(sig)
 
 
 async def wait_ready(probe: Callable[[], Awaitable[bool]], *, what: str, timeout_s: float, poll_s: float,

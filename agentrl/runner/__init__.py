@@ -4,6 +4,10 @@
 ``environment``, ``rollout``, ``algorithm``, ``train``, ``cluster``, ``logging``, ``checkpoint``);
 each section converts to the runtime object its component takes. :data:`ESTIMATOR_LOSSES` is the
 table of policy losses each advantage estimator trains with.
+
+Pieces of the loop: :class:`DiskWeightSync` (export, pause, load, verify, continue), the post-sync
+:class:`LogprobProbe` with :func:`logprob_mismatch`, and :func:`plan_cpu` (thread placement on a
+CPU-only machine).
 """
 
 from agentrl.runner._algorithm import ESTIMATOR_LOSSES, LOSS_CLIP_DEFAULTS, AlgorithmSection
@@ -31,11 +35,21 @@ from agentrl.runner.checkpoint import CheckpointError, LoadedCheckpoint, RunChec
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.cluster import RayRuntime, TrainGroup, TrainGroupError, spawn
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
+from agentrl.runner.cpu import CpuPlan, plan_cpu
 from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
 from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunnerError, RunSummary, StalenessError
 from agentrl.runner.placement import ActorPlacement, BundleGroup, PlacedGroups, PlacementError, PlacementPlan
+from agentrl.runner.probe import (
+    LogprobProbe,
+    ProbeError,
+    ProbeReport,
+    backend_scorer,
+    logprob_mismatch,
+    probe_sequences,
+)
 from agentrl.runner.rollout_service import RolloutService, WeightLoader
 from agentrl.runner.rundir import RunDirectory, RunDirError
+from agentrl.runner.weights import DiskWeightSync, SyncReport, WeightSyncConfig, WeightSyncError
 
 __all__ = [
     "ESTIMATOR_LOSSES",
@@ -48,8 +62,10 @@ __all__ = [
     "CheckpointError",
     "CheckpointSection",
     "ClusterSection",
+    "CpuPlan",
     "DataSection",
     "DatasetSection",
+    "DiskWeightSync",
     "EnginesSection",
     "EnvironmentSection",
     "EvalDatasetSection",
@@ -57,6 +73,7 @@ __all__ = [
     "LedgerStep",
     "LoadedCheckpoint",
     "LoggingSection",
+    "LogprobProbe",
     "LoopMode",
     "LoopSettings",
     "ModelSection",
@@ -64,6 +81,8 @@ __all__ = [
     "PlacedGroups",
     "PlacementError",
     "PlacementPlan",
+    "ProbeError",
+    "ProbeReport",
     "PromptLedger",
     "RayRuntime",
     "RolloutSection",
@@ -80,10 +99,17 @@ __all__ = [
     "SamplingSection",
     "SchedulerSection",
     "StalenessError",
+    "SyncReport",
     "TrainGroup",
     "TrainGroupError",
     "TrainSection",
     "WeightLoader",
+    "WeightSyncConfig",
+    "WeightSyncError",
+    "backend_scorer",
+    "logprob_mismatch",
+    "plan_cpu",
+    "probe_sequences",
     "run_checks",
     "spawn",
 ]

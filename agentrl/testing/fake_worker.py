@@ -48,6 +48,17 @@ class FakeWorkerState:
     control_calls: list[str] = field(default_factory=list)
     script: list[list[int]] | None = None
     script_marker: int | None = None
+    # weight updates: fail the next ``fail_updates`` (-1: every one) with HTTP 400 as SGLang does;
+    # ``keep_version`` answers success but leaves ``weight_version`` unchanged; ``update_delay_s``
+    # makes each update take time
+    fail_updates: int = 0
+    keep_version: bool = False
+    update_delay_s: float = 0.0
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    # pause state: while paused, decoding stops (``retract``/``in_place`` keep requests, ``abort``
+    # ends them); new requests wait for ``continue`` as on SGLang
+    paused: bool = False
+    pause_modes: list[str] = field(default_factory=list)
 
 
 class FakeWorker:
@@ -80,8 +91,21 @@ class FakeWorker:
         return web.Response(text="")
 
     async def _control(self, request: web.Request) -> web.Response:
+        """``/pause_generation`` and ``/continue_generation``."""
         self.state.control_calls.append(request.path)
-        return web.Response(text="")
+        if request.path == "/continue_generation":
+            self.state.paused = False
+            return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+        mode = str((await request.json() or {}).get("mode", "abort"))
+        self.state.pause_modes.append(mode)
+        self.state.paused = True
+        if mode == "abort":
+            self.state.aborted.update(self.state.running)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _wait_unpaused(self, rid: str | None = None) -> None:
+        while self.state.paused and (rid is None or rid not in self.state.aborted):
+            await asyncio.sleep(0.005)
 
     async def _server_info(self, request: web.Request) -> web.Response:
         return web.json_response({"model_path": f"fake/{self.state.name}", "served_model_name": "fake",
@@ -97,10 +121,20 @@ class FakeWorker:
         return web.json_response({"loads": [load]})
 
     async def _update_weights(self, request: web.Request) -> web.Response:
-        self.state.control_calls.append(request.path)
+        s = self.state
+        s.control_calls.append(request.path)
         body = await request.json()
-        if body.get("weight_version") is not None:
-            self.state.weight_version = str(body["weight_version"])
+        s.updates.append(body)
+        if s.update_delay_s:
+            await asyncio.sleep(s.update_delay_s)
+        if s.fail_updates:
+            s.fail_updates -= 1 if s.fail_updates > 0 else 0
+            return web.json_response({"success": False, "message": f"injected update failure by {s.name}",
+                                      "num_paused_requests": 0}, status=400)
+        if body.get("abort_all_requests"):
+            s.aborted.update(s.running)
+        if body.get("weight_version") is not None and not s.keep_version:
+            s.weight_version = str(body["weight_version"])
         return web.json_response({"success": True, "message": "ok", "num_paused_requests": 0})
 
     async def _abort(self, request: web.Request) -> web.Response:
@@ -130,6 +164,7 @@ class FakeWorker:
                    f"({s.context_length} tokens).")
             return web.json_response({"error": {"message": msg}}, status=400)
         rid = str(body.get("rid") or id(body))
+        await self._wait_unpaused()
         scripted = None
         if s.script:
             turn = ids.count(s.script_marker) if s.script_marker is not None else 0
@@ -158,11 +193,12 @@ class FakeWorker:
                         return out[: hit + 1], {"type": "stop", "matched": out[hit]}
                     return out, {"type": "length", "length": max_new}
             for i in range(max_new):
+                if s.token_delay_s:
+                    await asyncio.sleep(s.token_delay_s)
+                await self._wait_unpaused(rid)
                 if rid in s.aborted:
                     s.aborted.discard(rid)
                     return out, {"type": "abort", "message": "Abort before prefill" if not out else "aborted"}
-                if s.token_delay_s:
-                    await asyncio.sleep(s.token_delay_s)
                 if scripted is not None:
                     if i >= len(scripted):
                         return out, {"type": "stop", "matched": None}
@@ -233,6 +269,10 @@ class FakeCluster:
             w.state.fail_next = 0
             w.state.fail_status = 500
             w.state.token_delay_s = 0.0
+            w.state.fail_updates = 0
+            w.state.keep_version = False
+            w.state.update_delay_s = 0.0
+            w.state.paused = False
 
     def urls(self) -> list[str]:
         return [w.url for w in self.workers]

@@ -34,7 +34,10 @@ REQUIRED: dict[str, set[str]] = {
                        "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep",
                        "RunCheckpointer", "CheckpointError", "LoadedCheckpoint", "Runner", "RunCallback", "RunnerError", "RolloutService",
                        "RayRuntime", "PlacementPlan", "PlacedGroups", "ActorPlacement", "BundleGroup",
-                       "PlacementError", "spawn", "TrainGroup", "TrainGroupError"},
+                       "PlacementError", "spawn", "TrainGroup", "TrainGroupError",
+                       "DiskWeightSync", "WeightSyncConfig", "WeightSyncError", "SyncReport", "LogprobProbe",
+                       "ProbeError", "ProbeReport", "logprob_mismatch", "probe_sequences", "backend_scorer",
+                       "CpuPlan", "plan_cpu"},
 }
 
 

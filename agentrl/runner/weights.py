@@ -1,0 +1,360 @@
+"""Disk weight sync: export the trainer's weights, load them on every engine, verify, continue.
+
+One :meth:`DiskWeightSync.sync` call is one policy version:
+
+1. **export** — the caller's ``export(folder)`` writes a Hugging Face folder (config, safetensors,
+   tokenizer) into a fresh ``root/v000003``;
+2. **pause** — ``/pause_generation`` on every engine, in :attr:`WeightSyncConfig.pause_mode`;
+3. **load** — ``/update_weights_from_disk`` with the folder and ``str(version)`` on every engine at
+   once;
+4. **verify** — every engine's ``/model_info`` must report ``weight_version == str(version)``;
+5. **resume** — ``/continue_generation`` on every engine, always (in a ``finally``: an engine left
+   paused hangs every later rollout);
+6. older ``v*`` folders beyond :attr:`WeightSyncConfig.keep_folders` are removed.
+
+An engine whose pause, load or verify fails is retried (``retries`` times); after that, if other
+engines hold the new version, it is taken out of rotation through ``on_remove(engine)`` and named in
+:attr:`SyncReport.engines_removed`, so a mix of versions is never left unreported. If no engine
+holds the new version, :class:`WeightSyncError` names the phase, the engine and the cause, and no
+engine is removed (they all still serve the previous version). Each phase has a deadline; past it the error names the
+phase.
+
+Pause modes on SGLang 0.5.23 (read from its tokenizer manager and scheduler):
+
+- ``"retract"`` (the default) keeps requests alive: running requests go back to the waiting queue
+  with their tokens so far, the cache flush that follows the load succeeds (the scheduler ignores
+  the waiting queue while paused), and after ``continue`` their KV is recomputed with the new
+  weights. Nothing is aborted; a request's later tokens come from the new weights.
+- ``"in_place"`` keeps requests in the running batch with their old KV cache. The post-load cache
+  flush then fails ("requests are still running"), so this mode loads with ``flush_cache=False``:
+  the radix cache keeps prefixes computed by the old weights (a later request may reuse them).
+- ``"abort"`` ends every running request (they come back with finish reason ``abort``; the client
+  resumes them with the remaining budget). :attr:`SyncReport.aborted_requests` counts the requests
+  running or waiting (``/v1/loads``) just before the pause; 0 in the modes that keep them.
+
+``abort_requests=True`` additionally passes ``abort_all_requests`` to the load (counted the same way).
+
+Example::
+
+    sync = DiskWeightSync(group.engines, run_dir / "weights", WeightSyncConfig(), on_remove=remove)
+    report = await sync.sync(step, backend.export_hf)
+    metrics.update(report.to_metrics())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from agentrl.model_folder import ModelFolderError, check_model_folder
+from agentrl.rollout.engine import EngineError, SGLangEngine
+
+__all__ = ["DiskWeightSync", "SyncPhase", "SyncReport", "WeightSyncConfig", "WeightSyncError"]
+
+PAUSE_MODES = ("retract", "in_place", "abort")
+SyncPhase = Literal["export", "pause", "load", "verify", "resume"]
+_FOLDER = re.compile(r"^v(\d+)$")
+_T = TypeVar("_T")
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed: ``phase`` is where, ``url`` the engine (``None`` for export or a whole
+    phase), ``cause`` the reason."""
+
+    def __init__(self, phase: SyncPhase, cause: str, url: str | None = None) -> None:
+        where = f" on {url}" if url else ""
+        super().__init__(f"weight sync failed in phase {phase!r}{where}: {cause}")
+        self.phase = phase
+        self.url = url
+        self.cause = cause
+
+
+def _positive(name: str, value: object, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"WeightSyncConfig.{name}={value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    """How a disk sync runs. Deadlines are seconds per phase, over all engines together."""
+
+    pause_mode: Literal["retract", "in_place", "abort"] = "retract"
+    abort_requests: bool = False
+    retries: int = 2
+    retry_delay_s: float = 0.2
+    export_s: float = 600.0
+    pause_s: float = 60.0
+    load_s: float = 600.0
+    verify_s: float = 30.0
+    resume_s: float = 60.0
+    keep_folders: int = 1
+
+    def __post_init__(self) -> None:
+        if self.pause_mode not in PAUSE_MODES:
+            raise ValueError(f"WeightSyncConfig.pause_mode={self.pause_mode!r}: expected one of "
+                             f"{', '.join(map(repr, PAUSE_MODES))}")
+        if not isinstance(self.abort_requests, bool):
+            raise ValueError(f"WeightSyncConfig.abort_requests={self.abort_requests!r}: expected a bool")
+        for name in ("retries", "keep_folders"):
+            value = getattr(self, name)
+            low = 0 if name == "retries" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"WeightSyncConfig.{name}={value!r}: expected an int >= {low}")
+        _positive("retry_delay_s", self.retry_delay_s, allow_zero=True)
+        for name in ("export_s", "pause_s", "load_s", "verify_s", "resume_s"):
+            _positive(name, getattr(self, name))
+
+    @property
+    def aborts(self) -> bool:
+        """Whether a sync in this configuration aborts the requests in flight."""
+        return self.pause_mode == "abort" or self.abort_requests
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What one sync did. Times are seconds; ``engines_updated`` hold the new version."""
+
+    version: int
+    folder: Path
+    export_s: float
+    pause_s: float
+    load_s: float
+    verify_s: float
+    resume_s: float
+    total_s: float
+    engines_updated: tuple[str, ...]
+    engines_removed: tuple[str, ...] = ()
+    retries: int = 0
+    aborted_requests: int = 0
+    failures: tuple[str, ...] = field(default=())
+
+    def to_metrics(self) -> dict[str, float]:
+        """Step metrics under ``sync/``."""
+        return {
+            "sync/version": float(self.version), "sync/export_s": self.export_s, "sync/pause_s": self.pause_s,
+            "sync/load_s": self.load_s, "sync/verify_s": self.verify_s, "sync/resume_s": self.resume_s,
+            "sync/total_s": self.total_s, "sync/engines_updated": float(len(self.engines_updated)),
+            "sync/engines_removed": float(len(self.engines_removed)), "sync/retries": float(self.retries),
+            "sync/aborted_requests": float(self.aborted_requests),
+        }
+
+
+async def _maybe_await(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _deadline(phase: SyncPhase, seconds: float, work: Awaitable[_T]) -> _T:
+    try:
+        return await asyncio.wait_for(work, timeout=seconds)
+    except asyncio.TimeoutError:
+        raise WeightSyncError(phase, f"did not finish within its deadline of {seconds:g} s") from None
+
+
+class DiskWeightSync:
+    """Syncs weights through a shared folder to ``engines`` (SGLang engines or fake workers).
+
+    ``on_remove(engine)`` (sync or async) is called for an engine that still fails after the
+    retries, e.g. the engine group's router removal; that engine is not synced again. Calls to
+    :meth:`sync` are serialised. Not thread-safe: use it from one event loop.
+    """
+
+    def __init__(self, engines: Sequence[SGLangEngine], root: str | os.PathLike[str], config: WeightSyncConfig | None = None,
+                 *, on_remove: Callable[[SGLangEngine], object] | None = None) -> None:
+        if not engines:
+            raise ValueError("DiskWeightSync(engines=[]): expected at least one engine")
+        self.engines = list(engines)
+        self.root = Path(root)
+        self.config = config or WeightSyncConfig()
+        self.on_remove = on_remove
+        self.removed: list[SGLangEngine] = []
+        self._lock = asyncio.Lock()
+
+    def folder(self, version: int) -> Path:
+        return self.root / f"v{version:06d}"
+
+    async def sync(self, version: int, export: Callable[[Path], object]) -> SyncReport:
+        """Exports ``version`` with ``export(folder)`` (sync, run in a thread, or async) and loads it
+        on every engine; see the module docstring."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"sync(version={version!r}): expected an int >= 0")
+        async with self._lock:
+            return await self._sync(version, export)
+
+    async def _sync(self, version: int, export: Callable[[Path], object]) -> SyncReport:
+        cfg = self.config
+        start = time.perf_counter()
+        folder = await _deadline("export", cfg.export_s, self._export(version, export))
+        export_s = time.perf_counter() - start
+        run = _SyncRun(self, folder, str(version))
+        try:
+            await run.execute()
+        finally:
+            await run.resume()
+        if not run.updated:  # all still serve the old version alike: nothing is removed, the run stops
+            url, cause = run.last_failure or (None, "no engine accepted the update")
+            raise WeightSyncError(run.failed_phase, cause, url)
+        removed = run.finish_removals()
+        if self.on_remove is not None:
+            for engine in removed:
+                await _maybe_await(self.on_remove(engine))
+        self._prune(version)
+        t = run.timings
+        return SyncReport(version=version, folder=folder, export_s=export_s, pause_s=t["pause"], load_s=t["load"],
+                          verify_s=t["verify"], resume_s=t["resume"], total_s=time.perf_counter() - start,
+                          engines_updated=tuple(e.url for e in run.updated),
+                          engines_removed=tuple(e.url for e in removed), retries=run.retries,
+                          aborted_requests=run.aborted, failures=tuple(run.failures))
+
+    async def _export(self, version: int, export: Callable[[Path], object]) -> Path:
+        folder = self.folder(version)
+        if folder.exists():  # a retried version: never load a half-written folder of an earlier try
+            await asyncio.to_thread(shutil.rmtree, folder)
+        folder.mkdir(parents=True)
+        try:
+            if inspect.iscoroutinefunction(export):
+                await export(folder)
+            else:
+                await _maybe_await(await asyncio.to_thread(export, folder))
+            check_model_folder(folder, needs=("config", "weights"), what=f"export({folder.name})")
+        except Exception as err:  # the caller's exporter: whatever it raised, the phase is named
+            raise WeightSyncError("export", f"{type(err).__name__}: {err}") from err
+        return folder
+
+    def _prune(self, current: int) -> None:
+        """Keeps the newest ``keep_folders`` version folders up to ``current``; never newer ones."""
+        found = sorted((int(m.group(1)), p) for p in self.root.iterdir()
+                       if p.is_dir() and (m := _FOLDER.match(p.name)))
+        older = [p for v, p in found if v <= current]
+        for path in older[: max(0, len(older) - self.config.keep_folders)]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class _SyncRun:
+    """The engine-side phases of one sync, with per-engine retries and bookkeeping."""
+
+    def __init__(self, owner: DiskWeightSync, folder: Path, version: str) -> None:
+        self.owner = owner
+        self.cfg = owner.config
+        self.folder = folder
+        self.version = version
+        self.engines = list(owner.engines)
+        self.paused: list[SGLangEngine] = []
+        self.updated: list[SGLangEngine] = []
+        self.failed: list[SGLangEngine] = []
+        self.failures: list[str] = []
+        self.last_failure: tuple[str | None, str] | None = None
+        self.failed_phase: SyncPhase = "load"
+        self.retries = 0
+        self.aborted = 0
+        self.timings: dict[str, float] = {"pause": 0.0, "load": 0.0, "verify": 0.0, "resume": 0.0}
+
+    def _fail(self, engine: SGLangEngine, phase: SyncPhase, cause: str) -> None:
+        self.failures.append(f"{phase} {engine.url}: {cause}")
+        self.last_failure = (engine.url, cause)
+        self.failed_phase = phase
+
+    async def execute(self) -> None:
+        cfg = self.cfg
+        if cfg.aborts:
+            self.aborted = await self._count_active()
+        t0 = time.perf_counter()
+        await _deadline("pause", cfg.pause_s, self._pause_all())
+        self.timings["pause"] = time.perf_counter() - t0
+        pending = [e for e in self.engines if e in self.paused]
+        for attempt in range(cfg.retries + 1):
+            if attempt:
+                self.retries += len(pending)
+                await asyncio.sleep(cfg.retry_delay_s)
+            t0 = time.perf_counter()
+            loaded = await _deadline("load", cfg.load_s, asyncio.gather(*(self._load(e) for e in pending)))
+            t1 = time.perf_counter()
+            candidates = [e for e, ok in zip(pending, loaded, strict=True) if ok]
+            verified = await _deadline("verify", cfg.verify_s,
+                                       asyncio.gather(*(self._verify(e) for e in candidates)))
+            self.timings["load"] += t1 - t0
+            self.timings["verify"] += time.perf_counter() - t1
+            self.updated += [e for e, ok in zip(candidates, verified, strict=True) if ok]
+            pending = [e for e in pending if e not in self.updated]
+            if not pending:
+                break
+        self.failed += pending
+
+    async def _count_active(self) -> int:
+        counts = await asyncio.gather(*(e.active_requests() for e in self.engines), return_exceptions=True)
+        return sum(c for c in counts if isinstance(c, int))
+
+    async def _pause_all(self) -> None:
+        async def pause(engine: SGLangEngine) -> None:
+            for attempt in range(self.cfg.retries + 1):
+                if attempt:
+                    self.retries += 1
+                    await asyncio.sleep(self.cfg.retry_delay_s)
+                try:
+                    await engine.pause_generation(self.cfg.pause_mode)
+                except EngineError as err:
+                    self._fail(engine, "pause", str(err))
+                    continue
+                self.paused.append(engine)
+                return
+            self.failed.append(engine)
+
+        await asyncio.gather(*(pause(e) for e in self.engines))
+
+    async def _load(self, engine: SGLangEngine) -> bool:
+        try:
+            # in_place keeps requests in the running batch, where SGLang's post-load flush fails
+            await engine.update_weights_from_disk(self.folder, self.version,
+                                                  flush_cache=self.cfg.pause_mode != "in_place",
+                                                  abort_all_requests=self.cfg.abort_requests)
+        except (EngineError, ModelFolderError) as err:
+            self._fail(engine, "load", str(err))
+            return False
+        return True
+
+    async def _verify(self, engine: SGLangEngine) -> bool:
+        try:
+            got: str | None = await engine.weight_version()
+        except EngineError as err:
+            got, cause = None, f"/model_info unanswered: {err}"
+        else:
+            cause = f"/model_info reports weight_version {got!r}, expected {self.version!r}"
+        if got == self.version:
+            return True
+        self._fail(engine, "verify", cause)
+        return False
+
+    async def resume(self) -> None:
+        """Continues every engine this sync paused (failed ones too: a paused engine hangs its
+        requests); errors are recorded, never raised over the sync's own outcome."""
+        t0 = time.perf_counter()
+
+        async def resume_one(engine: SGLangEngine) -> None:
+            try:
+                await asyncio.wait_for(engine.continue_generation(), timeout=self.cfg.resume_s)
+            except (EngineError, asyncio.TimeoutError) as err:
+                if engine not in self.paused:  # its pause failed already; that is the error on record
+                    return
+                self._fail(engine, "resume", f"{type(err).__name__}: {err}")
+                if engine in self.updated:
+                    self.updated.remove(engine)
+                    self.failed.append(engine)
+
+        # every engine asked to pause, also one whose pause failed: it may have paused all the same
+        await asyncio.gather(*(resume_one(e) for e in self.engines))
+        self.timings["resume"] = time.perf_counter() - t0
+
+    def finish_removals(self) -> list[SGLangEngine]:
+        removed = [e for e in self.engines if e in self.failed]
+        for engine in removed:
+            self.owner.engines.remove(engine)
+            self.owner.removed.append(engine)
+        return removed
