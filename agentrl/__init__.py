@@ -10,5 +10,14 @@ from agentrl.trajectory import Segment, SegmentKind, Status, StopReason, Traject
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # ``agentrl.train`` / ``agentrl.train_async`` import the runner (torch, Ray...) only when used.
+    if name in ("train", "train_async"):
+        from agentrl.runner import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
+
 __all__ = ["Episode", "Segment", "SegmentKind", "Status", "StopReason", "Trajectory", "TrajectoryError", "__version__",
-           "iter_episodes", "load_episodes", "save_episodes"]
+           "iter_episodes", "load_episodes", "save_episodes", "train", "train_async"]

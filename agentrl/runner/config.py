@@ -8,6 +8,7 @@ Sections (each a frozen pydantic model that refuses unknown keys):
 - ``algorithm``: estimator, policy loss, clipping, KL, entropy, TIS/MIS;
 - ``train``: backend, steps, optimiser and schedule, packing, parallelism;
 - ``cluster``: Ray address, placement, accelerators; ``logging``; ``checkpoint``;
+- ``sync``: weight sync to the engines and the post-sync logprob probe;
 - ``mode``: ``sync``, ``one_step_off`` or ``bounded_staleness``.
 
 Only ``model.path``, ``data.train.path`` and ``environment.name`` are required. Each component
@@ -49,6 +50,7 @@ from agentrl.runner._sections import (
     ModelSection,
     TrainSection,
 )
+from agentrl.runner._sync_section import SyncSection
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.train.config import BatchingConfig, LossConfig, TorchBackendConfig
 
@@ -72,6 +74,7 @@ class RunConfig(Section):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    sync: SyncSection = Field(default_factory=SyncSection)
     mode: LoopMode = "sync"
 
     @model_validator(mode="after")

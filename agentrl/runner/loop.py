@@ -130,7 +130,12 @@ class LoopSettings:
 
     @classmethod
     def from_config(cls, config: Any, *, probe_sequences: Sequence[Sequence[int]] = (),
-                    probe_bound: float = 0.05, rollout_only: bool = False) -> LoopSettings:
+                    probe_bound: float | None = None, rollout_only: bool = False) -> LoopSettings:
+        """The loop's settings from a run config; ``probe_sequences``: the probe's token ids (the
+        runner draws ``sync.probe_sequences`` of them from the tokenizer), ``probe_bound`` ``None``:
+        ``sync.probe_bound``."""
+        if probe_bound is None:
+            probe_bound = config.sync.probe_bound
         return cls(mode=config.mode, steps=config.train.steps, batching=config.batching_config(),
                    max_staleness=config.rollout.scheduler.max_staleness,
                    checkpoint_every=config.checkpoint.every_steps, save_final=config.checkpoint.save_final,

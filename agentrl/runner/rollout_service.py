@@ -30,6 +30,7 @@ from agentrl.rollout.types import SamplingParams
 
 if TYPE_CHECKING:
     from agentrl.rollout.health import EngineGroup
+    from agentrl.runner.config import RunConfig
 
 __all__ = ["RolloutService", "WeightLoader"]
 
@@ -49,16 +50,27 @@ class ScoringClient(Protocol):
 class RolloutService:
     """See the module doc. ``eval_sets``: ``name -> (rows, EvalConfig, every_steps)``."""
 
-    def __init__(self, scheduler: Scheduler, weights: WeightLoader, *, scoring: ScoringClient | None = None,
+    def __init__(self, scheduler: Scheduler, weights: WeightLoader, *, scoring: Any = None,
                  eval_sets: dict[str, tuple[list[dict[str, Any]], Any, int]] | None = None,
                  on_shutdown: Callable[[], Any] | None = None) -> None:
         self.scheduler = scheduler
         self.weights = weights
-        self.scoring = scoring
+        self.scoring: ScoringClient | None = scoring
         self.eval_sets = eval_sets or {}
         self._on_shutdown = on_shutdown
         self.group: EngineGroup | None = None
         self.collecting = False
+
+    # -- building from a config ------------------------------------------------------------------
+    @classmethod
+    async def launch(cls, config: RunConfig, env_factory: Callable[[dict[str, Any]], Any], *,
+                     group_filter: Any = None, engine_env: dict[str, str] | None = None) -> RolloutService:
+        """Starts the router and the engines (logs under the run folder's ``logs/``), then builds
+        the client, the data source (rows checked against the environment), the scheduler and the
+        disk weight loader. Everything started is stopped again if a later part fails."""
+        from agentrl.runner._launch import launch_rollout
+
+        return await launch_rollout(cls, config, env_factory, group_filter=group_filter, engine_env=engine_env)
 
     # -- the step ------------------------------------------------------------------------------
     async def collect(self) -> StepBatch:

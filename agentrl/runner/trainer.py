@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import orjson
 import torch
 
+from agentrl.runner.probe import logprob_mismatch
 from agentrl.train.batching import TrainingBatch, TrainSequence
 from agentrl.train.torch_backend import TorchTrainBackend
 
@@ -149,13 +150,3 @@ def _mismatch(sequences: list[TrainSequence], scored: list[list[float]] | None =
                 engine.append(seq.rollout_logprobs[pos])
                 trainer.append(mine[pos])
     return logprob_mismatch(engine, trainer)
-
-
-def logprob_mismatch(engine: list[float], trainer: list[float]) -> dict[str, float]:
-    """``|engine − trainer|`` over aligned logprobs: mean, max, p50/p90/p99 and the count ``n``."""
-    if not engine:
-        return {"n": 0.0}
-    diff = torch.tensor(engine, dtype=torch.float64).sub_(torch.tensor(trainer, dtype=torch.float64)).abs_()
-    q = torch.quantile(diff, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
-    return {"mean": float(diff.mean()), "max": float(diff.max()), "p50": q[0], "p90": q[1], "p99": q[2],
-            "n": float(diff.numel())}

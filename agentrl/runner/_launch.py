@@ -1,0 +1,103 @@
+"""Building a :class:`~agentrl.runner.RolloutService` from a run config: router, engines, client,
+data source, scheduler and the disk weight loader. Everything started is stopped if a later part
+fails."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentrl.chat.template import ChatTemplate
+from agentrl.data.source import DataSource, read_rows
+from agentrl.rollout.health import EngineGroup
+from agentrl.rollout.scheduler import Scheduler
+from agentrl.runner.weights import DiskWeightSync
+
+if TYPE_CHECKING:
+    from agentrl.runner.config import RunConfig
+    from agentrl.runner.rollout_service import RolloutService
+
+__all__ = ["EngineWeights", "launch_rollout", "row_validator"]
+
+
+class EngineWeights:
+    """The engines' :class:`~agentrl.runner.rollout_service.WeightLoader` over a
+    :class:`~agentrl.runner.weights.DiskWeightSync`: the trainer (maybe in another process) writes
+    version *v* into a staging folder ``root/.export-v000003``; the sync's export step moves its files
+    into the version folder (a rename on the same disk), then every engine loads it."""
+
+    def __init__(self, sync: DiskWeightSync) -> None:
+        self.sync = sync
+
+    def folder(self, version: int) -> Path:
+        return self.sync.root / f".export-{self.sync.folder(version).name}"
+
+    async def load(self, version: int, folder: Path) -> dict[str, float]:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"weight sync v{version}: the trainer did not write {str(folder)!r}")
+
+        def move(target: Path) -> None:
+            for item in folder.iterdir():
+                item.rename(target / item.name)
+            folder.rmdir()
+
+        report = await self.sync.sync(version, move)
+        return report.to_metrics()
+
+
+def row_validator(env_factory: Any) -> Callable[[dict[str, Any]], object] | None:
+    """The environment's row check (its ``task_type``), so bad rows are reported when the data loads."""
+    task_type = getattr(env_factory, "task_type", None)
+    return task_type.model_validate if task_type is not None else None
+
+
+async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_factory: Callable[[dict[str, Any]], Any],
+                         *, group_filter: Any = None, engine_env: dict[str, str] | None = None) -> RolloutService:
+    run_dir = config.run_dir()
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    engine_cfg = config.engine_config()
+    env = {**(engine_env or {}), **engine_cfg.env}
+    engine_cfg = dataclasses.replace(engine_cfg, log_dir=logs, env=env)
+    router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
+    group = await EngineGroup.launch([engine_cfg] * config.rollout.engines.count, router_cfg)
+    try:
+        return _assemble(cls, config, env_factory, group, group_filter)
+    except BaseException:
+        await group.shutdown()
+        raise
+
+
+def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callable[[dict[str, Any]], Any],
+              group: EngineGroup, group_filter: Any) -> RolloutService:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer, local_files_only=True)
+    template = ChatTemplate.from_name(config.model.template, tokenizer=tokenizer)
+    client = group.client()
+    data = DataSource(config.data.train.to_config(), validate=row_validator(env_factory))
+    sched_cfg = config.rollout.scheduler.to_config()
+    if config.mode == "bounded_staleness" and sched_cfg.max_staleness is not None:
+        # a collected batch can wait one weight version in the runner's queue before it trains
+        sched_cfg = dataclasses.replace(sched_cfg, max_staleness=max(sched_cfg.max_staleness - 1, 0))
+    scheduler = Scheduler(env_factory, template, client, data, sched_cfg, agent=config.agent_config(),
+                          group_filter=group_filter, load_probe=group.active_requests,
+                          engines=len(group.engines))
+    weights = EngineWeights(DiskWeightSync(group.engines, config.run_dir() / "weights",
+                                           config.sync.to_config(), on_remove=group.take_out))
+    evals: dict[str, tuple[list[dict[str, Any]], Any, int]] = {}
+    for section in config.data.eval:
+        good, _bad = read_rows(section.to_config(), validate=row_validator(env_factory))
+        evals[section.name] = ([row for _, row in good], section.to_eval_config(), section.every_steps)
+
+    async def stop() -> None:
+        try:
+            await client.close()
+        finally:
+            await group.shutdown()
+
+    service = cls(scheduler, weights, scoring=client, eval_sets=evals, on_shutdown=stop)
+    service.group = group
+    return service

@@ -1,0 +1,117 @@
+"""``agentrl.train(config, environment=..., reward=..., callbacks=...)``: a run from Python.
+
+Usable from a script or a notebook, without the CLI; user objects are passed directly::
+
+    from agentrl import train
+    from agentrl.runner import RunConfig
+
+    config = RunConfig.from_dict({"model": {"path": "models/tiny"}, "data": {"train": {"path": "train.jsonl"}},
+                                  "environment": {"name": "toy_arithmetic"}, "train": {"steps": 3}})
+    summary = train(config)                                  # built-in environment by name
+    summary = train(config, environment=MyEnv, reward=my_reward, group_filter=my_filter)
+
+``environment``: an :class:`~agentrl.environments.Environment` subclass (or any callable
+``row -> environment``), built with ``config.environment.options`` as keyword arguments; ``None``:
+the built-in named by ``config.environment.name``. ``reward(trajectory, task)``: replaces the
+environment's own reward. ``use_ray`` (default on): the rollout side runs in a Ray actor and the
+trainer in one actor per data-parallel rank, on a local Ray started for the run (its own temp dir
+and namespace) or ``cluster.ray_address``; ``use_ray=False`` runs both sides in this process.
+
+In a notebook (an event loop already running) ``await train_async(...)`` instead. SIGINT/SIGTERM
+end the run cleanly: the engines, router, sandboxes and Ray processes the run started are stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from agentrl.runner.checkpoint import RunCheckpointer
+from agentrl.runner.config import RunConfig
+from agentrl.runner.envs import BUILTIN_ENVIRONMENTS, environment_factory
+from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunSummary
+from agentrl.runner.rundir import RunDirectory
+from agentrl.runner.sides import LocalTrainer
+
+__all__ = ["BUILTIN_ENVIRONMENTS", "environment_factory", "train", "train_async"]
+
+
+def train(config: RunConfig, *, environment: Any = None, reward: Callable[..., Any] | None = None,
+          group_filter: Any = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
+          resume: str | None = None, rollout_only: bool = False) -> RunSummary:
+    """Runs ``config`` to its end and returns the summary (see the module doc)."""
+    return asyncio.run(train_async(config, environment=environment, reward=reward, group_filter=group_filter,
+                                   callbacks=callbacks, use_ray=use_ray, resume=resume, rollout_only=rollout_only))
+
+
+async def train_async(config: RunConfig, *, environment: Any = None, reward: Callable[..., Any] | None = None,
+                      group_filter: Any = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
+                      resume: str | None = None, rollout_only: bool = False) -> RunSummary:
+    """:func:`train` for a running event loop."""
+    from agentrl.runner.cpu import plan_cpu
+    from agentrl.runner.rollout_service import RolloutService
+    from agentrl.runner.trainer import TrainService
+
+    factory = environment_factory(config, environment, reward)
+    run_dir = RunDirectory(config.run_dir(), config_hash=config.hash())
+    run_dir.write_config(config.to_dict())
+    checkpointer = RunCheckpointer(run_dir.checkpoints_dir, keep_last=config.checkpoint.keep_last,
+                                   config_hash=config.hash())
+    resume = resume if resume is not None else config.checkpoint.resume
+    settings = LoopSettings.from_config(config, rollout_only=rollout_only,
+                                        probe_sequences=[] if rollout_only else _probes(config))
+    cpu = plan_cpu(engines=config.rollout.engines.count) if config.cluster.accelerator == "cpu" else None
+    if use_ray:
+        from agentrl.runner.ray_run import run_on_ray
+
+        return await run_on_ray(config, factory, settings, run_dir=run_dir, checkpointer=checkpointer,
+                                callbacks=callbacks, resume=resume, group_filter=group_filter, cpu=cpu)
+    rollout = await RolloutService.launch(config, factory, group_filter=group_filter,
+                                          engine_env=cpu.engine_env(0) if cpu is not None else None)
+    try:
+        trainer = None
+        if not rollout_only:
+            service = await asyncio.to_thread(TrainService.from_config, config,
+                                              threads=cpu.trainer_threads if cpu is not None else None)
+            trainer = LocalTrainer(service)
+        runner = Runner(rollout, trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
+                        callbacks=callbacks, resume=resume)
+        with _signals_cancel_current_task():
+            return await runner.run()
+    finally:
+        await rollout.shutdown()
+
+
+def _probes(config: RunConfig) -> list[list[int]]:
+    """The post-sync probe's fixed sequences, drawn (seeded) from the model's tokenizer."""
+    if config.sync.probe_sequences == 0:
+        return []
+    from transformers import AutoTokenizer
+
+    from agentrl.runner.probe import probe_sequences
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer, local_files_only=True)
+    return probe_sequences(tokenizer, config.sync.probe_sequences, config.sync.probe_length, config.sync.probe_seed)
+
+
+@contextlib.contextmanager
+def _signals_cancel_current_task() -> Iterator[None]:
+    """SIGTERM (and SIGINT) cancel the run's task, so every ``finally`` stops what the run started."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            if task is not None:
+                loop.add_signal_handler(sig, task.cancel)
+                installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+            pass
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,239 @@
+"""The run on Ray: a rollout actor (scheduler + engine group) and one train actor per data-parallel
+rank, placed by :class:`~agentrl.runner.placement.PlacementPlan`; the driver runs the same
+:class:`~agentrl.runner.loop.Runner` as in-process runs, through proxies.
+
+The actors only wrap plain objects (:class:`~agentrl.runner.RolloutService`,
+:class:`~agentrl.runner.trainer.TrainService`). Everything the run started (engines, router, actors,
+placement groups, a local Ray) is stopped when it ends, fails or is interrupted; a Ray the process
+was already connected to is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from agentrl.runner.checkpoint import RunCheckpointer
+from agentrl.runner.cluster import RayRuntime, TrainGroup, spawn
+from agentrl.runner.config import RunConfig
+from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunSummary
+from agentrl.runner.placement import PlacementPlan
+from agentrl.runner.rundir import RunDirectory
+from agentrl.runner.sides import ActorProxy
+from agentrl.train.batching import TrainingBatch
+
+if TYPE_CHECKING:
+    from agentrl.runner.loop import RolloutSide
+
+__all__ = ["GroupTrainer", "RolloutActor", "TrainRank", "run_on_ray", "start_sides"]
+
+
+class RolloutActor:
+    """The rollout actor: builds a :class:`RolloutService` in its own event loop and forwards to it."""
+
+    def __init__(self, config: dict[str, Any], env_factory: Any, group_filter: Any = None,
+                 engine_env: dict[str, str] | None = None) -> None:
+        self.config = RunConfig.from_dict(config)
+        self.env_factory, self.group_filter, self.engine_env = env_factory, group_filter, engine_env
+        self.service: Any = None
+
+    async def setup(self) -> int:
+        from agentrl.runner.rollout_service import RolloutService
+
+        self.service = await RolloutService.launch(self.config, self.env_factory, group_filter=self.group_filter,
+                                                   engine_env=self.engine_env)
+        import os
+
+        return os.getpid()
+
+    async def collect(self) -> Any:
+        return await self.service.collect()
+
+    async def weights_folder(self, version: int) -> str:
+        return str(await self.service.weights_folder(version))
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        return dict(await self.service.sync_weights(version))
+
+    async def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        return list(await self.service.score(sequences))
+
+    async def evaluate(self, name: str) -> dict[str, Any]:
+        return dict(await self.service.evaluate(name))
+
+    async def evals_due(self, step: int, *, final: bool = False) -> list[str]:
+        return list(await self.service.evals_due(step, final=final))
+
+    async def state_dict(self) -> dict[str, Any]:
+        return dict(await self.service.state_dict())
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        await self.service.load_state_dict(state)
+
+    async def engine_versions(self) -> list[str]:
+        """The weight version each engine reports (``/model_info``)."""
+        group = self.service.group
+        return [await e.weight_version() for e in group.engines] if group is not None else []
+
+    async def active_requests(self) -> int:
+        return int(await self.service.active_requests())
+
+    async def node_id(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    async def shutdown(self) -> None:
+        if self.service is not None:
+            await self.service.shutdown()
+            self.service = None
+
+
+class TrainRank:
+    """One train actor's plain object: the trainer service built from the run config."""
+
+    def __init__(self, config: dict[str, Any], threads: int | None = None) -> None:
+        from agentrl.runner.trainer import TrainService
+
+        self.service = TrainService.from_config(RunConfig.from_dict(config), threads=threads)
+
+    def train(self, batch: TrainingBatch, step: int) -> dict[str, float]:
+        return self.service.train(batch, step)
+
+    def export(self, folder: str) -> str:
+        return self.service.export(folder)
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        return self.service.score(sequences)
+
+    def save(self, folder: str) -> str:
+        return self.service.save(folder)
+
+    def load(self, folder: str) -> None:
+        self.service.load(folder)
+
+    def digest(self) -> str:
+        return self.service.digest()
+
+    def node_id(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+
+class GroupTrainer:
+    """The runner's trainer side over a :class:`TrainGroup`: every call runs on every rank (the
+    collectives need them all); the result is rank 0's."""
+
+    def __init__(self, group: TrainGroup) -> None:
+        self.group = group
+
+    async def _all(self, method: str, *args: Any) -> Any:
+        results = await asyncio.to_thread(self.group.call, method, *args)
+        return results[0]
+
+    async def train(self, batch: TrainingBatch, step: int) -> dict[str, float]:
+        return dict(await self._all("train", batch, step))
+
+    async def export(self, folder: str) -> str:
+        return str(await self._all("export", folder))
+
+    async def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        return list(await self._all("score", sequences))
+
+    async def save(self, folder: str) -> str:
+        return str(await self._all("save", folder))
+
+    async def load(self, folder: str) -> None:
+        await self._all("load", folder)
+
+    async def digest(self) -> str:
+        return str(await self._all("digest"))
+
+    async def node_ids(self) -> list[str]:
+        return [str(x) for x in await asyncio.to_thread(self.group.call, "node_id")]
+
+
+class Sides:
+    """The started actors and what to stop when the run ends."""
+
+    def __init__(self, runtime: RayRuntime, placed: Any, rollout: Any, trainer: GroupTrainer | None) -> None:
+        self.runtime, self.placed, self.rollout_handle, self.trainer = runtime, placed, rollout, trainer
+
+    @property
+    def rollout(self) -> ActorProxy:
+        return ActorProxy(self.rollout_handle)
+
+    async def stop(self) -> None:
+        import ray
+
+        try:
+            try:
+                await self.rollout_handle.shutdown.remote()
+            finally:
+                ray.kill(self.rollout_handle)
+                if self.trainer is not None:
+                    await asyncio.to_thread(self.trainer.group.teardown)
+        finally:
+            self.placed.remove()
+            self.runtime.shutdown()
+
+
+async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any = None, cpu: Any = None,
+                      rollout_only: bool = False, node_resource_engines: str | None = None,
+                      node_resource_trainer: str | None = None, runtime: RayRuntime | None = None) -> Sides:
+    """Starts Ray (or reuses it), places and starts the rollout actor and the train group."""
+    runtime = runtime or RayRuntime.start(address=config.cluster.ray_address,
+                                          namespace=f"agentrl-{config.hash()[:12]}",
+                                          object_store_memory=256 * 1024 * 1024
+                                          if config.cluster.ray_address is None else None)
+    placed = None
+    rollout = None
+    try:
+        plan = PlacementPlan.build(config.cluster, engines=config.rollout.engines.count,
+                                   trainer_ranks=config.train.data_parallel_size,
+                                   node_resource_engines=node_resource_engines,
+                                   node_resource_trainer=node_resource_trainer)
+        placed = await asyncio.to_thread(plan.create)
+        engine_env = cpu.engine_env(0) if cpu is not None else None
+        rollout = spawn(RolloutActor, config.to_dict(), env_factory, group_filter, engine_env,
+                        placement=placed.engine(0), max_concurrency=64)
+        await rollout.setup.remote()
+        trainer = None
+        if not rollout_only:
+            threads = cpu.trainer_threads if cpu is not None else None
+            env = {"OMP_NUM_THREADS": str(threads)} if threads is not None else None
+            group = await asyncio.to_thread(TrainGroup.start, TrainRank, config.to_dict(), threads,
+                                            world_size=config.train.data_parallel_size, placement=placed,
+                                            device=config.cluster.train_device, env_vars=env)
+            trainer = GroupTrainer(group)
+        return Sides(runtime, placed, rollout, trainer)
+    except BaseException:
+        import ray
+
+        if rollout is not None:
+            try:
+                await rollout.shutdown.remote()
+            finally:
+                ray.kill(rollout)
+        if placed is not None:
+            placed.remove()
+        runtime.shutdown()
+        raise
+
+
+async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings, *, run_dir: RunDirectory,
+                     checkpointer: RunCheckpointer, callbacks: Sequence[RunCallback] = (), resume: str | None = None,
+                     group_filter: Any = None, cpu: Any = None) -> RunSummary:
+    from agentrl.runner.api import _signals_cancel_current_task
+
+    sides = await start_sides(config, env_factory, group_filter=group_filter, cpu=cpu,
+                              rollout_only=settings.rollout_only)
+    try:
+        runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
+                        callbacks=callbacks, resume=resume)
+        with _signals_cancel_current_task():
+            return await runner.run()
+    finally:
+        await sides.stop()
