@@ -36,6 +36,7 @@ from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.cluster import RayRuntime, TrainGroup, TrainGroupError, spawn
 from agentrl.runner.config import HASH_EXCLUDED, RunConfig
 from agentrl.runner.cpu import CpuPlan, plan_cpu
+from agentrl.runner.debug import train_from_trajectories
 from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
 from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunnerError, RunSummary, StalenessError
 from agentrl.runner.placement import ActorPlacement, BundleGroup, PlacedGroups, PlacementError, PlacementPlan
@@ -112,4 +113,5 @@ __all__ = [
     "probe_sequences",
     "run_checks",
     "spawn",
+    "train_from_trajectories",
 ]

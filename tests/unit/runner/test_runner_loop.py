@@ -75,7 +75,7 @@ async def test_bounded_staleness_keeps_every_trained_token_within_the_bound(tmp_
     (paused and resumed, not aborted)."""
     config = fake_run_config(tmp_path, steps=5, mode="bounded_staleness", checkpoint_every=None,
                              partial_rollout=True, max_staleness=2, rows=40)
-    runner, client = build_fake_runner(config, token_delay_s=token_delay_s)
+    runner, _ = build_fake_runner(config, token_delay_s=token_delay_s)
     await runner.run()
     staleness = []
     for step in range(1, 6):

@@ -70,3 +70,20 @@ async def test_resume_with_a_partial_rollout_buffer_continues_it_exactly(tmp_pat
     assert [g["prompt_id"] for g in (await resumed.rollout.state_dict())["buffer"]] == \
         [g["prompt_id"] for g in (await straight.rollout.state_dict())["buffer"]]
     assert await resumed.trainer.digest() == await straight.trainer.digest()
+
+
+async def test_train_only_from_saved_trajectories_reproduces_the_run(tmp_path: Path) -> None:
+    """The debug mode re-trains a run folder's saved trajectories from the initial model: the same
+    data in the same order gives the same weights, bit for bit, and one metrics line per step."""
+    from agentrl.runner.debug import train_from_trajectories
+    from agentrl.runner.trainer import TrainService
+
+    config = fake_run_config(tmp_path, steps=3, checkpoint_every=None)
+    runner, _ = build_fake_runner(config)
+    await runner.run()
+    fresh = TrainService.from_config(config, threads=1)
+    metrics = train_from_trajectories(config, config.run_dir(), service=fresh)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert fresh.digest() == await runner.trainer.digest()
+    with pytest.raises(FileNotFoundError, match="no trajectories for steps"):
+        train_from_trajectories(config, config.run_dir(), steps=[9], service=fresh)
