@@ -51,6 +51,7 @@ class StepClock(RunCallback):
 
 
 async def runner_overhead(root: Path, steps: int) -> dict[str, Any]:
+    root.mkdir(parents=True, exist_ok=True)
     data = root / "train.jsonl"
     data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in make_arithmetic_rows(64, seed=0)))
     config = RunConfig.from_dict({
@@ -103,6 +104,7 @@ async def large_sync(root: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     src = root / "large"
+    src.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     params = build_large(src)
     build_s = time.perf_counter() - t0

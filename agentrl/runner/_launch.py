@@ -17,6 +17,7 @@ from agentrl.runner.weights import DiskWeightSync
 
 if TYPE_CHECKING:
     from agentrl.runner.config import RunConfig
+    from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.rollout_service import RolloutService
 
 __all__ = ["EngineWeights", "launch_rollout", "row_validator"]
@@ -54,16 +55,23 @@ def row_validator(env_factory: Any) -> Callable[[dict[str, Any]], object] | None
 
 
 async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_factory: Callable[[dict[str, Any]], Any],
-                         *, group_filter: Any = None, engine_env: dict[str, str] | None = None) -> RolloutService:
+                         *, group_filter: Any = None, cpu: CpuPlan | None = None) -> RolloutService:
     run_dir = config.run_dir()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    engine_cfg = config.engine_config()
-    env = {**(engine_env or {}), **engine_cfg.env}
-    engine_cfg = dataclasses.replace(engine_cfg, log_dir=logs, env=env)
+    base = config.engine_config()
+    if config.rollout.engines.boot_path is not None:  # serve a stand-in while the real model is prepared
+        base = dataclasses.replace(base, model_path=config.rollout.engines.boot_path)
+    engine_cfgs = [dataclasses.replace(base, log_dir=logs,
+                                       env={**(cpu.engine_env(i) if cpu is not None else {}), **base.env})
+                   for i in range(config.rollout.engines.count)]
     router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
-    group = await EngineGroup.launch([engine_cfg] * config.rollout.engines.count, router_cfg)
+    group = await EngineGroup.launch(engine_cfgs, router_cfg)
     try:
+        if cpu is not None:  # SGLang binds threads itself only on AMX/arm64: pin each engine's tree
+            for i, engine in enumerate(group.engines):
+                if engine.process is not None:
+                    cpu.pin(i, engine.process.pid)
         return _assemble(cls, config, env_factory, group, group_filter)
     except BaseException:
         await group.shutdown()

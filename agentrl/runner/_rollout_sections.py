@@ -32,6 +32,9 @@ class EnginesSection(Section):
     ``tp_size × dp_size`` accelerators per engine on a GPU machine. ``enable_memory_saver``
     ``None``: on exactly when the engines must release accelerator memory around training
     (colocated placement on an accelerator). ``context_length`` ``None``: the model's own.
+    ``boot_path``: a folder the engines serve at start-up instead of ``model.path`` (a model of the
+    same shape, e.g. random weights, while the real one is still being prepared); the runner then
+    loads the trainer's weights into them before the first rollout.
     """
 
     count: int = Field(default=1, ge=1)
@@ -47,6 +50,7 @@ class EnginesSection(Section):
     startup_timeout_s: float = Field(default=600.0, gt=0.0)
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    boot_path: str | None = Field(default=None, min_length=1)
 
     def to_config(self, model_path: str, *, dtype: str = "bfloat16", device: EngineDevice = "auto",
                   release_memory: bool = False) -> EngineConfig:

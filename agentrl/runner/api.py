@@ -70,7 +70,7 @@ async def train_async(config: RunConfig, *, environment: Any = None, reward: Cal
         return await run_on_ray(config, factory, settings, run_dir=run_dir, checkpointer=checkpointer,
                                 callbacks=callbacks, resume=resume, group_filter=group_filter, cpu=cpu)
     rollout = await RolloutService.launch(config, factory, group_filter=group_filter,
-                                          engine_env=cpu.engine_env(0) if cpu is not None else None)
+                                          cpu=cpu)
     try:
         trainer = None
         if not rollout_only:

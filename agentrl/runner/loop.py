@@ -127,6 +127,7 @@ class LoopSettings:
     probe_sequences: tuple[tuple[int, ...], ...] = ()
     probe_bound: float = 0.05
     rollout_only: bool = False
+    sync_at_start: bool = False
 
     @classmethod
     def from_config(cls, config: Any, *, probe_sequences: Sequence[Sequence[int]] = (),
@@ -141,7 +142,7 @@ class LoopSettings:
                    checkpoint_every=config.checkpoint.every_steps, save_final=config.checkpoint.save_final,
                    save_trajectories=config.logging.save_trajectories,
                    probe_sequences=tuple(tuple(s) for s in probe_sequences), probe_bound=probe_bound,
-                   rollout_only=rollout_only)
+                   rollout_only=rollout_only, sync_at_start=config.rollout.engines.boot_path is not None)
 
 
 class Runner:
@@ -289,6 +290,8 @@ class Runner:
             if self.run_dir.read_metrics():
                 raise RunnerError(f"run folder {str(self.run_dir.root)!r} already holds a run's metrics: expected "
                                   "resume=<that folder> (checkpoint.resume) to continue it, or another logging.run_dir")
+            if self.settings.sync_at_start and self.trainer is not None:
+                await self.sync_weights()  # the engines booted on a stand-in: load the policy as version 0
             return
         loaded = self.checkpointer.load(RunCheckpointer.resolve(self.resume))
         assert self.trainer is not None

@@ -33,16 +33,16 @@ class RolloutActor:
     """The rollout actor: builds a :class:`RolloutService` in its own event loop and forwards to it."""
 
     def __init__(self, config: dict[str, Any], env_factory: Any, group_filter: Any = None,
-                 engine_env: dict[str, str] | None = None) -> None:
+                 cpu: Any = None) -> None:
         self.config = RunConfig.from_dict(config)
-        self.env_factory, self.group_filter, self.engine_env = env_factory, group_filter, engine_env
+        self.env_factory, self.group_filter, self.cpu = env_factory, group_filter, cpu
         self.service: Any = None
 
     async def setup(self) -> int:
         from agentrl.runner.rollout_service import RolloutService
 
         self.service = await RolloutService.launch(self.config, self.env_factory, group_filter=self.group_filter,
-                                                   engine_env=self.engine_env)
+                                                   cpu=self.cpu)
         import os
 
         return os.getpid()
@@ -196,10 +196,9 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
                                    node_resource_engines=node_resource_engines,
                                    node_resource_trainer=node_resource_trainer)
         placed = await asyncio.to_thread(plan.create)
-        engine_env = cpu.engine_env(0) if cpu is not None else None
-        rollout = spawn(RolloutActor, config.to_dict(), env_factory, group_filter, engine_env,
+        rollout = spawn(RolloutActor, config.to_dict(), env_factory, group_filter, cpu,
                         placement=placed.engine(0), max_concurrency=64)
-        await rollout.setup.remote()
+        booting: Any = rollout.setup.remote()  # the engines boot while the train actors build the model
         trainer = None
         if not rollout_only:
             threads = cpu.trainer_threads if cpu is not None else None
@@ -208,6 +207,7 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
                                             world_size=config.train.data_parallel_size, placement=placed,
                                             device=config.cluster.train_device, env_vars=env)
             trainer = GroupTrainer(group)
+        await booting
         return Sides(runtime, placed, rollout, trainer)
     except BaseException:
         import ray

@@ -64,13 +64,14 @@ class RolloutService:
     # -- building from a config ------------------------------------------------------------------
     @classmethod
     async def launch(cls, config: RunConfig, env_factory: Callable[[dict[str, Any]], Any], *,
-                     group_filter: Any = None, engine_env: dict[str, str] | None = None) -> RolloutService:
+                     group_filter: Any = None, cpu: Any = None) -> RolloutService:
         """Starts the router and the engines (logs under the run folder's ``logs/``), then builds
         the client, the data source (rows checked against the environment), the scheduler and the
-        disk weight loader. Everything started is stopped again if a later part fails."""
+        disk weight loader. ``cpu``: a :class:`~agentrl.runner.cpu.CpuPlan` (threads and pinning of each
+        engine on a CPU machine). Everything started is stopped again if a later part fails."""
         from agentrl.runner._launch import launch_rollout
 
-        return await launch_rollout(cls, config, env_factory, group_filter=group_filter, engine_env=engine_env)
+        return await launch_rollout(cls, config, env_factory, group_filter=group_filter, cpu=cpu)
 
     # -- the step ------------------------------------------------------------------------------
     async def collect(self) -> StepBatch:

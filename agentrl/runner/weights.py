@@ -136,6 +136,7 @@ class SyncReport:
     retries: int = 0
     aborted_requests: int = 0
     failures: tuple[str, ...] = field(default=())
+    active_requests: int = 0
 
     def to_metrics(self) -> dict[str, float]:
         """Step metrics under ``sync/``."""
@@ -145,6 +146,7 @@ class SyncReport:
             "sync/total_s": self.total_s, "sync/engines_updated": float(len(self.engines_updated)),
             "sync/engines_removed": float(len(self.engines_removed)), "sync/retries": float(self.retries),
             "sync/aborted_requests": float(self.aborted_requests),
+            "sync/active_requests": float(self.active_requests),
         }
 
 
@@ -212,7 +214,8 @@ class DiskWeightSync:
                           verify_s=t["verify"], resume_s=t["resume"], total_s=time.perf_counter() - start,
                           engines_updated=tuple(e.url for e in run.updated),
                           engines_removed=tuple(e.url for e in removed), retries=run.retries,
-                          aborted_requests=run.aborted, failures=tuple(run.failures))
+                          aborted_requests=run.aborted, failures=tuple(run.failures),
+                          active_requests=run.active)
 
     async def _export(self, version: int, export: Callable[[Path], object]) -> Path:
         folder = self.folder(version)
@@ -255,6 +258,7 @@ class _SyncRun:
         self.failed_phase: SyncPhase = "load"
         self.retries = 0
         self.aborted = 0
+        self.active = 0  # requests running or waiting on the engines when the pause began
         self.timings: dict[str, float] = {"pause": 0.0, "load": 0.0, "verify": 0.0, "resume": 0.0}
 
     def _fail(self, engine: SGLangEngine, phase: SyncPhase, cause: str) -> None:
@@ -264,8 +268,9 @@ class _SyncRun:
 
     async def execute(self) -> None:
         cfg = self.cfg
+        self.active = await self._count_active()
         if cfg.aborts:
-            self.aborted = await self._count_active()
+            self.aborted = self.active
         t0 = time.perf_counter()
         await _deadline("pause", cfg.pause_s, self._pause_all())
         self.timings["pause"] = time.perf_counter() - t0
