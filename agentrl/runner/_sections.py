@@ -180,6 +180,8 @@ class TrainSection(Section):
     ``steps`` ``None``: until the training data runs out. ``data_parallel_size`` ranks each train on
     an even share of the step's sequences; ``tensor_parallel_size``/``pipeline_parallel_size`` are
     the megatron backend's. ``dtype``/``autocast``/... are those of :class:`TorchBackendConfig`.
+    ``score_after_step``: score the batch again after the update and log the engine-vs-trainer
+    mismatch after the step too (``mismatch_after/*``; one more forward pass per step).
     """
 
     backend: TrainBackendName = "torch"
@@ -197,6 +199,7 @@ class TrainSection(Section):
     logprob_chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=1)
     verify_packing: bool = True
     seed: int = 0
+    score_after_step: bool = False
 
     @property
     def world_size(self) -> int:

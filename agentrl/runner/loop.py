@@ -82,6 +82,8 @@ class RolloutSide(Protocol):
     async def evals_due(self, step: int, *, final: bool = False) -> list[str]: ...
     async def state_dict(self) -> dict[str, Any]: ...
     async def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    async def release_memory(self) -> None: ...
+    async def resume_memory(self) -> None: ...
 
 
 class TrainSide(Protocol):
@@ -128,6 +130,7 @@ class LoopSettings:
     probe_bound: float = 0.05
     rollout_only: bool = False
     sync_at_start: bool = False
+    release_engine_memory: bool = False
 
     @classmethod
     def from_config(cls, config: Any, *, probe_sequences: Sequence[Sequence[int]] = (),
@@ -142,7 +145,8 @@ class LoopSettings:
                    checkpoint_every=config.checkpoint.every_steps, save_final=config.checkpoint.save_final,
                    save_trajectories=config.logging.save_trajectories,
                    probe_sequences=tuple(tuple(s) for s in probe_sequences), probe_bound=probe_bound,
-                   rollout_only=rollout_only, sync_at_start=config.rollout.engines.boot_path is not None)
+                   rollout_only=rollout_only, sync_at_start=config.rollout.engines.boot_path is not None,
+                   release_engine_memory=config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu")
 
 
 class Runner:
@@ -200,8 +204,17 @@ class Runner:
         """One optimiser step (every rank); the weight version moves on even for a skipped batch."""
         assert self.trainer is not None
         self._phase("train_step", self.step + 1)
-        metrics = await self.trainer.train(batch, self.step) if batch is not None else {"train/skipped": 1.0}
-        return metrics
+        if batch is None:
+            return {"train/skipped": 1.0}
+        if not self.settings.release_engine_memory:
+            return await self.trainer.train(batch, self.step)
+        # colocated on an accelerator (sync mode): the engines give their memory to the trainer and
+        # take it back before the weight sync
+        await self.rollout.release_memory()
+        try:
+            return await self.trainer.train(batch, self.step)
+        finally:
+            await self.rollout.resume_memory()
 
     async def sync_weights(self) -> dict[str, float]:
         """Exports the trainer's weights as version ``self.version`` and has every engine load them;

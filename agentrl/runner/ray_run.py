@@ -71,6 +71,12 @@ class RolloutActor:
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         await self.service.load_state_dict(state)
 
+    async def release_memory(self) -> None:
+        await self.service.release_memory()
+
+    async def resume_memory(self) -> None:
+        await self.service.resume_memory()
+
     async def engine_versions(self) -> list[str]:
         """The weight version each engine reports (``/model_info``)."""
         group = self.service.group

@@ -115,6 +115,16 @@ class RolloutService:
         """Names of the eval sets to run after training step ``step`` (1-based)."""
         return [n for n, (_, _, every) in self.eval_sets.items() if final or step % every == 0]
 
+    async def release_memory(self) -> None:
+        """Colocated on an accelerator: every engine frees its weights and KV cache for the trainer."""
+        if self.group is not None:
+            await asyncio.gather(*(e.release_memory_occupation() for e in self.group.engines))
+
+    async def resume_memory(self) -> None:
+        """Every engine takes its memory back (before the weight sync and the next rollout)."""
+        if self.group is not None:
+            await asyncio.gather(*(e.resume_memory_occupation() for e in self.group.engines))
+
     # -- state -----------------------------------------------------------------------------------
     async def state_dict(self) -> dict[str, Any]:
         return self.scheduler.state_dict()

@@ -45,8 +45,9 @@ class TrainService:
     """One trainer rank. ``total_steps`` bounds a cosine schedule without ``decay_steps``."""
 
     def __init__(self, backend: TorchTrainBackend, optimizer: OptimizerSection | None = None, *,
-                 total_steps: int | None = None) -> None:
+                 total_steps: int | None = None, score_after_step: bool = False) -> None:
         self.backend = backend
+        self.score_after_step = score_after_step
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.skipped_steps = 0
@@ -65,7 +66,8 @@ class TrainService:
         backend = TorchTrainBackend.from_pretrained(
             config.model.path, config.torch_backend_config(),
             with_ref_model=config.algorithm.kl_coef > 0)
-        return cls(backend, config.train.optimizer, total_steps=config.train.steps)
+        return cls(backend, config.train.optimizer, total_steps=config.train.steps,
+                   score_after_step=config.train.score_after_step)
 
     # -- one step ------------------------------------------------------------------------------
     def lr_at(self, step: int) -> float | None:
@@ -96,6 +98,9 @@ class TrainService:
             return metrics
         out = self.backend.train_step(batch)
         metrics.update({f"train/{k}": v for k, v in out.items()})
+        if self.score_after_step:  # how far the update moved the policy from what the engine sampled
+            after = self.backend.compute_logprobs(batch)
+            metrics.update({f"mismatch_after/{k}": v for k, v in _mismatch(batch.sequences, after).items()})
         metrics["train/skipped"] = 0.0
         metrics["train/step_s"] = time.perf_counter() - started
         return metrics

@@ -125,3 +125,48 @@ async def test_post_sync_probe_stops_the_run_when_engine_and_trainer_disagree(
     else:
         figures: dict[str, Any] = await runner.probe()
         assert figures["probe/mean_abs_diff"] == 0.0 and figures["probe/tokens"] == 6
+
+
+async def test_colocated_engines_release_their_memory_around_each_train_step(tmp_path: Path) -> None:
+    config = fake_run_config(tmp_path, steps=2, checkpoint_every=None)
+    runner, _ = build_fake_runner(config)
+    runner.settings = LoopSettings(**{**runner.settings.__dict__, "release_engine_memory": True})
+    events: list[str] = []
+    rollout, trainer = runner.rollout, runner.trainer
+    original_train, original_load = trainer.train, rollout.weights.load
+
+    async def release() -> None:
+        events.append("release")
+
+    async def resume() -> None:
+        events.append("resume")
+
+    async def train(batch: Any, step: int) -> dict[str, float]:
+        events.append("train")
+        return await original_train(batch, step)
+
+    async def load(version: int, folder: Path) -> dict[str, float]:
+        events.append("sync")
+        return await original_load(version, folder)
+
+    rollout.release_memory, rollout.resume_memory = release, resume  # type: ignore[method-assign]
+    trainer.train = train  # type: ignore[method-assign]
+    rollout.weights.load = load  # type: ignore[method-assign]
+    await runner.run()
+    assert events == ["release", "train", "resume", "sync"] * 2
+
+
+async def test_mismatch_before_and_after_the_step_is_logged(tmp_path: Path) -> None:
+    """Before the update the trainer scores what the engine sampled (the fake engine reports -0.5 for
+    every token, the tiny model does not: a large, finite mismatch); after it, the figures move."""
+    base = fake_run_config(tmp_path / "a", steps=1, checkpoint_every=None).to_dict()
+    base["train"]["score_after_step"] = True
+    from agentrl.runner import RunConfig
+
+    runner, _ = build_fake_runner(RunConfig.from_dict(base))
+    await runner.run()
+    line = runner.run_dir.read_metrics()[0]
+    for prefix in ("mismatch", "mismatch_after"):
+        assert line[f"{prefix}/n"] > 0
+        assert line[f"{prefix}/p50"] <= line[f"{prefix}/p90"] <= line[f"{prefix}/p99"] <= line[f"{prefix}/max"]
+    assert line["mismatch_after/mean"] != line["mismatch/mean"]
