@@ -55,11 +55,10 @@ class EngineVersions(RunCallback):
         self.metrics.append(dict(metrics))
 
 
-async def test_three_steps_with_disk_weight_sync_on_real_components(tmp_path: Path,
-                                                                   ray_two_hosts: RayTwoHosts) -> None:
+def make_config(tmp_path: Path, **changes: Any) -> RunConfig:
     data = tmp_path / "math.jsonl"
     data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in math_rows(16)))
-    config = RunConfig.from_dict({
+    raw: dict[str, Any] = {
         "model": {"path": str(build_tiny_model()), "dtype": "float32"},
         "data": {"train": {"path": str(data), "seed": 1}},
         "environment": {"name": "retool_math"},
@@ -73,7 +72,22 @@ async def test_three_steps_with_disk_weight_sync_on_real_components(tmp_path: Pa
         "logging": {"run_dir": str(tmp_path / "run")},
         "checkpoint": {"save_final": False},
         "cluster": {"placement": "disaggregated"},
-    })
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition(".")
+        if field:
+            node = raw.setdefault(section, {})
+            for part in field.split(".")[:-1]:
+                node = node.setdefault(part, {})
+            node[field.split(".")[-1]] = value
+        else:
+            raw[section] = value
+    return RunConfig.from_dict(raw)
+
+
+async def test_three_steps_with_disk_weight_sync_on_real_components(tmp_path: Path,
+                                                                   ray_two_hosts: RayTwoHosts) -> None:
+    config = make_config(tmp_path)
     factory = environment_factory(config, reward=index_reward)
     sides = await start_sides(config, factory, cpu=plan_cpu(engines=1), node_resource_engines=RAY_HOST_A,
                               node_resource_trainer=RAY_HOST_B)
@@ -105,3 +119,40 @@ async def test_three_steps_with_disk_weight_sync_on_real_components(tmp_path: Pa
         episodes = run_dir.read_trajectories(step)
         assert {s.weight_version for ep in episodes for t in ep.sequences for s in t.segments
                 if s.weight_version} <= {str(step - 1), "default"}
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "bounded_staleness"])
+async def test_async_modes_on_a_real_engine(tmp_path: Path, ray_two_hosts: RayTwoHosts, mode: str) -> None:
+    """one_step_off: no update lands while a request is generated (the engine's ``/v1/loads`` at
+    every pause is 0) and step k trains tokens of version k-2. bounded_staleness: every update
+    pauses (``retract``) and resumes, aborts nothing, and no trained token is older than the bound."""
+    extra: dict[str, Any] = {"mode": mode, "train.steps": 4}
+    if mode == "bounded_staleness":
+        extra.update({"rollout.scheduler.max_staleness": 2, "rollout.scheduler.partial_rollout": True,
+                      "rollout.scheduler.over_sampling": 0.5})
+    config = make_config(tmp_path, **extra)
+    sides = await start_sides(config, environment_factory(config, reward=index_reward), cpu=plan_cpu(engines=1),
+                              node_resource_engines=RAY_HOST_A, node_resource_trainer=RAY_HOST_B)
+    try:
+        check = EngineVersions(sides)
+        run_dir = RunDirectory(config.run_dir(), config_hash=config.hash())
+        runner = Runner(sides.rollout, sides.trainer, LoopSettings.from_config(config), run_dir=run_dir,
+                        callbacks=[check])
+        await runner.run()
+    finally:
+        await sides.stop()
+    assert check.seen == [["1"], ["2"], ["3"], ["4"]]
+    active = [m["sync/active_requests"] for m in check.metrics]
+    print(f"{mode}: requests active at each pause {active}, pause s "
+          f"{[round(m['sync/pause_s'], 4) for m in check.metrics]}")
+    assert all(m["sync/aborted_requests"] == 0 for m in check.metrics)
+    for step in range(1, 5):
+        versions = {s.weight_version for ep in run_dir.read_trajectories(step) for t in ep.sequences
+                    for s in t.segments if s.weight_version}
+        numeric = [int(v) if v != "default" else 0 for v in versions]
+        if mode == "one_step_off":
+            assert set(numeric) == {max(step - 2, 0)}
+        else:
+            assert step - 1 - min(numeric) <= 2
+    if mode == "one_step_off":
+        assert active == [0, 0, 0, 0]
