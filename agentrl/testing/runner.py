@@ -5,7 +5,10 @@ the tiny Qwen3 and real run folders and checkpoints.
 The fake engine's answers depend only on the prompt, so a run is reproducible bit for bit; the
 reward differs between the members of a group by their index, so advantages are not zero and the
 weights move. ``python -m agentrl.testing.runner ROOT --steps N [--resume]`` runs one in a
-subprocess (the kill-and-resume tests ``kill -9`` it).
+subprocess (the kill-and-resume tests ``kill -9`` it); ``python -m agentrl.testing.runner --serve``
+is a fork server for many such runs: it imports torch and agentrl once, then forks one child per
+command line read on stdin (``OUT_FILE ARGS...``), printing ``pid PID`` when the child starts and
+``exit PID STATUS`` when it ends, so each run starts in milliseconds instead of seconds.
 
 Use in tests only.
 """
@@ -152,6 +155,50 @@ class _PrintPhases:
         pass
 
 
+def serve() -> None:
+    """The fork server (see the module doc). One child at a time; ends at end of input."""
+    import os
+    import sys
+
+    # the expensive imports, done once (nothing runs threads yet, so forking stays safe)
+    import torch  # noqa: F401
+    import transformers.modeling_layers
+    import transformers.models.auto.auto_factory
+    import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+
+    import agentrl.environments
+    import agentrl.runner.checkpoint
+    import agentrl.runner.loop
+    import agentrl.runner.trainer  # noqa: F401
+
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts:
+            continue
+        out, argv = parts[0], parts[1:]
+        pid = os.fork()
+        if pid == 0:  # the child: its output goes to OUT_FILE
+            code = 1
+            try:
+                fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                sys.stdout = os.fdopen(1, "w", buffering=1)
+                sys.stderr = os.fdopen(2, "w", buffering=1)
+                main(argv)
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        print(f"pid {pid}", flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {pid} {status}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="a fake-engine training run (tests only)")
     parser.add_argument("root", type=Path)
@@ -182,4 +229,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        main()

@@ -5,10 +5,13 @@ middle of writing a checkpoint."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,22 +24,73 @@ STEPS, ROWS = 6, 12
 PHASES = ("collect_rollouts", "train_step", "sync_weights", "checkpoint")
 
 
-def _command(root: Path) -> list[str]:
-    return [sys.executable, "-m", "agentrl.testing.runner", str(root), "--steps", str(STEPS), "--rows", str(ROWS),
-            "--token-delay", "0.001", "--resume"]
+def _args(root: Path) -> list[str]:
+    return [str(root), "--steps", str(STEPS), "--rows", str(ROWS), "--token-delay", "0.001", "--resume"]
 
 
-def run_with_kills(root: Path, targets: list[tuple[int, str]], rng: random.Random) -> tuple[str, list[str]]:
-    """Runs until done, killing (SIGKILL) the process when it starts each target ``(step, phase)``
-    in turn (after a random 0-40 ms). Returns the final weight digest and the phases killed in."""
+class ForkServer:
+    """``python -m agentrl.testing.runner --serve``: runs are forked from a process that imported
+    torch and agentrl once, so each (re)start costs milliseconds, not seconds."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentrl.testing.runner", "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def start(self, out: Path, args: list[str]) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(" ".join([str(out), *args]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().split()
+        assert line[:1] == ["pid"], line
+        return int(line[1])
+
+    def wait(self) -> int:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        assert line[:1] == ["exit"], line
+        return int(line[2])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def follow(path: Path, pid: int) -> Iterator[str]:
+    """The lines the run at ``pid`` writes to ``path``, as they come, until it exits."""
+    while not path.exists():
+        time.sleep(0.005)
+    with path.open() as fh:
+        buffer = ""
+        while True:
+            chunk = fh.readline()
+            if chunk:
+                buffer += chunk
+                if buffer.endswith("\n"):
+                    yield buffer.strip()
+                    buffer = ""
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:  # gone (reaped by the server): what it wrote last is all there
+                rest = buffer + fh.read()
+                yield from (line.strip() for line in rest.splitlines() if line.strip())
+                return
+            time.sleep(0.005)
+
+
+def run_with_kills(server: ForkServer, root: Path, targets: list[tuple[int, str]],
+                   rng: random.Random) -> tuple[str, list[str]]:
+    """Runs until done, killing (SIGKILL) the run when it starts each target ``(step, phase)`` in
+    turn (after a random 0-40 ms). Returns the final weight digest and the phases killed in."""
     pending = list(targets)
     killed: list[str] = []
-    for _ in range(len(targets) + 3):
-        proc = subprocess.Popen(_command(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
+    for attempt in range(len(targets) + 3):
+        out = root.parent / f"{root.name}-attempt{attempt}.log"
+        pid = server.start(out, _args(root))
         digest = None
-        for line in proc.stdout:
-            line = line.strip()
+        was_killed = False
+        for line in follow(out, pid):
             if line.startswith("phase "):
                 _, name, step = line.split()
                 # a target the resumed run will not reach again (its step was checkpointed) is dropped
@@ -44,17 +98,18 @@ def run_with_kills(root: Path, targets: list[tuple[int, str]], rng: random.Rando
                     pending.pop(0)
             if pending and line == f"phase {pending[0][1]} {pending[0][0]}":
                 time.sleep(rng.uniform(0.0, 0.04))
-                proc.kill()
+                os.kill(pid, signal.SIGKILL)
                 killed.append(line)
                 pending.pop(0)
+                was_killed = True
                 break
             if line.startswith("done "):
                 digest = line.split("digest=", 1)[1]
-        proc.wait(timeout=60)
+        status = server.wait()
         if digest is not None:
             return digest, killed
-        if not killed or not killed[-1]:
-            raise AssertionError(f"the run ended without finishing: {proc.stderr.read() if proc.stderr else ''}")
+        if not was_killed:
+            raise AssertionError(f"the run ended without finishing (status {status}): {out.read_text()[-3000:]}")
     raise AssertionError("too many restarts")
 
 
@@ -68,9 +123,18 @@ def trained(root: Path) -> list[list[str]]:
 
 
 def test_kill_9_at_twenty_points_loses_and_repeats_no_prompt(tmp_path: Path) -> None:
-    straight = subprocess.run(_command(tmp_path / "straight"), capture_output=True, text=True, timeout=300)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    digest = straight.stdout.strip().splitlines()[-1].split("digest=", 1)[1]
+    server = ForkServer()
+    try:
+        _check(server, tmp_path)
+    finally:
+        server.close()
+
+
+def _check(server: ForkServer, tmp_path: Path) -> None:
+    pid = server.start(tmp_path / "straight.log", _args(tmp_path / "straight"))
+    lines = list(follow(tmp_path / "straight.log", pid))
+    assert server.wait() == 0, "\n".join(lines[-30:])
+    digest = next(line for line in lines if line.startswith("done ")).split("digest=", 1)[1]
 
     rng = random.Random(7)
     targets = sorted({(rng.randint(1, STEPS), rng.choice(PHASES)) for _ in range(60)},
@@ -79,7 +143,7 @@ def test_kill_9_at_twenty_points_loses_and_repeats_no_prompt(tmp_path: Path) -> 
     # each target once more: a kill before a step's checkpoint makes the resumed run redo that step
     targets = sorted(targets + targets[::3], key=lambda t: (t[0], PHASES.index(t[1])))
     assert len(targets) >= 20
-    resumed_digest, killed = run_with_kills(tmp_path / "killed", targets, rng)
+    resumed_digest, killed = run_with_kills(server, tmp_path / "killed", targets, rng)
 
     assert len(killed) >= 20
     assert {k.split()[1] for k in killed} == set(PHASES)
