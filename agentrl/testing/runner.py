@@ -30,7 +30,7 @@ from agentrl.rollout.scheduler import Scheduler
 from agentrl.rollout.types import SamplingParams
 from agentrl.testing.policy import FakePolicyClient, PolicyRequest
 
-__all__ = ["FakeWeights", "build_fake_runner", "fake_run_config", "main"]
+__all__ = ["FakeWeights", "build_fake_runner", "fake_run_config", "main", "trained_prompts"]
 
 _QUESTION = re.compile(r"(\d+) \* (\d+)")
 
@@ -57,6 +57,11 @@ class FakeWeights:
         for old in sorted(self.root.glob("v*"))[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return {"sync/load_s": time.perf_counter() - started, "sync/engines_updated": 1.0}
+
+
+def trained_prompts(run_dir: Any) -> list[list[str]]:
+    """Per step, the prompt ids a run folder's ``metrics.jsonl`` says were trained, in order."""
+    return [line["prompt_ids"] for line in run_dir.read_metrics() if "prompt_ids" in line]
 
 
 def arithmetic_answer(req: PolicyRequest) -> str:

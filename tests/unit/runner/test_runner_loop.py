@@ -11,14 +11,9 @@ import pytest
 
 from agentrl.runner import Runner, RunnerError
 from agentrl.runner.loop import LoopSettings
-from agentrl.runner.rundir import RunDirectory
-from agentrl.testing.runner import build_fake_runner, fake_run_config
+from agentrl.testing.runner import build_fake_runner, fake_run_config, trained_prompts
 
 pytestmark = [pytest.mark.timeout(300)]
-
-
-def trained_prompts(run_dir: RunDirectory) -> list[list[str]]:
-    return [line["prompt_ids"] for line in run_dir.read_metrics() if "prompt_ids" in line]
 
 
 async def test_sync_mode_trains_syncs_and_records_every_step(tmp_path: Path) -> None:

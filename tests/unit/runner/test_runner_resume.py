@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from agentrl.runner import RunCallback
-from agentrl.testing.runner import build_fake_runner, fake_run_config
-from tests.unit.runner.test_runner_loop import trained_prompts
+from agentrl.testing.runner import build_fake_runner, fake_run_config, trained_prompts
 
 pytestmark = [pytest.mark.timeout(300)]
 
