@@ -26,6 +26,7 @@ from typing import Any
 from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataSource
 from agentrl.rollout.agent import AgentConfig
+from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.scheduler import Scheduler
 from agentrl.rollout.types import SamplingParams
 from agentrl.testing.policy import FakePolicyClient, PolicyRequest
@@ -135,6 +136,10 @@ def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | 
 
         sched_cfg = dataclasses.replace(sched_cfg, max_staleness=max(sched_cfg.max_staleness - 1, 0))
     scheduler = Scheduler(factory, template, client, data, sched_cfg, agent=agent)
+    # The pacer spreads CPU work by a time budget, so under CPU pressure it reorders episodes that
+    # became ready together: with an unbounded budget it is first come, first served, and a run
+    # depends on the fake engine's answers only (the bitwise resume tests need that).
+    scheduler.pacer = Pacer(budget_s=1e9)
     run_dir = RunDirectory(config.run_dir(), config_hash=config.hash())
     run_dir.write_config(config.to_dict())
     weights = FakeWeights(run_dir.root / "weights", client)
