@@ -27,6 +27,7 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.environments": {"Environment", "StepResult", "make_group", "check_environment", "ToyArithmeticEnv",
                              "RetoolMathEnv"},
     "agentrl.cli": {"app", "main"},
+    "agentrl.sft": {"TranscriptBuilder", "TranscriptError", "episode_from_messages"},
     "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "DatasetSection", "EvalDatasetSection",
                        "EnvironmentSection", "RolloutSection", "EnginesSection", "RouterSection", "SamplingSection",
                        "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
