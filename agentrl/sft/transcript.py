@@ -18,8 +18,9 @@ without an engine, a scripted client or an environment:
   forks a new sequence from the full render, as :func:`~agentrl.rollout.run_episode` does.
 
 The result is token for token what ``run_episode`` builds when a scripted client replies with each
-assistant turn's text (tested: token ids, loss masks, segments). It is about ten times faster, with
-one template render per assistant turn (see ``bench/bench_transcripts.py``).
+assistant turn's text (tested: token ids, loss masks, segments), with one template render per
+assistant turn and no event loop: 2-5 ms per toy-arithmetic transcript on a loaded 2-core CPU, 2-3.6x
+faster than the agent loop on the same data (``bench/bench_transcripts.py``).
 
 How SFT data is marked: model segments carry logprob ``0.0`` placeholders (nothing was sampled),
 ``weight_version=None`` and ``finish_reason="stop"``; each sequence has
@@ -109,10 +110,10 @@ class TranscriptBuilder:
                  tools: list[dict[str, Any]] | None, group_id: str | None, rollout_id: str,
                  sample_id: str | None) -> Episode:
         tpl, kwargs = self.template, self.kwargs
-        session = self._openings.session(checked[:first], tools=tools, **kwargs)
+        norm = normalize_messages(checked)  # once: the renders below take plain dicts
+        session = self._openings.session(norm[:first], tools=tools, **kwargs)
         text, norm_tools = session.text, session.tools
         history = list(session.messages)
-        norm = normalize_messages(checked)
         ids = {"group_id": group_id, "rollout_id": rollout_id, "sample_id": sample_id}
         traj = Trajectory.from_prompt(session.prompt_ids, messages=checked[:first], vocab_size=self.vocab_size, **ids)
         sequences = [traj]
