@@ -18,7 +18,7 @@ from agentrl.train.config import (
 )
 from agentrl.train.device import device_module, distributed_backend, resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum, init_process_group
-from agentrl.train.objective import StepCounts, micro_batch_objective
+from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
 from agentrl.train.packing import MicroBatch, collate, pack_indices, partition_for_ranks, plan_micro_batches
 from agentrl.train.torch_backend import NonFiniteLossError, TorchTrainBackend
 
@@ -47,4 +47,5 @@ __all__ = [
     "partition_for_ranks",
     "plan_micro_batches",
     "resolve_device",
+    "sft_objective",
 ]

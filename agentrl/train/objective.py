@@ -6,6 +6,10 @@ micro-batch on every rank gives the step objective, whatever the packing. Metric
 same way and add up the same way.
 
     loss = reduce(w ⊙ L_policy) + β_kl · reduce(k) − c_H · reduce(H)
+
+``sft_objective`` is the supervised objective on the same micro-batches: the next-token negative
+log-likelihood of the trainable (mask-1) tokens, summed and divided by the step's ``N``, so the step
+loss is the mean NLL per trained token of the whole step, whatever the packing.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from agentrl.algorithms import (
 from agentrl.train.config import LossConfig
 from agentrl.train.packing import MicroBatch
 
-__all__ = ["StepCounts", "micro_batch_objective", "old_logprobs_for"]
+__all__ = ["StepCounts", "micro_batch_objective", "old_logprobs_for", "sft_objective"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,15 @@ def micro_batch_objective(
     elif config.entropy_coef > 0:
         raise ValueError("entropy: entropy_coef > 0 needs the per-token entropy with gradient")
     return loss, metrics
+
+
+def sft_objective(mb: MicroBatch, logprobs: torch.Tensor, counts: StepCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(loss_share, metric_shares)`` of supervised training for one micro-batch.
+
+    ``loss_share = −Σ mask·logprobs / N`` with ``N = counts.num_tokens`` (the step's trainable tokens);
+    the shares of every micro-batch on every rank add up to the mean NLL per trained token. Advantages,
+    rollout logprobs and denominators are not read. Metric: ``nll`` (the same share, detached).
+    """
+    mask = mb.loss_mask.to(logprobs.dtype)
+    loss = -(logprobs * mask).sum() / max(counts.num_tokens, 1)
+    return loss, {"nll": loss.detach()}

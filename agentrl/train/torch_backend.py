@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -33,11 +33,14 @@ from agentrl.train.checkpoint import capture_rng_state, restore_rng_state, rng_p
 from agentrl.train.config import TorchBackendConfig
 from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum, barrier
-from agentrl.train.objective import StepCounts, micro_batch_objective
+from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
 from agentrl.train.packing import MicroBatch, collate, plan_micro_batches
 from agentrl.train.scoring import TokenScorer
 
 __all__ = ["NonFiniteLossError", "TorchTrainBackend"]
+
+Objective = Literal["policy", "sft"]
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient of a step was NaN/inf; ``diagnostics`` says where. Nothing was updated."""
@@ -167,7 +170,8 @@ class TorchTrainBackend:
 
     # -- the step ------------------------------------------------------------------------------
     def forward_backward(
-        self, batch: TrainingBatch, *, micro_batches: list[list[int]] | None = None
+        self, batch: TrainingBatch, *, micro_batches: list[list[int]] | None = None,
+        objective: Objective = "policy",
     ) -> dict[str, float]:
         """Accumulate this rank's share of the step gradient, then sum gradients over ranks.
 
@@ -177,11 +181,16 @@ class TorchTrainBackend:
         micro-batch whose sequences all carry ``ref_logprobs`` is not re-scored by the reference model.
 
         ``micro_batches`` overrides the packing plan (lists of batch indices for this rank).
+        ``objective="sft"``: the supervised objective instead (:func:`~agentrl.train.objective.sft_objective`:
+        mean NLL of the mask-1 tokens; no old or reference logprobs are computed; ``config.loss`` is
+        not read but for its temperature, which should be 1.0 for SFT).
         Returns step metrics (summed over ranks). Raises :class:`NonFiniteLossError` on NaN/inf.
         """
+        if objective not in ("policy", "sft"):
+            raise ValueError(f"objective={objective!r}: expected 'policy' or 'sft'")
         mbs = self._plan(batch, micro_batches)
         cfg = self.config.loss
-        for mb in mbs:
+        for mb in mbs if objective == "policy" else ():
             if cfg.old_logprobs == "recompute" and mb.old_logprobs is None:
                 mb.old_logprobs = self.scorer.logprobs(self.model, mb)
             if cfg.kl_loss_coef > 0 and self.ref_model is not None and mb.ref_logprobs is None:
@@ -191,14 +200,14 @@ class TorchTrainBackend:
         sums: dict[str, torch.Tensor] = {}
         bad: dict[str, Any] | None = None
         for k, mb in enumerate(mbs):
-            loss, metrics = self._micro_batch(mb, counts)
+            loss, metrics = self._micro_batch(mb, counts) if objective == "policy" else self._sft_micro_batch(mb, counts)
             if bad is None and not torch.isfinite(loss.detach()).all():
                 bad = self._diagnose(batch, mb, k, loss)
             for name, value in metrics.items():
                 sums[name] = sums.get(name, torch.zeros((), dtype=torch.float64)) + value.double().cpu()
             sums["loss"] = sums.get("loss", torch.zeros((), dtype=torch.float64)) + loss.detach().double().cpu()
         all_reduce_gradients(self.model.parameters())
-        return self._finish_metrics(sums, bad, len(mbs), sum(mb.num_tokens for mb in mbs))
+        return self._finish_metrics(sums, bad, len(mbs), sum(mb.num_tokens for mb in mbs), objective)
 
     def _micro_batch(self, mb: MicroBatch, counts: StepCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config.loss
@@ -207,6 +216,14 @@ class TorchTrainBackend:
         loss, metrics = micro_batch_objective(mb, logprobs, entropy, cfg, counts)
         if float(mb.loss_mask.sum()) == 0:
             # Keep the graph connected to every parameter used, so backward runs the same on all ranks.
+            loss = loss + 0.0 * anchor.sum()
+        loss.backward()
+        return loss, metrics
+
+    def _sft_micro_batch(self, mb: MicroBatch, counts: StepCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logprobs, _, anchor = self.scorer.scores(self.model, mb, entropy="none")
+        loss, metrics = sft_objective(mb, logprobs, counts)
+        if float(mb.loss_mask.sum()) == 0:
             loss = loss + 0.0 * anchor.sum()
         loss.backward()
         return loss, metrics
@@ -224,11 +241,14 @@ class TorchTrainBackend:
         }
 
     def _finish_metrics(
-        self, sums: dict[str, torch.Tensor], bad: dict[str, Any] | None, n_mbs: int, n_tokens: int
+        self, sums: dict[str, torch.Tensor], bad: dict[str, Any] | None, n_mbs: int, n_tokens: int,
+        objective: Objective = "policy",
     ) -> dict[str, float]:
-        # Every rank takes part in the same collectives: the names are fixed by the config.
+        # Every rank takes part in the same collectives: the names are fixed by the config and the objective.
         names = ["loss", "pg_loss", "clipfrac", "ppo_kl", "train_rollout_abs_diff", "entropy"]
-        if self.config.loss.kl_loss_coef > 0:
+        if objective == "sft":
+            names = ["loss"]
+        elif self.config.loss.kl_loss_coef > 0:
             names.append("kl")
         vec = torch.stack([sums.get(n, torch.zeros((), dtype=torch.float64)) for n in names]
                           + [torch.tensor(float(bad is not None), dtype=torch.float64),
@@ -263,6 +283,13 @@ class TorchTrainBackend:
     def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         """``forward_backward`` then ``optim_step``; returns their metrics merged."""
         metrics = self.forward_backward(batch)
+        metrics.update(self.optim_step())
+        return metrics
+
+    def sft_step(self, batch: TrainingBatch) -> dict[str, float]:
+        """One supervised step: mean next-token NLL over the batch's mask-1 tokens, then ``optim_step``.
+        ``metrics["loss"]`` is that mean NLL (nats per trained token, before the update)."""
+        metrics = self.forward_backward(batch, objective="sft")
         metrics.update(self.optim_step())
         return metrics
 

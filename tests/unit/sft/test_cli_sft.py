@@ -1,0 +1,147 @@
+"""``agentrl sft``: a real run of the tiny model in a subprocess (the loss falls, the folder loads with
+transformers and fits the data better than the model it started from), and one-line errors for mistakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+from agentrl.environments import make_arithmetic_rows
+from agentrl.sft import arithmetic_conversations
+from agentrl.testing import build_tiny_model
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+runner = CliRunner()
+
+
+def _agentrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    command = Path(sys.executable).parent / "agentrl"  # the installed console script
+    return subprocess.run([str(command), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder laid out as the example config expects: models/qwen3-tiny and data/sft_arithmetic.jsonl."""
+    root = tmp_path_factory.mktemp("sft")
+    build_tiny_model(root / "models" / "qwen3-tiny")
+    (root / "data").mkdir()
+    rows = arithmetic_conversations(make_arithmetic_rows(48, seed=1000))
+    (root / "data" / "sft_arithmetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _mean_nll(model_dir: Path, data: Path) -> float:
+    """Mean NLL of the assistant tokens of ``data`` under the model in ``model_dir`` (loaded with transformers)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl.chat import ChatTemplate
+    from agentrl.sft import TranscriptBuilder, load_sft_sequences
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    builder = TranscriptBuilder(ChatTemplate.from_name("qwen3", tokenizer=tok))
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for seqs in load_sft_sequences(data, builder)[:16]:
+            for seq in seqs:
+                logits = model(input_ids=torch.tensor(seq.tokens)[None]).logits[0, :-1]
+                nll = torch.nn.functional.cross_entropy(logits, torch.tensor(seq.tokens[1:]), reduction="none")
+                mask = torch.tensor(seq.loss_mask[1:], dtype=torch.float32)
+                total += float((nll * mask).sum())
+                count += int(mask.sum())
+    return total / count
+
+
+@pytest.mark.slow
+def test_sft_trains_the_tiny_model_and_writes_a_loadable_folder(workdir: Path) -> None:
+    out = workdir / "models" / "qwen3-tiny-sft"
+    result = _agentrl("sft", str(EXAMPLES / "sft_tiny_arithmetic.toml"), "train.steps=8", "train.batch_size=8",
+                      "train.log_every=1", "train.optimizer.warmup_steps=1", cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [json.loads(line) for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [int(m["step"]) for m in lines] == list(range(1, 9))
+    assert lines[-1]["loss"] < lines[0]["loss"] - 0.5, [m["loss"] for m in lines]
+    assert all(m["trained_tokens"] > 0 for m in lines)
+    summary = json.loads((out / "sft_summary.json").read_text())
+    assert summary["steps"] == 8 and summary["conversations"] == 48
+    assert json.loads((out / "sft_config.json").read_text())["train"]["steps"] == 8
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (out / name).is_file(), name
+    assert f"model written to {Path('models') / 'qwen3-tiny-sft'}" in result.stdout
+    data = workdir / "data" / "sft_arithmetic.jsonl"
+    assert _mean_nll(out, data) < _mean_nll(workdir / "models" / "qwen3-tiny", data) - 0.5
+
+
+def test_a_mistake_is_one_line_exit_2_without_traceback(workdir: Path) -> None:
+    result = _agentrl("sft", str(EXAMPLES / "sft_tiny_arithmetic.toml"), "train.stpes=3", cwd=workdir)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: train.stpes: unknown key in train; did you mean steps")
+    assert line.endswith("(valid: autocast, batch_size, device, dtype, epochs, log_every, max_tokens_per_micro_batch, "
+                         "optimizer, packing, seed, steps, threads)")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _invoke(*args: str) -> Any:
+    return runner.invoke(app, ["sft", *args], env={"COLUMNS": "200"})
+
+
+BASE = 'output = "out"\n[model]\npath = "models/qwen3-tiny"\n[data]\npath = "data/sft_arithmetic.jsonl"\n'
+
+
+@pytest.mark.parametrize(("text", "overrides", "message"), [
+    (BASE, ["train.optimizer.lr=-1"], "train.optimizer.lr: Input should be greater than 0 (got -1)"),
+    (BASE, ["train.batch_size=many"], "train.batch_size: Input should be a valid integer"),
+    (BASE, ["train.packing=random"], "train.packing: Input should be 'first_fit_decreasing' or 'best_fit_decreasing'"),
+    (BASE.replace('output = "out"\n', ""), [], "output: required, but missing"),
+    (BASE, ["train.steps"], "override 'train.steps': expected key.sub=value"),
+    (BASE, ["output.path=x"], "override 'output.path=x': output is a value, not a section"),
+    (BASE, ["modle.path=x"], "modle: unknown key in the top level; did you mean model?"),
+    (BASE + "[train\nsteps = 3\n", [], "TOML syntax error"),
+])
+def test_config_mistakes_name_the_key_and_what_is_accepted(tmp_path: Path, text: str, overrides: list[str],
+                                                           message: str) -> None:
+    result = _invoke(str(_write(tmp_path / "sft.toml", text)), *overrides)
+    assert result.exit_code == 2, result.output
+    assert message in result.output, result.output
+
+
+def test_yaml_syntax_errors_give_the_line(tmp_path: Path) -> None:
+    result = _invoke(str(_write(tmp_path / "sft.yaml", "output: out\nmodel:\n  path: [unclosed\n")))
+    assert result.exit_code == 2
+    assert "YAML syntax error at line" in result.output
+
+
+def test_data_and_model_mistakes_are_reported_before_training(workdir: Path, tmp_path: Path) -> None:
+    config = _write(tmp_path / "sft.toml", BASE.replace("models/qwen3-tiny", str(workdir / "models" / "qwen3-tiny"))
+                    .replace('output = "out"', f'output = "{tmp_path / "out"}"'))
+    missing = _invoke(str(config), f"data.path={tmp_path / 'nope.jsonl'}")
+    assert missing.exit_code == 2 and "nope.jsonl'" in missing.output and "cannot read it" in missing.output
+    bad = _write(tmp_path / "bad.jsonl", json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    result = _invoke(str(config), f"data.path={bad}")
+    assert result.exit_code == 2 and f"{bad}:1: messages: no assistant message" in result.output
+    no_model = _invoke(str(config), f"model.path={tmp_path}")
+    assert no_model.exit_code == 2 and "model.path" in no_model.output and "config.json" in no_model.output
+    assert not (tmp_path / "out").exists()  # nothing was written
+
+
+def test_print_config_shows_the_resolved_values(tmp_path: Path) -> None:
+    result = _invoke(str(_write(tmp_path / "sft.toml", BASE)), "train.steps=7", "--print-config")
+    assert result.exit_code == 0, result.output
+    resolved = json.loads(result.output)
+    assert resolved["train"]["steps"] == 7 and resolved["train"]["optimizer"]["lr"] == 1e-4
