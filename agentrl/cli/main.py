@@ -34,10 +34,12 @@ def _register() -> None:
     from agentrl.cli.doctor import doctor
     from agentrl.cli.env import env_app
     from agentrl.cli.render import render
+    from agentrl.cli.train import train
 
     # Short one-line help for the command list (click cuts longer first sentences at the terminal width).
     app.command("render", short_help="Render a conversation with a chat template (and its tokens).")(render)
     app.command("doctor", short_help="Report what is installed and usable.")(doctor)
+    app.command("train", short_help="Train from a config file (--dry-run checks it and starts nothing).")(train)
     app.add_typer(env_app, name="env", short_help="Check environments.")
 
 
