@@ -81,7 +81,7 @@ def _slot(annotation: Any) -> Slot:
 
 def suggest(name: str, valid: list[str]) -> str:
     """``; did you mean 'x' or 'y'?`` for the closest valid names (empty when none is close)."""
-    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 

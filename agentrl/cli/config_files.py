@@ -78,9 +78,11 @@ def _parse_yaml(path: Path, text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        mark, ctx = exc.problem_mark or exc.context_mark, exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        started = (f" (started at line {ctx.line + 1}, column {ctx.column + 1})"
+                   if ctx is not None and mark is not None and ctx.line != mark.line else "")
+        what = " ".join(p for p in (f"{exc.context}{started}" if exc.context else "", exc.problem) if p)
         raise ConfigError(f"{path}: YAML syntax error{where}: {what}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: YAML syntax error: {exc}") from None
