@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from agentrl.cli.config_files import ConfigError, apply_overrides, load_config_file, load_run_config, parse_override
+from agentrl.cli.config_files import (
+    ConfigError,
+    apply_overrides,
+    load_config_file,
+    load_run_config,
+    parse_override,
+)
 from agentrl.runner import RunConfig
 
 BASE = """
