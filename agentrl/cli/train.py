@@ -34,16 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["resolve_target", "train"]
 
-_EPILOG = """Examples:
-
-  agentrl train examples/tiny_cpu.toml --dry-run
-
-  agentrl train examples/tiny_cpu.toml train.steps=2 logging.run_dir=runs/try1
-
-  agentrl train runs/try1 --resume
-"""
-
-
 def _run_folder_config(folder: Path) -> dict[str, Any]:
     record_path = folder / "config.json"
     if not record_path.is_file():
@@ -130,11 +120,17 @@ def train(
     group_filter: Annotated[str | None, typer.Option("--group-filter",
                                                      help="A group filter by name or module:attr.")] = None,
 ) -> None:
-    """Trains a policy as CONFIG describes (see the examples/ folder).
+    """Trains a policy as CONFIG describes (see the examples/ folder and docs/training.md).
 
-    Overrides are KEY=VALUE with dotted keys typed by the config schema: train.steps=4,
-    rollout.sampling.temperature=0.7, cluster.accelerator=gpu, train.optimizer.betas=0.9,0.95,
-    logging.run_dir=none.
+    Overrides are KEY=VALUE with dotted keys typed by the config schema, e.g. train.steps=4,
+    rollout.sampling.temperature=0.7, train.optimizer.betas=0.9,0.95, logging.run_dir=none.
+
+    \b
+    Examples:
+      agentrl train examples/tiny_cpu.toml --dry-run
+      agentrl train examples/tiny_cpu.toml train.steps=2 logging.run_dir=runs/try1
+      agentrl train examples/tiny_cpu.toml --print-config
+      agentrl train runs/try1 --resume
     """
     from agentrl.cli.plan import preflight
 
@@ -176,5 +172,3 @@ def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_r
         raise typer.Exit(code=130) from None
     typer.echo(f"done: {getattr(summary, 'steps', '?')} steps; run folder {config.run_dir()}")
 
-
-train.__doc__ = (train.__doc__ or "") + "\n\n" + _EPILOG
