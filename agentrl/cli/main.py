@@ -35,11 +35,13 @@ def _register() -> None:
     from agentrl.cli.env import env_app
     from agentrl.cli.render import render
     from agentrl.cli.sft import sft
+    from agentrl.cli.train import train
 
     # Short one-line help for the command list (click cuts longer first sentences at the terminal width).
     app.command("render", short_help="Render a conversation with a chat template (and its tokens).")(render)
     app.command("doctor", short_help="Report what is installed and usable.")(doctor)
     app.command("sft", short_help="Fine-tune a model on tool-use conversations (assistant tokens only).")(sft)
+    app.command("train", short_help="Train from a config file (--dry-run checks it and starts nothing).")(train)
     app.add_typer(env_app, name="env", short_help="Check environments.")
 
 

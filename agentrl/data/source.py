@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,7 +34,7 @@ import orjson
 from pydantic import ValidationError
 
 __all__ = ["BadRow", "BadRowPolicy", "DataConfig", "DataError", "DataExhausted", "DataFormat", "DataRow",
-           "DataSource", "read_rows"]
+           "DataSource", "first_rows", "read_rows"]
 
 
 class DataError(ValueError):
@@ -207,6 +208,28 @@ def read_rows(config: DataConfig, validate: Callable[[dict[str, Any]], object] |
             bad.append(problem)
         else:
             assert data is not None
+            good.append((number, data))
+    return good, bad
+
+
+def first_rows(config: DataConfig, n: int, validate: Callable[[dict[str, Any]], object] | None = None,
+               ) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
+    """The good and bad rows among the first ``n`` records of ``config.path`` (what a dry run checks
+    without reading a whole JSONL file)."""
+    path = Path(config.path)
+    if not path.exists():
+        raise DataError(f"DataConfig.path={os.fspath(config.path)!r}: no such file or folder")
+    fmt = _detect(path, config.format)
+    reader = _jsonl_rows(path) if fmt is DataFormat.JSONL else _table_rows(path, fmt, config.split)
+    good: list[tuple[int, dict[str, Any]]] = []
+    bad: list[BadRow] = []
+    for number, record, problem in itertools.islice(reader, n):
+        data = None
+        if problem is None:
+            data, problem = _check_row(str(path), number, record, config.fields, validate)
+        if problem is not None:
+            bad.append(problem)
+        elif data is not None:
             good.append((number, data))
     return good, bad
 

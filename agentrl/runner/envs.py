@@ -1,5 +1,6 @@
-"""The ``row -> environment`` factory of a run: the config's environment (a built-in by name, or the
-class the caller passes) with ``environment.options`` and an optional reward override."""
+"""The ``row -> environment`` factory of a run: the config's environment (a built-in or an installed
+package's by name, see :mod:`agentrl.environments.registry`, or the class the caller passes) with
+``environment.options`` and an optional reward override."""
 
 from __future__ import annotations
 
@@ -13,12 +14,6 @@ __all__ = ["BUILTIN_ENVIRONMENTS", "EnvFactory", "environment_factory"]
 
 BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("toy_arithmetic", "retool_math")
 """Environment names a config can use without passing ``environment=``."""
-
-
-def _builtins() -> dict[str, Any]:
-    from agentrl.environments import RetoolMathEnv, ToyArithmeticEnv
-
-    return {"toy_arithmetic": ToyArithmeticEnv, "retool_math": RetoolMathEnv}
 
 
 class EnvFactory:
@@ -47,15 +42,16 @@ class _Reward:
 
 def environment_factory(config: RunConfig, environment: Any = None,
                         reward: Callable[..., Any] | None = None) -> EnvFactory:
-    """The factory for ``config`` (``environment`` ``None``: the built-in ``config.environment.name``)."""
+    """The factory for ``config`` (``environment`` ``None``: the one ``config.environment.name`` names
+    in the registry: a built-in or an installed package's)."""
     cls = environment
     if cls is None:
-        builtins = _builtins()
-        name = config.environment.name
-        if name not in builtins:
-            raise ValueError(f"environment.name={name!r}: not a built-in environment (expected one of "
-                             f"{sorted(builtins)}); pass your environment class as environment=")
-        cls = builtins[name]
+        from agentrl.environments.registry import RegistryError, resolve
+
+        try:
+            cls = resolve("environment", config.environment.name)
+        except RegistryError as exc:
+            raise ValueError(f"environment.name: {exc}; or pass your environment class as environment=") from None
     if not callable(cls):
         raise TypeError(f"environment: expected an Environment subclass or a callable row -> environment, "
                         f"got {type(cls).__name__}")

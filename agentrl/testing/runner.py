@@ -112,8 +112,9 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
 
 
 def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | None = None,
-                      callbacks: Any = ()) -> tuple[Any, FakePolicyClient]:
-    """The runner of ``config`` on the fake engine (in-process trainer); returns it and the engine."""
+                      callbacks: Any = (), environment: Any = None) -> tuple[Any, FakePolicyClient]:
+    """The runner of ``config`` on the fake engine (in-process trainer); returns it and the engine.
+    ``environment``: an arithmetic environment class (``None``: ``ToyArithmeticEnv``)."""
     from agentrl.environments import ToyArithmeticEnv
     from agentrl.runner.checkpoint import RunCheckpointer
     from agentrl.runner.envs import environment_factory
@@ -127,8 +128,9 @@ def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | 
     tok = build_tokenizer()
     template = ChatTemplate.from_name("qwen3", tokenizer=tok)
     client = FakePolicyClient(tok, arithmetic_answer, token_delay_s=token_delay_s, logprob=-0.5)
-    factory = environment_factory(config, ToyArithmeticEnv, reward=index_reward)
-    data = DataSource(config.data.train.to_config(), validate=ToyArithmeticEnv.task_type.model_validate)
+    env_cls = environment if environment is not None else ToyArithmeticEnv
+    factory = environment_factory(config, env_cls, reward=index_reward)
+    data = DataSource(config.data.train.to_config(), validate=env_cls.task_type.model_validate)
     agent = AgentConfig(sampling=SamplingParams(max_new_tokens=64))
     sched_cfg = config.rollout.scheduler.to_config()
     if config.mode == "bounded_staleness" and sched_cfg.max_staleness is not None:

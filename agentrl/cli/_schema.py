@@ -1,0 +1,184 @@
+"""What a run-config key is, read from the pydantic schema: the config files' and overrides' type system.
+
+:func:`field_at` walks a dotted key (``rollout.scheduler.group_size``) down the
+:class:`~agentrl.runner.RunConfig` sections and returns the field's :class:`Slot`: its type, whether
+``None`` is allowed, the accepted values of an enum or literal, and for a section the names of its
+keys (so an unknown key can be answered with the closest valid ones). :func:`coerce` turns an
+override's text into a value of that type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import tomllib
+from pydantic import BaseModel
+
+__all__ = ["SchemaError", "Slot", "coerce", "field_at", "section_of", "suggest"]
+
+
+class SchemaError(ValueError):
+    """A dotted key or an override value that the schema does not accept; the message says why."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One field of the schema: ``kind`` is ``section``, ``list``, ``mapping``, ``bool``, ``int``,
+    ``float``, ``str``, ``choice`` or ``any``; ``item`` is the element slot of a list, ``model`` the
+    pydantic model of a section."""
+
+    kind: str
+    nullable: bool = False
+    choices: tuple[Any, ...] = ()
+    model: type[BaseModel] | None = None
+    item: Slot | None = None
+
+    def describe(self) -> str:
+        """What the field accepts, in words (``an int``, ``one of 'a', 'b'``...)."""
+        text = {"section": "a table of keys", "list": "a list", "mapping": "a table", "bool": "true or false",
+                "int": "an int", "float": "a number", "str": "a string", "any": "a value"}.get(self.kind, "")
+        if self.kind == "choice":
+            text = "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "list" and self.item is not None and self.item.kind != "any":
+            text = f"a list of {self.item.describe()}s" if self.item.kind in ("int", "float", "str") else text
+        return f"{text} or none" if self.nullable else text
+
+
+def _slot(annotation: Any) -> Slot:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        nullable = len(rest) < len(args)
+        if len(rest) == 1:
+            inner = _slot(rest[0])
+            return Slot(inner.kind, nullable or inner.nullable, inner.choices, inner.model, inner.item)
+        return Slot("any", nullable)
+    if origin is typing.Literal:
+        return Slot("choice", choices=args)
+    if origin in (tuple, list):
+        kinds = {a for a in args if a is not Ellipsis}
+        item = args[0] if len(kinds) == 1 else Any
+        return Slot("list", item=_slot(item))
+    if origin is dict or annotation is dict:
+        return Slot("mapping")
+    if isinstance(annotation, type):
+        if issubclass(annotation, BaseModel):
+            return Slot("section", model=annotation)
+        if issubclass(annotation, enum.Enum):
+            return Slot("choice", choices=tuple(m.value for m in annotation))
+        for kind in (bool, int, float, str):
+            if issubclass(annotation, kind):
+                return Slot(kind.__name__)
+    return Slot("any")
+
+
+def suggest(name: str, valid: list[str]) -> str:
+    """``; did you mean 'x' or 'y'?`` for the closest valid names (empty when none is close)."""
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def section_of(model: type[BaseModel], prefix: str, name: str) -> str:
+    """The message for an unknown key ``name`` in the section ``prefix`` (``""``: the root)."""
+    valid = sorted(model.model_fields)
+    where = f"section [{prefix}]" if prefix else "the top level"
+    return (f"unknown key {name!r} in {where}{suggest(name, valid)} (valid keys: {', '.join(valid)})")
+
+
+def field_at(root: type[BaseModel], dotted: str) -> Slot:
+    """The slot of ``dotted`` (segments separated by dots; a number indexes a list); raises
+    :class:`SchemaError` naming the first unknown segment, its section and the closest valid names."""
+    slot = Slot("section", model=root)
+    done: list[str] = []
+    for part in dotted.split("."):
+        if not part:
+            raise SchemaError(f"{dotted!r}: empty key segment; expected names separated by single dots")
+        if slot.kind == "list" and part.isdigit() and slot.item is not None:
+            slot = slot.item
+        elif slot.kind == "section" and slot.model is not None:
+            fields = slot.model.model_fields
+            if part not in fields:
+                raise SchemaError(f"{dotted}: {section_of(slot.model, '.'.join(done), part)}")
+            slot = _slot(fields[part].annotation)
+        elif slot.kind in ("mapping", "any"):
+            slot = Slot("any")
+        else:
+            raise SchemaError(f"{dotted}: {'.'.join(done)!r} is {slot.describe()}, it has no key {part!r}")
+        done.append(part)
+    return slot
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+_NONE = ("none", "null", "~")
+
+
+def _literal(text: str) -> Any:
+    """A TOML value (``3``, ``[1, 2]``, ``{a = 1}``, ``"s"``) or JSON; raises ValueError."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return json.loads(text)
+
+
+def coerce(key: str, text: str, slot: Slot) -> Any:
+    """The value of the override ``key=text`` typed by ``slot``; raises :class:`SchemaError` naming the
+    key, the value and what the field accepts."""
+    stripped = text.strip()
+
+    def bad(extra: str = "") -> SchemaError:
+        return SchemaError(f"{key}={text}: expected {slot.describe()}{extra}")
+
+    if slot.nullable and stripped.lower() in _NONE:
+        return None
+    if slot.kind == "bool":
+        low = stripped.lower()
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise bad()
+    if slot.kind in ("int", "float"):
+        try:
+            return int(stripped) if slot.kind == "int" else float(stripped)
+        except ValueError:
+            raise bad() from None
+    if slot.kind == "str":
+        return text
+    if slot.kind == "choice":
+        for choice in slot.choices:
+            if stripped == str(choice) or stripped.lower() == str(choice).lower():
+                return choice
+        raise bad(suggest(stripped, [str(c) for c in slot.choices]))
+    if slot.kind == "list":
+        return _coerce_list(key, stripped, slot, bad)
+    try:
+        value = _literal(stripped)
+    except ValueError:
+        if slot.kind in ("section", "mapping"):
+            raise bad(" (an inline table such as {key = 1}, or set key.sub=value)") from None
+        return text  # 'any': a bare word is a string
+    if slot.kind in ("section", "mapping") and not isinstance(value, dict):
+        raise bad(" (an inline table such as {key = 1}, or set key.sub=value)")
+    return value
+
+
+def _coerce_list(key: str, text: str, slot: Slot, bad: Any) -> list[Any]:
+    item = slot.item or Slot("any")
+    if text.startswith("["):
+        try:
+            value = _literal(text)
+        except ValueError:
+            raise bad(" (a list such as [1, 2] or 1,2)") from None
+        if not isinstance(value, list):
+            raise bad()
+        return value if item.kind not in ("int", "float", "bool") else [
+            coerce(f"{key}[{i}]", str(v).lower() if isinstance(v, bool) else str(v), item)
+            for i, v in enumerate(value)]
+    if not text:
+        return []
+    return [coerce(f"{key}[{i}]", part, item) for i, part in enumerate(text.split(","))]

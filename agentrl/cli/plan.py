@@ -1,0 +1,214 @@
+"""The pre-flight of ``agentrl train``: everything that can be checked before Ray or an engine starts.
+
+:func:`preflight` resolves the environment (registry, or ``module:attr``), the chat template, the
+model folder's ``config.json`` and tokenizer files, the first rows of the training data (validated
+against the environment's ``task_type``), and what the machine has against what the config asks
+for; it returns a :class:`Plan` with the run's shape (placement, steps, prompts and samples per
+step, token budget) and the problems found, split in two:
+
+- ``problems``: the config cannot run anywhere as written (a missing model folder, a bad data
+  row, an unknown environment) -- always an error;
+- ``machine``: this machine lacks what the config asks for (CUDA for ``cluster.accelerator='gpu'``,
+  enough cores for the CPU engines) -- an error for a real run, reported but not fatal under
+  ``--dry-run`` (a GPU recipe can be dry-run on a laptop).
+
+Torch is imported only when the config asks for an accelerator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrl.runner.config import RunConfig
+
+__all__ = ["HEAD_ROWS", "Plan", "preflight"]
+
+HEAD_ROWS = 8
+"""How many rows of the training data the pre-flight validates."""
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass
+class Plan:
+    """What a run would do, and why it cannot (see the module doc)."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    machine: list[str] = field(default_factory=list)
+    environment: Any = None
+
+    def add(self, name: str, value: object) -> None:
+        self.lines.append((name, str(value)))
+
+    def format(self) -> str:
+        width = max((len(n) for n, _ in self.lines), default=0)
+        out = [f"{n:<{width}}  {v}" for n, v in self.lines]
+        out += [f"missing on this machine: {m}" for m in self.machine]
+        return "\n".join(out)
+
+
+def _model(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
+    folder = Path(cfg.model.path)
+    conf = folder / "config.json"
+    if not folder.is_dir():
+        plan.problems.append(f"model.path={cfg.model.path!r}: no such folder; expected a Hugging Face model "
+                             "folder (config.json, weights, tokenizer)")
+        return {}
+    try:
+        meta = json.loads(conf.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        plan.problems.append(f"model.path={cfg.model.path!r}: cannot read {conf.name} ({type(exc).__name__}: "
+                             f"{exc}); expected a Hugging Face model folder")
+        return {}
+    if not isinstance(meta, dict) or "model_type" not in meta:
+        plan.problems.append(f"model.path={cfg.model.path!r}: {conf.name} has no 'model_type'; expected a "
+                             "Hugging Face model config")
+        return {}
+    tok = Path(cfg.model.tokenizer)
+    if not any((tok / f).is_file() for f in _TOKENIZER_FILES):
+        key = "model.tokenizer_path" if cfg.model.tokenizer_path is not None else "model.path"
+        plan.problems.append(f"{key}={str(tok)!r}: no tokenizer files (expected one of {list(_TOKENIZER_FILES)})")
+    return meta
+
+
+def _template(cfg: RunConfig, plan: Plan) -> None:
+    from agentrl.chat.template import ChatTemplate
+
+    try:
+        ChatTemplate.from_name(cfg.model.template)
+    except (ValueError, OSError) as exc:
+        plan.problems.append(f"model.template={cfg.model.template!r}: {exc}")
+
+
+def _environment(cfg: RunConfig, plan: Plan, environment: Any) -> Any:
+    from agentrl.environments.registry import RegistryError, resolve
+
+    if environment is not None:
+        return environment
+    try:
+        return resolve("environment", cfg.environment.name, allow_import=True)
+    except RegistryError as exc:
+        plan.problems.append(f"environment.name: {exc}")
+        return None
+
+
+def _data(cfg: RunConfig, plan: Plan, env: Any) -> int | None:
+    from agentrl.data.source import DataError, first_rows
+
+    task_type = getattr(env, "task_type", None)
+    validate = task_type.model_validate if task_type is not None and hasattr(task_type, "model_validate") else None
+    datasets = [("data.train", cfg.data.train.to_config())]
+    datasets += [(f"data.eval.{i}", ev.to_config()) for i, ev in enumerate(cfg.data.eval)]
+    total = None
+    for key, dconf in datasets:
+        try:
+            good, bad = first_rows(dconf, HEAD_ROWS, validate)
+        except DataError as exc:
+            plan.problems.append(f"{key}.path={os.fspath(dconf.path)!r}: {exc}".replace(
+                f"DataConfig.path={os.fspath(dconf.path)!r}: ", ""))
+            continue
+        what = f" against {task_type.__name__}" if task_type is not None else ""
+        for row in bad:
+            plan.problems.append(f"{key}: bad row {row}{what}; fix the row, or map its columns with {key}.fields")
+        if not good and not bad:
+            plan.problems.append(f"{key}.path={os.fspath(dconf.path)!r}: no rows")
+        if key == "data.train" and not bad:
+            total = _count_rows(Path(dconf.path))
+    return total
+
+
+def _count_rows(path: Path) -> int | None:
+    if path.is_file() and path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        with path.open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    return None
+
+
+def _machine(cfg: RunConfig, plan: Plan) -> None:
+    cluster, engines = cfg.cluster, cfg.rollout.engines
+    if cluster.accelerator == "cpu":
+        cores = len(os.sched_getaffinity(0))
+        if engines.count + 1 > cores:
+            plan.machine.append(f"rollout.engines.count={engines.count} CPU engines need a core each and the "
+                                f"trainer one more ({engines.count + 1}), but this machine gives {cores} cores: "
+                                f"expected rollout.engines.count <= {max(cores - 1, 1)}")
+        return
+    import torch
+
+    if cluster.accelerator == "gpu":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        what = "CUDA GPU"
+    else:
+        try:
+            import torch_npu  # noqa: F401
+
+            have = int(torch.npu.device_count())  # type: ignore[attr-defined]  # added by torch_npu
+        except ImportError:
+            have = 0
+        what = "Ascend NPU"
+    need = _accelerators_needed(cfg)
+    if have == 0:
+        plan.machine.append(f"cluster.accelerator={cluster.accelerator!r}: no {what} is visible here; expected "
+                            f"{need} (or cluster.accelerator='cpu')")
+    elif have < need:
+        plan.machine.append(f"the placement needs {need} accelerators, this machine has {have} {what}s")
+
+
+def _accelerators_needed(cfg: RunConfig) -> int:
+    cluster, engines = cfg.cluster, cfg.rollout.engines
+    per_engine = cluster.accelerators_per_engine or engines.accelerators_per_engine
+    trainer = cluster.trainer_accelerators or cfg.train.world_size
+    total = engines.count * per_engine
+    return total + trainer if cluster.placement == "disaggregated" else max(total, trainer)
+
+
+def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -> None:
+    sched, eng, train = cfg.rollout.scheduler, cfg.rollout.engines, cfg.train
+    cl = cfg.cluster
+    plan.add("run folder", cfg.run_dir())
+    plan.add("model", f"{cfg.model.path} ({meta.get('model_type', '?')}, {meta.get('num_hidden_layers', '?')} "
+                      f"layers, serving {cfg.model.dtype}), template {cfg.model.template}")
+    env = plan.environment
+    env_name = getattr(env, "__name__", type(env).__name__) if env is not None else "?"
+    plan.add("environment", f"{cfg.environment.name} -> {env_name}")
+    if cl.accelerator == "cpu":
+        where = f"CPU, {eng.count} engine(s) and the trainer on {len(os.sched_getaffinity(0))} cores"
+    else:
+        where = (f"{cl.accelerator} x{_accelerators_needed(cfg)}: {eng.count} engine(s) x "
+                 f"{cl.accelerators_per_engine or eng.accelerators_per_engine}, trainer x "
+                 f"{cl.trainer_accelerators or train.world_size}")
+    plan.add("placement", f"{cl.placement}, {where}; mode {cfg.mode}")
+    plan.add("trainer", f"{train.backend}, dp={train.data_parallel_size} tp={train.tensor_parallel_size} "
+                        f"pp={train.pipeline_parallel_size}, {train.dtype}")
+    steps: object = train.steps
+    if steps is None and rows is not None and cfg.data.train.epochs is not None:
+        steps = f"~{rows * cfg.data.train.epochs // sched.groups_per_step} (data runs out)"
+    plan.add("steps", steps if steps is not None else "until the data runs out")
+    plan.add("per step", f"{sched.groups_per_step} prompts x {sched.group_size} samples = "
+                         f"{sched.samples_per_step} episodes" + (f" (+{sched.over_sampling:.0%} over-sampled)"
+                                                                  if sched.over_sampling else ""))
+    if rows is not None:
+        plan.add("data", f"{rows} training rows ({cfg.data.train.path}), first {min(rows, HEAD_ROWS)} valid")
+    ctx = cfg.rollout.context_length or meta.get("max_position_embeddings")
+    budget = f"{cfg.rollout.sampling.max_new_tokens} new tokens per turn"
+    if isinstance(ctx, int):
+        budget += f", context {ctx}: at most {ctx * sched.samples_per_step:,} tokens per step"
+    plan.add("token budget", budget + f"; micro-batches of {train.max_tokens_per_micro_batch} tokens")
+
+
+def preflight(cfg: RunConfig, *, environment: Any = None) -> Plan:
+    """The plan of ``cfg`` and every problem found (see the module doc); starts nothing."""
+    plan = Plan()
+    meta = _model(cfg, plan)
+    _template(cfg, plan)
+    plan.environment = _environment(cfg, plan, environment)
+    rows = _data(cfg, plan, plan.environment)
+    _machine(cfg, plan)
+    _shape(cfg, plan, meta, rows)
+    return plan

@@ -1,0 +1,174 @@
+"""``agentrl train``: a training run from a config file.
+
+    agentrl train examples/tiny_cpu.toml                       # run it
+    agentrl train examples/tiny_cpu.toml train.steps=4 rollout.sampling.temperature=0.8
+    agentrl train examples/tiny_cpu.toml --dry-run             # check everything, print the plan, start nothing
+    agentrl train examples/tiny_cpu.toml --print-config        # every value and where it came from
+    agentrl train examples/tiny_cpu.toml --resume              # continue the config's run folder
+    agentrl train runs/exp1 --resume                           # continue a run from its own saved config
+
+CONFIG is a ``.toml``/``.yaml`` file (see :mod:`agentrl.cli.config_files` for the override syntax),
+or, with ``--resume``, a run folder, whose ``config.json`` is the config (overrides apply on top;
+changing anything that enters the config hash is refused). ``environment.name`` is a built-in, an
+installed package's entry point (group ``agentrl.environments``) or ``module:attr``; ``--reward``
+and ``--group-filter`` name a reward ``(trajectory, task) -> float`` and a group filter the same
+way (entry-point groups ``agentrl.rewards`` and ``agentrl.group_filters``; built-in filter
+``drop_uniform_rewards``). They are not part of the config: pass them again on ``--resume``.
+
+Every check (config, environment, template, model folder, first data rows, accelerators and cores)
+runs before Ray or any engine starts; a problem is ``error: ...`` on stderr with exit status 2.
+Under ``--dry-run`` what this machine lacks (CUDA for a GPU recipe, cores) is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from agentrl.cli._errors import fail
+
+if TYPE_CHECKING:
+    from agentrl.cli.config_files import ResolvedConfig
+
+__all__ = ["resolve_target", "train"]
+
+def _run_folder_config(folder: Path) -> dict[str, Any]:
+    record_path = folder / "config.json"
+    if not record_path.is_file():
+        fail(f"{folder}: not a run folder (no config.json); expected a folder written by 'agentrl train'")
+    import json
+
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        fail(f"{record_path}: cannot read it ({exc})")
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        fail(f"{record_path}: not a run folder's config.json (expected a 'config' table)")
+    config: dict[str, Any] = record["config"]
+    return config
+
+
+def resolve_target(target: Path, overrides: list[str], resume: bool) -> ResolvedConfig:
+    """The config of ``target`` (a config file, or a run folder under ``--resume``) with ``overrides``."""
+    from agentrl.cli.config_files import ConfigError, load_run_config
+
+    try:
+        if target.is_dir():
+            if not resume:
+                fail(f"{target}: a folder; expected a .toml or .yaml config file (or add --resume to continue "
+                     "the run in that folder)")
+            base = _run_folder_config(target)
+            base.setdefault("logging", {})["run_dir"] = str(target)
+            return load_run_config(None, overrides, base=base)
+        return load_run_config(target, overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _check_resume(resolved: ResolvedConfig) -> str:
+    """The run folder to resume; it must hold this config's run and a complete checkpoint."""
+    from agentrl.runner.checkpoint import CheckpointError, RunCheckpointer
+
+    config = resolved.config
+    folder = config.run_dir()
+    if not folder.is_dir():
+        fail(f"--resume: run folder {str(folder)!r} does not exist (logging.run_dir, or runs/<config hash>); "
+             "expected the folder of an earlier run of this config")
+    saved = _run_folder_config(folder)
+    import json
+
+    saved_hash = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("config_hash")
+    if saved_hash != config.hash():
+        from agentrl.cli.config_files import leaves
+        from agentrl.runner.config import RunConfig
+
+        old, new = leaves(RunConfig.from_dict(saved).to_dict()), leaves(config.to_dict())
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and not k.startswith(
+            ("logging.", "checkpoint.resume", "cluster.ray_address")))
+        fail(f"--resume: {folder} was run with another config (hash {str(saved_hash)[:12]}, this one "
+             f"{config.hash()[:12]}); changed: {', '.join(changed[:8]) or '?'}; expected the same config")
+    try:
+        RunCheckpointer.resolve(folder)
+    except CheckpointError as exc:
+        fail(f"--resume: {exc}")
+    return str(folder)
+
+
+def _component(kind: Any, name: str | None) -> Any:
+    if name is None:
+        return None
+    from agentrl.environments.registry import RegistryError, resolve
+
+    try:
+        return resolve(kind, name, allow_import=True)
+    except RegistryError as exc:
+        fail(f"--{kind.replace('_', '-')}: {exc}")
+
+
+def train(
+    target: Annotated[Path, typer.Argument(metavar="CONFIG", help="A .toml/.yaml config (or a run folder with --resume).")],
+    overrides: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...",
+                                                          help="Overrides, e.g. train.steps=10.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run folder from its latest checkpoint.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything, print the plan, start nothing.")] = False,
+    print_config: Annotated[bool, typer.Option("--print-config",
+                                               help="Print the resolved config and each value's source.")] = False,
+    no_ray: Annotated[bool, typer.Option("--no-ray", help="Run the rollout and trainer sides in this process.")] = False,
+    reward: Annotated[str | None, typer.Option("--reward", help="A reward by name or module:attr.")] = None,
+    group_filter: Annotated[str | None, typer.Option("--group-filter",
+                                                     help="A group filter by name or module:attr.")] = None,
+) -> None:
+    """Trains a policy as CONFIG describes (see the examples/ folder and docs/training.md).
+
+    Overrides are KEY=VALUE with dotted keys typed by the config schema, e.g. train.steps=4,
+    rollout.sampling.temperature=0.7, train.optimizer.betas=0.9,0.95, logging.run_dir=none.
+
+    \b
+    Examples:
+      agentrl train examples/tiny_cpu.toml --dry-run
+      agentrl train examples/tiny_cpu.toml train.steps=2 logging.run_dir=runs/try1
+      agentrl train examples/tiny_cpu.toml --print-config
+      agentrl train runs/try1 --resume
+    """
+    from agentrl.cli.plan import preflight
+
+    resolved = resolve_target(target, list(overrides or []), resume)
+    config = resolved.config
+    if print_config:
+        typer.echo(resolved.format())
+        if not dry_run:
+            return
+    reward_fn, filter_fn = _component("reward", reward), _component("group_filter", group_filter)
+    plan = preflight(config)
+    if plan.problems:
+        fail(plan.problems[0] if len(plan.problems) == 1 else
+             f"{len(plan.problems)} problems:\n" + "\n".join(f"  - {p}" for p in plan.problems))
+    if plan.machine and not dry_run:
+        fail("; ".join(plan.machine))
+    resume_from = _check_resume(resolved) if resume else None
+    if dry_run:
+        typer.echo(plan.format())
+        if resume_from is not None:
+            typer.echo(f"resume from  {resume_from}")
+        typer.echo("dry run: nothing started")
+        return
+    _run(config, plan.environment, reward_fn, filter_fn, use_ray=not no_ray, resume=resume_from)
+
+
+def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_ray: bool, resume: str | None) -> None:
+    from agentrl.runner.api import train as run_training
+    from agentrl.runner.checkpoint import CheckpointError
+
+    typer.echo(f"run folder {config.run_dir()}", err=True)
+    try:
+        summary = run_training(config, environment=environment, reward=reward, group_filter=group_filter,
+                               use_ray=use_ray, resume=resume)
+    except CheckpointError as exc:
+        fail(f"--resume: {exc}")
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; the run folder {config.run_dir()} can be resumed with --resume", err=True)
+        raise typer.Exit(code=130) from None
+    typer.echo(f"done: {getattr(summary, 'steps', '?')} steps; run folder {config.run_dir()}")
+

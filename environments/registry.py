@@ -1,0 +1,156 @@
+"""Names a run config can use for environments, rewards and group filters.
+
+Three sources, in this order:
+
+1. **built-ins** by short name: environments ``toy_arithmetic`` and ``retool_math``; the group
+   filter ``drop_uniform_rewards``;
+2. **installed packages**, through the entry-point groups ``agentrl.environments``,
+   ``agentrl.rewards`` and ``agentrl.group_filters``. A package makes its environment nameable with::
+
+       # pyproject.toml of my-env
+       [project.entry-points."agentrl.environments"]
+       my-env = "my_env.env:MyEnv"
+
+   after which ``pip install my-env`` lets a config say ``environment.name = "my-env"``;
+3. **user code** as ``module:attr`` (imported with the current directory on ``sys.path``), only
+   where the caller allows it (``allow_import=True``: the command line does; the Python API takes
+   the objects themselves).
+
+A built-in name wins over an installed one of the same name. An unknown name raises
+:class:`RegistryError` listing every valid name. Nothing is imported until a name is resolved, and
+only the entry point asked for is loaded.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["ENTRY_POINT_GROUPS", "Kind", "RegistryError", "available", "resolve"]
+
+Kind = Literal["environment", "reward", "group_filter"]
+
+ENTRY_POINT_GROUPS: dict[Kind, str] = {"environment": "agentrl.environments", "reward": "agentrl.rewards",
+                                      "group_filter": "agentrl.group_filters"}
+"""The entry-point group an installed package registers each kind of component under."""
+
+
+def _toy() -> Any:
+    from agentrl.environments.arithmetic import ToyArithmeticEnv
+
+    return ToyArithmeticEnv
+
+
+def _retool() -> Any:
+    from agentrl.environments.retool import RetoolMathEnv
+
+    return RetoolMathEnv
+
+
+def _uniform() -> Any:
+    from agentrl.rollout.groups import drop_uniform_rewards
+
+    return drop_uniform_rewards
+
+
+_BUILTINS: dict[Kind, dict[str, Callable[[], Any]]] = {
+    "environment": {"toy_arithmetic": _toy, "retool_math": _retool},
+    "reward": {},
+    "group_filter": {"drop_uniform_rewards": _uniform},
+}
+
+
+class RegistryError(ValueError):
+    """A name that resolves to nothing usable; the message lists the valid names."""
+
+
+@dataclass(frozen=True)
+class _Found:
+    source: str  # "built-in", "package <dist>" or "module"
+    obj: Any
+
+
+def _entry_points(kind: Kind) -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUPS[kind])}
+
+
+def available(kind: Kind) -> dict[str, str]:
+    """Every name of ``kind`` -> where it comes from (``built-in`` or ``package <name>``)."""
+    out = {name: "built-in" for name in _BUILTINS[kind]}
+    for name, ep in _entry_points(kind).items():
+        if name not in out:
+            dist = ep.dist.name if ep.dist is not None else "?"
+            out[name] = f"package {dist}"
+    return out
+
+
+def _import(target: str, kind: Kind) -> Any:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise RegistryError(f"{kind} {target!r}: expected 'module:attr', e.g. 'my_envs.math:MathEnv'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RegistryError(f"{kind} {target!r}: cannot import module {module_name!r} ({exc})") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RegistryError(f"{kind} {target!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _unknown(kind: Kind, name: str, allow_import: bool) -> RegistryError:
+    names = available(kind)
+    close = difflib.get_close_matches(name, list(names), n=2, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    listed = ", ".join(f"{n} ({src})" for n, src in sorted(names.items())) or "none"
+    extra = ", or 'module:attr' for your own code" if allow_import else ""
+    group = ENTRY_POINT_GROUPS[kind]
+    return RegistryError(f"unknown {kind} {name!r}{hint}; expected one of: {listed}{extra} (installed packages "
+                         f"add names through the entry-point group {group!r})")
+
+
+def resolve(kind: Kind, name: str, *, allow_import: bool = False) -> Any:
+    """The object ``name`` stands for (see the module doc); ``RegistryError`` when there is none."""
+    if kind not in _BUILTINS:
+        raise RegistryError(f"kind {kind!r}: expected one of {sorted(_BUILTINS)}")
+    found = _find(kind, name, allow_import)
+    obj = found.obj
+    if kind == "environment":
+        from agentrl.environments.base import Environment
+
+        if not (isinstance(obj, type) and issubclass(obj, Environment)) and not callable(obj):
+            raise RegistryError(f"environment {name!r} ({found.source}): expected an Environment subclass or a "
+                                f"callable row -> environment, got {obj!r:.100}")
+    elif not callable(obj):
+        raise RegistryError(f"{kind} {name!r} ({found.source}): expected a callable, got {obj!r:.100}")
+    return obj
+
+
+def _find(kind: Kind, name: str, allow_import: bool) -> _Found:
+    builtin = _BUILTINS[kind].get(name)
+    if builtin is not None:
+        return _Found("built-in", builtin())
+    ep = _entry_points(kind).get(name)
+    if ep is not None:
+        dist = ep.dist.name if ep.dist is not None else "?"
+        try:
+            return _Found(f"package {dist}", ep.load())
+        except Exception as exc:  # a broken package: say which and why, do not crash the caller
+            raise RegistryError(f"{kind} {name!r} (entry point {ep.value!r} of package {dist}): cannot load it "
+                                f"({type(exc).__name__}: {exc})") from None
+    if ":" in name and allow_import:
+        return _Found("module", _import(name, kind))
+    if ":" in name:
+        raise RegistryError(f"{kind} {name!r}: 'module:attr' names are taken on the command line only; from "
+                            f"Python pass the object itself (e.g. environment=MyEnv)")
+    raise _unknown(kind, name, allow_import)

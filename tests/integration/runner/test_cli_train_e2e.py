@@ -1,0 +1,99 @@
+"""``agentrl train`` for real, in a subprocess: the tiny Qwen3 on a CPU SGLang engine, toy arithmetic,
+two steps (Ray: a rollout actor and a train actor), then ``--resume`` of the run folder in-process
+(``--no-ray``) after its last checkpoint is removed, as if the run had been killed in step 2.
+
+One engine at a time (the second run starts after the first has ended). Asserted on what the run
+folder holds: the config snapshot and its hash, one metrics line per step, the trajectory files,
+the checkpoints and the summary.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.environments import make_arithmetic_rows
+from agentrl.testing import build_tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+def _config(tmp_path: Path) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(16, seed=0)))
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[model]
+path = "{build_tiny_model()}"
+dtype = "float32"
+[data.train]
+path = "{data}"
+[environment]
+name = "toy_arithmetic"
+[rollout.engines]
+count = 1
+context_length = 1024
+max_total_tokens = 8192
+random_seed = 0
+[rollout.sampling]
+max_new_tokens = 48
+[rollout.scheduler]
+groups_per_step = 2
+group_size = 2
+[train]
+steps = 2
+max_tokens_per_micro_batch = 2048
+[train.optimizer]
+lr = 1e-3
+[logging]
+run_dir = "{tmp_path / 'run'}"
+[checkpoint]
+every_steps = 1
+keep_last = 3
+""")
+    return config
+
+
+def _agentrl(*args: str, timeout: float = 700) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("agentrl")
+    return subprocess.run([str(exe), "train", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_two_steps_then_resume(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    run = tmp_path / "run"
+    first = _agentrl(str(config), "train.seed=1")
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert f"done: 2 steps; run folder {run}" in first.stdout
+
+    record = json.loads((run / "config.json").read_text())
+    assert record["config"]["train"]["seed"] == 1 and record["config"]["environment"]["name"] == "toy_arithmetic"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for step in (1, 2):
+        with gzip.open(run / "trajectories" / f"step_{step:06d}.jsonl.gz", "rt") as f:
+            header, *episodes = f.read().splitlines()
+        assert json.loads(header)["config_hash"] == record["config_hash"] and len(episodes) == 4
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == \
+        ["step_000001", "step_000002"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["resumed_from"] is None
+
+    # as if killed during step 2 before its checkpoint: resume from step 1, redo step 2
+    shutil.rmtree(run / "checkpoints" / "step_000002")
+    dry = _agentrl(str(run), "--resume", "--dry-run", timeout=300)
+    assert dry.returncode == 0, dry.stderr
+    assert "resume from  " in dry.stdout and "dry run: nothing started" in dry.stdout
+    second = _agentrl(str(run), "--resume", "--no-ray")
+    assert second.returncode == 0, second.stderr[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and "step_000001" in str(summary["resumed_from"])
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]  # step 2 rewound and redone, not listed twice
+    assert (run / "checkpoints" / "step_000002" / "meta.json").is_file()

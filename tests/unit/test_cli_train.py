@@ -1,0 +1,233 @@
+"""``agentrl train``: user mistakes (one message each, exit status 2, no traceback), ``--dry-run`` of
+every example config, ``--print-config``, and the ``--resume`` checks. Nothing here starts an engine
+or Ray: every case stops in the pre-flight. Most cases run the command in-process (typer's runner, on
+real files); a few run the installed ``agentrl`` script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+from agentrl.environments import make_arithmetic_rows
+from agentrl.testing import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny() -> str:
+    return str(build_tiny_model())
+
+
+@pytest.fixture
+def run_files(tmp_path: Path, tiny: str) -> dict[str, Path]:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(12, seed=0)))
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[model]
+path = "{tiny}"
+dtype = "float32"
+[data.train]
+path = "{data}"
+[environment]
+name = "toy_arithmetic"
+[rollout.engines]
+max_total_tokens = 4096
+[rollout.scheduler]
+groups_per_step = 2
+group_size = 2
+[train]
+steps = 2
+[logging]
+run_dir = "{tmp_path / 'run'}"
+""")
+    return {"config": config, "data": data, "dir": tmp_path}
+
+
+def invoke(args: list[str]) -> Any:
+    result = runner.invoke(app, ["train", *args], env={"COLUMNS": "200"})
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), \
+        f"traceback instead of a message: {result.exception!r}"
+    return result
+
+
+def edit(path: Path, old: str, new: str) -> Path:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def _bad_row(f: dict[str, Path]) -> list[str]:
+    with f["data"].open("a") as out:
+        out.write(json.dumps({"question": "What is 2 * 2?", "answer": "four"}) + "\n")
+    lines = f["data"].read_text().splitlines()
+    f["data"].write_text("\n".join([lines[-1], *lines[:-1]]) + "\n")  # the bad row first
+    return [str(f["config"]), "--dry-run"]
+
+
+def _not_a_model(f: dict[str, Path]) -> list[str]:
+    folder = f["dir"] / "not_a_model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{ not json")
+    return [str(f["config"]), f"model.path={folder}", "--dry-run"]
+
+
+def _not_a_run(f: dict[str, Path]) -> list[str]:
+    folder = f["dir"] / "somewhere"
+    folder.mkdir()
+    return [str(folder), "--resume"]
+
+
+CASES: list[tuple[str, Any, str]] = [
+    ("unknown key", lambda f: [str(edit(f["config"], "steps = 2", "stepz = 2"))],
+     r"train\.stepz: unknown key 'stepz' in section \[train\]; did you mean 'steps'"),
+    ("wrong type", lambda f: [str(edit(f["config"], "steps = 2", "steps = 'two'"))],
+     r"train\.steps = \"two\" \(set by file\): expected an int"),
+    ("out of range", lambda f: [str(f["config"]), "rollout.scheduler.group_size=0"],
+     r"rollout\.scheduler\.group_size = 0 \(set by override\): expected a value >= 1"),
+    ("unknown environment", lambda f: [str(f["config"]), "environment.name=toy_arithmetc", "--dry-run"],
+     r"environment\.name: unknown environment 'toy_arithmetc'; did you mean 'toy_arithmetic'\?; expected one of: "
+     r"retool_math \(built-in\), toy_arithmetic \(built-in\)"),
+    ("missing data file", lambda f: [str(f["config"]), "data.train.path=nowhere.jsonl"],
+     r"data\.train\.path='nowhere\.jsonl': no such file or folder"),
+    ("bad data row", _bad_row,
+     r"data\.train: bad row .*train\.jsonl:1: field 'answer': String should match pattern .*'four'.* against "
+     r"ArithmeticTask"),
+    ("estimator/loss mismatch", lambda f: [str(f["config"]), "algorithm.estimator=gspo", "algorithm.policy_loss=ppo"],
+     r"policy_loss='ppo' does not fit estimator='gspo': expected 'gspo'"),
+    ("impossible placement", lambda f: [str(f["config"]), "cluster.accelerator=gpu", "cluster.num_accelerators=1",
+                                        "cluster.placement=disaggregated"],
+     r"rollout\.engines\.count=1 engines × 1 \+ 1 for the trainer need 2 accelerators with "
+     r"placement='disaggregated', but cluster\.num_accelerators=1"),
+    ("too many CPU engines", lambda f: [str(f["config"]), f"rollout.engines.count={len(os.sched_getaffinity(0))}"],
+     r"rollout\.engines\.count=\d+ CPU engines need a core each and the trainer one more"),
+    ("bad override syntax", lambda f: [str(f["config"]), "train.steps:3"],
+     r"override 'train\.steps:3': expected KEY=VALUE"),
+    ("bad override value", lambda f: [str(f["config"]), "algorithm.estimator=grpoo"],
+     r"algorithm\.estimator=grpoo: expected one of 'grpo', .*; did you mean 'grpo'"),
+    ("TOML syntax error", lambda f: [str(edit(f["config"], "steps = 2", "steps = [2"))],
+     r"run\.toml: TOML syntax error: .*\(at line \d+, column \d+\)"),
+    ("YAML syntax error", lambda f: [str(_write(f["dir"] / "run.yaml", "model:\n  path: [m\n"))],
+     r"run\.yaml: YAML syntax error at line 3, column 1"),
+    ("unreadable model folder", _not_a_model,
+     r"model\.path='.*not_a_model': cannot read config\.json \(JSONDecodeError"),
+    ("missing model folder", lambda f: [str(f["config"]), "model.path=models/none"],
+     r"model\.path='models/none': no such folder; expected a Hugging Face model folder"),
+    ("resume folder not a run", _not_a_run, r"somewhere: not a run folder \(no config\.json\)"),
+    ("resume without a run", lambda f: [str(f["config"]), "--resume"],
+     r"--resume: run folder '.*run' does not exist"),
+    ("unknown reward", lambda f: [str(f["config"]), "--reward", "nope", "--dry-run"],
+     r"--reward: unknown reward 'nope'; expected one of: none, or 'module:attr' for your own code"),
+    ("module:attr that does not import", lambda f: [str(f["config"]), "environment.name=no_such_mod:Env"],
+     r"environment\.name: environment 'no_such_mod:Env': cannot import module 'no_such_mod'"),
+]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("args", "message"), [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_user_mistakes_are_one_message_and_exit_2(run_files: dict[str, Path], args: Any, message: str) -> None:
+    import re
+
+    result = invoke(args(run_files))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: "), result.stderr
+    assert re.search(message, result.stderr), result.stderr
+    assert "Traceback" not in result.output
+    assert not (run_files["dir"] / "run").exists()  # nothing was started or written
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(run_files: dict[str, Path], tiny: str) -> None:
+    result = invoke([str(run_files["config"]), "train.steps=5", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert f"model         {tiny} (qwen3, 2 layers, serving float32), template qwen3" in out
+    assert "environment   toy_arithmetic -> ToyArithmeticEnv" in out
+    assert "steps         5\n" in out
+    assert "per step      2 prompts x 2 samples = 4 episodes" in out
+    assert "data          12 training rows" in out
+    assert out.rstrip().endswith("dry run: nothing started")
+    assert not (run_files["dir"] / "run").exists()
+
+
+def test_print_config_shows_every_value_and_its_source(run_files: dict[str, Path]) -> None:
+    result = invoke([str(run_files["config"]), "train.seed=9", "--print-config"])
+    assert result.exit_code == 0, result.output
+    lines = {line.split(" = ")[0]: line for line in result.stdout.splitlines()[1:]}
+    assert lines["train.seed"].endswith("# override") and " = 9 " in lines["train.seed"]
+    assert lines["train.steps"].endswith("# file")
+    assert lines["rollout.router.policy"].endswith("# default")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_config_dry_runs(example: Path, tiny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from the repository root (the examples' paths are relative to it), on the tiny model; a GPU
+    recipe on a machine without GPUs reports what is missing and still passes."""
+    monkeypatch.chdir(ROOT)
+    result = invoke([str(example.relative_to(ROOT)), f"model.path={tiny}", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "dry run: nothing started" in result.stdout
+    if "accelerator = \"gpu\"" in example.read_text() and not _cuda():
+        assert "missing on this machine: cluster.accelerator='gpu': no CUDA GPU is visible here" in result.stdout
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def test_gpu_recipe_without_dry_run_refuses_on_a_machine_without_cuda(tiny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if _cuda():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.chdir(ROOT)
+    result = invoke(["examples/retool_qwen3_4b_gpu.toml", f"model.path={tiny}"])
+    assert result.exit_code == 2
+    assert "error: cluster.accelerator='gpu': no CUDA GPU is visible here; expected 8" in result.stderr
+
+
+def test_resume_refuses_a_changed_config(run_files: dict[str, Path]) -> None:
+    from agentrl.cli.config_files import load_run_config
+    from agentrl.runner.rundir import RunDirectory
+
+    config = load_run_config(run_files["config"]).config
+    RunDirectory(config.run_dir(), config_hash=config.hash()).write_config(config.to_dict())
+    result = invoke([str(run_files["config"]), "train.seed=3", "--resume"])
+    assert result.exit_code == 2
+    assert "was run with another config" in result.stderr and "changed: train.seed" in result.stderr
+    result = invoke([str(run_files["config"]), "--resume"])
+    assert result.exit_code == 2
+    assert "--resume: " in result.stderr and "no complete checkpoint" in result.stderr
+
+
+def test_subprocess_errors_and_dry_run(run_files: dict[str, Path]) -> None:
+    """The installed script: a mistake is one stderr line and status 2; a dry run's wall time."""
+    exe = Path(sys.executable).with_name("agentrl")
+    bad = subprocess.run([str(exe), "train", str(run_files["config"]), "train.stpes=3"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("error: train.stpes: unknown key 'stpes' in section [train]; did you mean 'steps'")
+    assert len(bad.stderr.splitlines()) == 1
+    t0 = time.perf_counter()
+    ok = subprocess.run([str(exe), "train", str(run_files["config"]), "--dry-run"], capture_output=True, text=True,
+                        timeout=300)
+    wall = time.perf_counter() - t0
+    assert ok.returncode == 0, ok.stderr
+    assert "dry run: nothing started" in ok.stdout
+    print(f"dry run wall {wall:.2f} s")
