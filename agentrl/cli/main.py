@@ -33,11 +33,13 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def _register() -> None:
     from agentrl.cli.doctor import doctor
     from agentrl.cli.env import env_app
+    from agentrl.cli.eval import eval_command
     from agentrl.cli.render import render
 
     # Short one-line help for the command list (click cuts longer first sentences at the terminal width).
     app.command("render", short_help="Render a conversation with a chat template (and its tokens).")(render)
     app.command("doctor", short_help="Report what is installed and usable.")(doctor)
+    app.command("eval", short_help="Evaluate a model, checkpoint or endpoint on the eval sets.")(eval_command)
     app.add_typer(env_app, name="env", short_help="Check environments.")
 
 
