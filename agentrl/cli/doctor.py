@@ -128,7 +128,7 @@ def accelerator_checks() -> list[Check]:
         try:
             import torch_npu  # noqa: F401
 
-            count = torch.npu.device_count()
+            count = torch.npu.device_count()  # type: ignore[attr-defined]  # added by torch_npu
             checks.append(Check("ascend npu", "ok" if count else "warn", f"{count} NPU(s) visible"))
         except Exception as err:  # a doctor reports every failure instead of crashing
             checks.append(Check("ascend npu", "fail", f"torch-npu does not load: {type(err).__name__}: {err}"[:300]))
