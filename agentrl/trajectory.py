@@ -58,6 +58,8 @@ T = TypeVar("T")
 
 # Engines return logprobs that can exceed 0 by float rounding (log-softmax in bf16/fp32).
 _LOGPROB_TOLERANCE = 1e-3
+# ``info`` key of a message-level trajectory (see Trajectory.from_messages)
+_MESSAGE_LEVEL = "message_level"
 
 
 class TrajectoryError(ValueError):
@@ -183,6 +185,18 @@ class Trajectory:
         traj.segments.append(Segment(SegmentKind.PROMPT, 0, len(tokens), trainable=False, turn=0))
         return traj
 
+    @classmethod
+    def from_messages(cls, messages: Iterable[Message], **ids: Any) -> Trajectory:
+        """A *message-level* trajectory: the conversation only, no token ids, loss mask or logprobs
+        (an episode run against a chat-completions endpoint). Rewards read its messages like any
+        other; :meth:`validate` and every trainer refuse it (there is nothing to train on)."""
+        return cls(tokens=[], prompt_length=0, messages=list(messages), info={_MESSAGE_LEVEL: True}, **ids)
+
+    @property
+    def message_level(self) -> bool:
+        """True for a trajectory of messages without tokens (:meth:`from_messages`)."""
+        return bool(self.info.get(_MESSAGE_LEVEL))
+
     # -- the two mutators --------------------------------------------------------------------
     def append_model(self, token_ids: Iterable[int], logprobs: Iterable[float], *,
                      weight_version: str | None = None, finish_reason: str | None = None,
@@ -296,6 +310,9 @@ class Trajectory:
 
     def validate(self) -> None:
         """Checks every invariant of the module doc; raises :class:`TrajectoryError` naming the first broken one."""
+        if self.message_level:
+            raise TrajectoryError(f"rollout {self.rollout_id!r} is message-level (messages from a chat-completions "
+                                  "endpoint, no token ids or logprobs); expected a token-level trajectory")
         n_resp = len(self.tokens) - self.prompt_length
         if self.prompt_length <= 0 or n_resp < 0:
             raise TrajectoryError(f"prompt_length={self.prompt_length} with {len(self.tokens)} tokens; expected 0 < "

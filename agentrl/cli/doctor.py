@@ -1,6 +1,7 @@
 """``agentrl doctor``: what is installed and usable for rollouts on this machine.
 
-Checks the pinned core libraries, the accelerator, SGLang and sglang-router, the CPU shims SGLang's
+Checks the pinned core libraries, Ray, megatron-core (optional), the accelerators (CUDA GPUs,
+Ascend NPUs), SGLang and sglang-router, the CPU shims SGLang's
 CPU path needs, the code sandboxes (bubblewrap runs a program; a Docker daemon answers), and (with ``--engine``) starts the tiny model on a real SGLang server behind the real
 router and generates a few tokens through them. Each check is a :class:`Check` with a status
 (``ok``, ``warn``, ``fail``) and a one-line detail; ``--strict`` exits 1 if any check failed.
@@ -19,11 +20,12 @@ from typing import Literal
 
 import typer
 
-__all__ = ["Check", "collect_checks", "doctor"]
+__all__ = ["Check", "accelerator_checks", "collect_checks", "doctor"]
 
 Status = Literal["ok", "warn", "fail"]
 PINS = {"torch": "2.13.0", "transformers": "5.19.0", "tokenizers": "0.23.2", "sglang": "0.5.23",
         "sglang-router": "0.3.2"}
+RAY_PIN = "2.60.0"
 
 
 @dataclass(frozen=True)
@@ -73,20 +75,64 @@ def _engine_check() -> Check:
 
     async def run() -> str:
         config = EngineConfig(model_path=str(build_tiny_model()), context_length=512, max_total_tokens=4096)
+        t0 = time.monotonic()
         group = await EngineGroup.launch([config])
+        start_s = time.monotonic() - t0
         try:
             async with group.client() as client:
                 res = await client.generate([101, 102, 103], SamplingParams(max_new_tokens=8))
-            return f"{len(res.output_ids)} tokens via {group.router.url}, finish {res.finish_reason.kind.value}"
+            return (f"started in {start_s:.1f} s; {len(res.output_ids)} tokens via {group.router.url}, "
+                    f"finish {res.finish_reason.kind.value}")
         finally:
             await group.shutdown()
 
-    t0 = time.monotonic()
     try:
         detail = asyncio.run(run())
     except Exception as err:  # a doctor reports every failure instead of crashing
         return Check("tiny model engine", "fail", f"{type(err).__name__}: {str(err)[:300]}")
-    return Check("tiny model engine", "ok", f"{detail} ({time.monotonic() - t0:.0f} s)")
+    return Check("tiny model engine", "ok", detail)
+
+
+def _ray_check() -> Check:
+    got = _installed("ray")
+    if got is None:
+        return Check("ray", "fail", "not installed (the runner needs it; run scripts/setup.sh)")
+    return Check("ray", "ok" if got == RAY_PIN else "warn", got if got == RAY_PIN else f"{got} installed, "
+                 f"project pins {RAY_PIN}")
+
+
+def _megatron_check() -> Check:
+    got = _installed("megatron-core")
+    if got is None:
+        return Check("megatron-core", "warn", "not installed (only train.backend='megatron' needs it)")
+    return Check("megatron-core", "ok", got)
+
+
+def accelerator_checks() -> list[Check]:
+    """CUDA GPUs (through torch) and Ascend NPUs (through torch-npu), each found or not."""
+    checks = []
+    try:
+        import torch
+    except ImportError:
+        return [Check("accelerators", "fail", "torch is not installed")]
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        checks.append(Check("cuda", "ok", f"{torch.cuda.device_count()} GPU(s): {', '.join(names)}; "
+                            f"CUDA {torch.version.cuda}"))
+    else:
+        checks.append(Check("cuda", "warn", f"no CUDA GPU visible (torch {torch.__version__}; CPU engines and "
+                            "training only)"))
+    if _installed("torch-npu") is None:
+        checks.append(Check("ascend npu", "warn", "torch-npu not installed (pip install 'agentrl[npu]' on Ascend)"))
+    else:
+        try:
+            import torch_npu  # noqa: F401
+
+            count = torch.npu.device_count()  # type: ignore[attr-defined]  # added by torch_npu
+            checks.append(Check("ascend npu", "ok" if count else "warn", f"{count} NPU(s) visible"))
+        except Exception as err:  # a doctor reports every failure instead of crashing
+            checks.append(Check("ascend npu", "fail", f"torch-npu does not load: {type(err).__name__}: {err}"[:300]))
+    return checks
 
 
 def _bwrap_check() -> Check:
@@ -133,8 +179,10 @@ def collect_checks(*, import_sglang: bool = True, engine: bool = False, sandbox:
 
     checks = [Check("python", "ok", sys.version.split()[0])]
     checks += [_pin_check(dist, pin) for dist, pin in PINS.items()]
+    checks += [_ray_check(), _megatron_check()]
     device = detect_device()
     checks.append(Check("device", "ok", device))
+    checks += accelerator_checks()
     if device == "cpu":
         shims = default_shim_dir()
         ok = (shims / "sgl_kernel" / "__init__.py").exists() and (shims / "torchvision" / "__init__.py").exists()
@@ -159,7 +207,15 @@ def doctor(
     quick: bool = typer.Option(False, "--quick", help="skip importing the SGLang server (a few seconds)"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when any check failed"),
 ) -> None:
-    """Report what is installed and usable: pinned libraries, device, SGLang, router, CPU shims, sandboxes."""
+    """Report what is installed and usable: pinned libraries, Ray, megatron-core, accelerators (CUDA,
+    Ascend NPU), SGLang, router, CPU shims, sandboxes; with --engine, the engine's start time.
+
+    Examples:
+
+      agentrl doctor --quick
+
+      agentrl doctor --engine --strict
+    """
     from rich.console import Console
     from rich.table import Table
 

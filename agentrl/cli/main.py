@@ -33,6 +33,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def _register() -> None:
     from agentrl.cli.doctor import doctor
     from agentrl.cli.env import env_app
+    from agentrl.cli.eval import eval_command
     from agentrl.cli.render import render
     from agentrl.cli.sft import sft
     from agentrl.cli.train import train
@@ -42,6 +43,7 @@ def _register() -> None:
     app.command("doctor", short_help="Report what is installed and usable.")(doctor)
     app.command("sft", short_help="Fine-tune a model on tool-use conversations (assistant tokens only).")(sft)
     app.command("train", short_help="Train from a config file (--dry-run checks it and starts nothing).")(train)
+    app.command("eval", short_help="Evaluate a model, checkpoint or endpoint on the eval sets.")(eval_command)
     app.add_typer(env_app, name="env", short_help="Check environments.")
 
 

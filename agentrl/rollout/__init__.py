@@ -14,12 +14,14 @@
 - :class:`Scheduler` / :class:`SchedulerConfig`: one training step's batch of complete prompt groups
   (:class:`StepBatch` of :class:`RolloutGroup`), dynamic sampling (:class:`FilterResult`,
   :func:`drop_uniform_rewards`), abort, partial rollouts, staleness; :class:`StepReport` accounts for
-  every prompt. :func:`evaluate` / :class:`EvalConfig` / :class:`EvalReport`: eval rollouts.
+  every prompt. :func:`evaluate` / :class:`EvalConfig` / :class:`EvalReport`: eval rollouts;
+  :class:`ChatEndpoint` / :func:`evaluate_endpoint`: message-level episodes against an OpenAI-compatible server.
 """
 
 from agentrl.model_folder import ModelFolderError, check_model_folder, model_vocab_size
 from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, run_episode
 from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
+from agentrl.rollout.endpoint import ChatEndpoint, EndpointError, evaluate_endpoint, run_message_episode
 from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
 from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate, pass_at_k
 from agentrl.rollout.groups import FilterResult, GroupFilter, RolloutGroup, drop_uniform_rewards
@@ -47,7 +49,9 @@ __all__ = [
     "AbortCause",
     "AccountingError",
     "AgentConfig",
+    "ChatEndpoint",
     "ClientConfig",
+    "EndpointError",
     "EngineConfig",
     "EngineError",
     "EngineGroup",
@@ -90,9 +94,11 @@ __all__ = [
     "detect_device",
     "drop_uniform_rewards",
     "evaluate",
+    "evaluate_endpoint",
     "model_vocab_size",
     "parse_generate_response",
     "pass_at_k",
     "run_episode",
+    "run_message_episode",
     "tune_gc",
 ]

@@ -38,6 +38,7 @@ from agentrl.runner.config import HASH_EXCLUDED, RunConfig
 from agentrl.runner.cpu import CpuPlan, plan_cpu
 from agentrl.runner.debug import train_from_trajectories
 from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
+from agentrl.runner.logging_sinks import SinkUnavailableError, TensorBoardSink, WandbSink, sinks_from_config
 from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunnerError, RunSummary, StalenessError
 from agentrl.runner.placement import ActorPlacement, BundleGroup, PlacedGroups, PlacementError, PlacementPlan
 from agentrl.runner.probe import (
@@ -99,11 +100,14 @@ __all__ = [
     "RunnerError",
     "SamplingSection",
     "SchedulerSection",
+    "SinkUnavailableError",
     "StalenessError",
     "SyncReport",
+    "TensorBoardSink",
     "TrainGroup",
     "TrainGroupError",
     "TrainSection",
+    "WandbSink",
     "WeightLoader",
     "WeightSyncConfig",
     "WeightSyncError",
@@ -112,6 +116,7 @@ __all__ = [
     "plan_cpu",
     "probe_sequences",
     "run_checks",
+    "sinks_from_config",
     "spawn",
     "train_from_trajectories",
 ]

@@ -113,6 +113,12 @@ def build_training_batch(trajectories: Sequence[Trajectory | Episode],
     kept: list[tuple[Trajectory, str, str, float]] = []
     excluded: list[tuple[str, str]] = []
     for i, traj in enumerate(flat):
+        if traj.message_level:  # before the status filter: refused whatever its status
+            raise ValueError(
+                f"trajectories[{i}]: rollout {traj.rollout_id or traj.sample_id!r} is message-level (run against a "
+                "chat-completions endpoint: messages only, no token ids, loss mask or logprobs); such episodes can "
+                "never enter a training batch: use them for evaluation or as SFT conversations"
+            )
         if traj.status in cfg.exclude_statuses:
             excluded.append((str(traj.rollout_id or traj.sample_id), traj.status.value))
             continue

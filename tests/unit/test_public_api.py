@@ -15,7 +15,8 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.rollout": {"InferenceClient", "SamplingParams", "GenerateResult", "SGLangEngine", "Router",
                         "continuation_budget", "run_episode", "AgentConfig", "EpisodeRunner", "Episode", "AbortCause", "Scheduler", "RestoreError",
                         "SchedulerConfig", "StepBatch", "StepReport", "RolloutGroup", "FilterResult",
-                        "drop_uniform_rewards", "OpeningCache"},
+                        "drop_uniform_rewards", "OpeningCache", "ChatEndpoint", "EndpointError",
+                        "evaluate_endpoint", "run_message_episode"},
     "agentrl.data": {"DataSource", "DataConfig", "DataRow", "BadRow", "DataError", "DataExhausted"},
     "agentrl.algorithms": {"group_advantages", "kl", "ppo_clip_loss", "gspo_loss", "cispo_loss", "tis_weights",
                            "mis_weights", "reduce_loss", "logprobs_from_logits", "entropy_from_logits"},
@@ -42,7 +43,8 @@ REQUIRED: dict[str, set[str]] = {
                        "PlacementError", "spawn", "TrainGroup", "TrainGroupError",
                        "DiskWeightSync", "WeightSyncConfig", "WeightSyncError", "SyncReport", "LogprobProbe",
                        "ProbeError", "ProbeReport", "logprob_mismatch", "probe_sequences", "backend_scorer",
-                       "CpuPlan", "plan_cpu"},
+                       "CpuPlan", "plan_cpu", "TensorBoardSink", "WandbSink", "SinkUnavailableError",
+                       "sinks_from_config"},
 }
 
 

@@ -1,0 +1,184 @@
+"""``agentrl eval CONFIG (--model PATH | --checkpoint DIR | --endpoint URL)``: evaluation rollouts.
+
+Runs the config's evaluation sets (``[[data.eval]]``; ``--eval-set NAME`` picks one, ``--data FILE``
+evaluates one file instead) with the config's environment, reward, template and agent settings:
+
+- ``--model PATH``: a Hugging Face folder served by the config's engines behind the router;
+- ``--checkpoint DIR``: a run checkpoint (``step_NNNNNN``, or a run folder: its latest), exported
+  to a Hugging Face folder (weights of the checkpoint, config and tokenizer of ``model.path``), then
+  served the same way;
+- ``--endpoint URL``: any OpenAI-compatible chat-completions server (messages in, messages out); its
+  episodes are message-level and can never enter a training batch.
+
+Writes, per set, ``<set>.json`` (mean reward, pass@k, tool-call rate, failure kinds, truncation
+rate...) and ``<set>.episodes.jsonl`` under ``evals/<source>/`` of the run folder (the
+checkpoint's run, else ``logging.run_dir``; ``--out`` to choose), and prints a table. Examples::
+
+    agentrl eval configs/toy.toml --model models/tiny
+    agentrl eval configs/toy.toml --checkpoint runs/exp1            # its latest checkpoint
+    agentrl eval configs/toy.toml --endpoint http://127.0.0.1:30000/v1 --data test.jsonl
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from agentrl.cli._errors import fail
+
+if TYPE_CHECKING:
+    from agentrl.runner.config import RunConfig
+
+__all__ = ["eval_command", "load_config_file", "validation_message"]
+
+
+def validation_message(exc: Exception) -> str:
+    """A pydantic ``ValidationError`` as one line per problem: ``key.sub: what (got value)``."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    lines = []
+    for err in errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
+        got = f" (got {err['input']!r:.80})" if err.get("type") != "missing" and "input" in err else ""
+        lines.append(f"{loc}: {err.get('msg', '')}{got}".replace("Value error, ", ""))
+    return "\n  ".join(lines)
+
+
+def load_config_file(path: Path, edits: dict[str, Any] | None = None) -> RunConfig:
+    """A TOML (or JSON) run config with ``edits`` (``"section.key": value``) applied; user errors
+    exit with status 2. One small function so the command can move to the shared config loader."""
+    import json
+
+    import tomllib
+    from pydantic import ValidationError
+
+    from agentrl.runner.config import RunConfig
+
+    if not path.is_file():
+        fail(f"CONFIG {str(path)!r}: no such file")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        fail(f"CONFIG {str(path)!r}: syntax error: {exc}")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"CONFIG {str(path)!r}: cannot read it ({exc})")
+    for dotted, value in (edits or {}).items():
+        node = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    try:
+        return RunConfig.from_dict(data)
+    except ValidationError as exc:
+        fail(f"CONFIG {str(path)!r}: {validation_message(exc)}")
+    except ValueError as exc:
+        fail(f"CONFIG {str(path)!r}: {exc}")
+
+
+def _eval_sets(config: RunConfig, name: str | None, data: Path | None, limit: int | None) -> list[tuple[Any, list[Any]]]:
+    """``(EvalDatasetSection, rows)`` of each set to run; rows checked against the environment."""
+    from agentrl.data.source import DataError, read_rows
+    from agentrl.runner._launch import row_validator
+    from agentrl.runner._sections import EvalDatasetSection
+    from agentrl.runner.envs import environment_factory
+
+    try:
+        factory = environment_factory(config)
+    except (ValueError, TypeError) as exc:
+        fail(str(exc))
+    if data is not None:
+        sections = [EvalDatasetSection(path=str(data), name=re.sub(r"[^\w.-]", "_", data.stem) or "eval")]
+    elif name is not None:
+        sections = [s for s in config.data.eval if s.name == name]
+        if not sections:
+            fail(f"--eval-set {name!r}: not an eval set of CONFIG (expected one of {[s.name for s in config.data.eval]})")
+    else:
+        sections = list(config.data.eval)
+    if not sections:
+        fail("CONFIG has no [[data.eval]] set: add one (name, path, samples_per_prompt, pass_k...) or pass --data FILE")
+    out = []
+    for section in sections:
+        try:
+            good, bad = read_rows(section.to_config(), validate=row_validator(factory))
+        except DataError as exc:
+            fail(f"data.eval {section.name!r}: {exc}")
+        if bad:
+            typer.echo(f"warning: data.eval {section.name!r}: {len(bad)} bad rows left out (first: {bad[0]})", err=True)
+        rows = [row for _, row in good][:limit]
+        if not rows:
+            fail(f"data.eval {section.name!r}: {section.path!r} holds no usable row")
+        out.append((section, rows))
+    return out
+
+
+def _out_folder(config: RunConfig, out: Path | None, label: str, checkpoint: Path | None) -> Path:
+    if out is not None:
+        return out
+    root = checkpoint.parent.parent if checkpoint is not None else config.run_dir()
+    return root / "evals" / label
+
+
+def eval_command(
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="the run config (TOML)")],
+    model: Annotated[Path | None, typer.Option("--model", help="a Hugging Face model folder to serve")] = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="a run checkpoint (or run folder)")] = None,
+    endpoint: Annotated[str | None, typer.Option("--endpoint", help="an OpenAI-compatible server URL")] = None,
+    api_model: Annotated[str | None, typer.Option("--api-model", help="model name for --endpoint "
+                                                  "(default: the first the server lists)")] = None,
+    api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="environment variable holding "
+                                                    "the --endpoint API key")] = None,
+    eval_set: Annotated[str | None, typer.Option("--eval-set", help="run only this [[data.eval]] set")] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="evaluate this file instead of the config's sets")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the first N rows of each set")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="where to write the results")] = None,
+) -> None:
+    """Evaluate a model, a checkpoint or an endpoint on the config's eval sets.
+
+    Examples:
+
+      agentrl eval toy.toml --model models/tiny
+
+      agentrl eval toy.toml --checkpoint runs/exp1
+
+      agentrl eval toy.toml --endpoint http://127.0.0.1:30000/v1 --data test.jsonl
+    """
+    given = [n for n, v in (("--model", model), ("--checkpoint", checkpoint), ("--endpoint", endpoint)) if v is not None]
+    if len(given) != 1:
+        fail(f"expected exactly one of --model PATH, --checkpoint DIR, --endpoint URL; got "
+             f"{', '.join(given) if given else 'none'}")
+    if api_model is not None and endpoint is None:
+        fail("--api-model: only with --endpoint")
+    from agentrl.cli import _eval_run as run
+
+    edits: dict[str, Any] = {}
+    if model is not None:
+        folder = run.check_model_arg(model)
+        edits["model.path"] = str(folder)
+    config = load_config_file(config_path, edits)
+    sets = _eval_sets(config, eval_set, data, limit)
+    if endpoint is not None:
+        key = None
+        if api_key_env is not None:
+            key = os.environ.get(api_key_env)
+            if not key:
+                fail(f"--api-key-env {api_key_env!r}: that environment variable is not set")
+        folder_out = _out_folder(config, out, "endpoint", None)
+        reports = run.run_endpoint(config, sets, endpoint, api_model, key)
+        source: dict[str, Any] = {"kind": "endpoint", "url": endpoint, "model": reports.model}
+    else:
+        ckpt = run.resolve_checkpoint(checkpoint) if checkpoint is not None else None
+        label = ckpt.name if ckpt is not None else f"model-{Path(config.model.path).name}"
+        folder_out = _out_folder(config, out, label, ckpt)
+        served = run.export_checkpoint(config, ckpt, folder_out / "model") if ckpt is not None else None
+        reports = run.run_engines(config, sets, served, folder_out / "logs")
+        source = {"kind": "checkpoint", "path": str(ckpt), "exported": str(served)} if ckpt is not None else \
+            {"kind": "model", "path": config.model.path}
+    paths = run.write_reports(folder_out, reports.reports, source, config)
+    run.print_table(reports.reports, source, paths)

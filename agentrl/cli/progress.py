@@ -1,0 +1,197 @@
+"""What a run shows while it trains, as :class:`~agentrl.runner.RunCallback` objects.
+
+- :class:`LiveProgress`: a ``rich`` live display (on a terminal): the step bar with its ETA, the
+  phase running now (``collect_rollouts``, ``train_step``, ...) with how long it has run, and the
+  last step's reward, accuracy, rollout throughput and step time;
+- :class:`PlainProgress`: one line per step (not a terminal, or ``--quiet``), e.g.
+  ``step 3/10 reward=0.500 accuracy=0.250 tokens/s=1234 step_s=2.10 eta=0:00:14``;
+- :class:`RunEndSummary`: one screen at the end: the run folder's path and what is in it, why the
+  run stopped, the last figures and the final evaluations.
+
+:func:`progress_callbacks` picks them for a config; ``agentrl.train(config, callbacks=...)`` users
+can pass them too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from agentrl.runner.loop import RunCallback, RunSummary
+
+__all__ = ["LiveProgress", "PlainProgress", "RunEndSummary", "StepFigures", "progress_callbacks"]
+
+# (label, metrics key, format) of the figures shown per step
+_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("reward", "rollout/reward_mean", "{:.3f}"),
+    ("accuracy", "rollout/accuracy", "{:.3f}"),
+    ("tokens/s", "report/metrics/tokens_per_s", "{:.0f}"),
+    ("samples/s", "report/metrics/samples_per_s", "{:.1f}"),
+    ("step_s", "time/step_s", "{:.2f}"),
+)
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class StepFigures:
+    """The per-step numbers both displays show: figures of the last step, mean step time, ETA."""
+
+    def __init__(self, total_steps: int | None) -> None:
+        self.total = total_steps
+        self.step = 0
+        self.first_step: int | None = None
+        self.started = time.monotonic()
+        self.last: dict[str, str] = {}
+
+    def begin(self, step: int) -> None:
+        """The first phase of this process's first step (a resumed run counts from there)."""
+        if self.first_step is None:
+            self.first_step, self.started = step - 1, time.monotonic()
+
+    def update(self, step: int, metrics: Mapping[str, Any]) -> None:
+        self.begin(step)
+        self.step = step
+        self.last = {label: fmt.format(metrics[key]) for label, key, fmt in _FIGURES
+                     if isinstance(metrics.get(key), int | float)}
+
+    def eta_s(self) -> float | None:
+        if self.total is None or self.first_step is None or self.step <= self.first_step:
+            return None
+        per_step = (time.monotonic() - self.started) / (self.step - self.first_step)
+        return max(self.total - self.step, 0) * per_step
+
+    def line(self) -> str:
+        total = f"/{self.total}" if self.total is not None else ""
+        figures = " ".join(f"{k}={v}" for k, v in self.last.items())
+        return f"step {self.step}{total} {figures} eta={_clock(self.eta_s())}".replace("  ", " ")
+
+
+class PlainProgress(RunCallback):
+    """One line per step on ``stream`` (default stdout), flushed; ``phases``: a line per phase too."""
+
+    def __init__(self, total_steps: int | None, *, stream: IO[str] | None = None, phases: bool = False) -> None:
+        self.figures = StepFigures(total_steps)
+        self.stream = stream if stream is not None else sys.stdout
+        self.phases = phases
+
+    def on_phase(self, phase: str, step: int) -> None:
+        self.figures.begin(step)
+        if self.phases:
+            print(f"step {step} {phase}", file=self.stream, flush=True)
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        self.figures.update(step, metrics)
+        print(self.figures.line(), file=self.stream, flush=True)
+
+
+class LiveProgress(RunCallback):
+    """The ``rich`` live display (see the module doc); ``console``: where it draws (default stdout)."""
+
+    def __init__(self, total_steps: int | None, *, console: Any = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.console = console if console is not None else Console()
+        self.figures = StepFigures(total_steps)
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"),
+                                 console=self.console)
+        self.steps = self.progress.add_task("steps", total=total_steps, eta="?")
+        self.phase = self.progress.add_task("starting", total=None, eta="")
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False,
+                         get_renderable=self._render)
+        self.live.start()
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        table.add_row(*(f"{k} [bold]{v}[/]" for k, v in self.figures.last.items()) or ("waiting for the first step",))
+        return Group(self.progress, table)
+
+    def __enter__(self) -> LiveProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def on_phase(self, phase: str, step: int) -> None:
+        self.figures.begin(step)
+        self.progress.reset(self.phase, description=f"step {step}: {phase}", total=None)
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        self.figures.update(step, metrics)
+        self.progress.update(self.steps, completed=step, eta=_clock(self.figures.eta_s()))
+        self.live.refresh()
+
+    def on_run_end(self, summary: RunSummary) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops the display (idempotent); call it when a run ends by an error too."""
+        if self.live.is_started:
+            self.progress.update(self.phase, visible=False)
+            self.live.stop()
+
+
+class RunEndSummary(RunCallback):
+    """Prints the one-screen summary when the run ends (see the module doc)."""
+
+    def __init__(self, run_dir: str | Path, *, console: Any = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.console = console
+        self.last: dict[str, Any] = {}
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        self.last = dict(metrics)
+
+    def on_run_end(self, summary: RunSummary) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = self.console if self.console is not None else Console()
+        table = Table(title="run summary", show_header=False)
+        table.add_row("run folder", str(self.run_dir.resolve()))
+        table.add_row("steps", f"{summary.steps} ({summary.stopped_because or 'ended'})")
+        table.add_row("wall", _clock(summary.wall_s))
+        if summary.resumed_from:
+            table.add_row("resumed from", summary.resumed_from)
+        for label, key, fmt in _FIGURES:
+            if isinstance(self.last.get(key), int | float):
+                table.add_row(f"last {label}", fmt.format(self.last[key]))
+        for name, report in summary.evals.items():
+            if isinstance(report, Mapping):
+                passes = ", ".join(f"pass@{k} {v:.3f}" for k, v in (report.get("pass_at_k") or {}).items())
+                table.add_row(f"eval {name}", f"mean reward {report.get('mean_reward', 0.0):.3f} {passes}".strip())
+        present = [p for p in ("metrics.jsonl", "summary.json", "checkpoints", "trajectories", "tensorboard", "logs")
+                   if (self.run_dir / p).exists()]
+        table.add_row("contents", ", ".join(present) or "-")
+        console.print(table)
+
+
+def progress_callbacks(total_steps: int | None, run_dir: str | Path, *, quiet: bool = False,
+                       console: Any = None) -> list[RunCallback]:
+    """The live display on a terminal (plain lines when ``quiet`` or not a terminal), then the summary."""
+    from rich.console import Console
+
+    console = console if console is not None else Console()
+    shown: RunCallback = PlainProgress(total_steps, stream=console.file) if quiet or not console.is_terminal \
+        else LiveProgress(total_steps, console=console)
+    return [shown, RunEndSummary(run_dir, console=console)]

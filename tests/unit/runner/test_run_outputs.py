@@ -1,0 +1,177 @@
+"""What a run writes and shows besides its run folder: TensorBoard event files (read back with
+TensorBoard's own reader), a W&B offline run (read back from its ``.wandb`` file), the plain
+per-step lines and the end-of-run summary. One 2-step run on the fake engine and the real trainer
+feeds every check."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.cli.progress import LiveProgress, PlainProgress, RunEndSummary, progress_callbacks
+from agentrl.runner.logging_sinks import TensorBoardSink, WandbSink, scalar_metrics, sinks_from_config
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from rich.console import Console
+
+    from agentrl.testing.runner import build_fake_runner, fake_run_config
+
+    root = tmp_path_factory.mktemp("outputs")
+    config = fake_run_config(root, steps=STEPS, rows=8, checkpoint_every=None)
+    lines, screen = io.StringIO(), io.StringIO()
+    callbacks: list[Any] = [TensorBoardSink(config.run_dir() / "tensorboard"),
+                            PlainProgress(STEPS, stream=lines, phases=True),
+                            RunEndSummary(config.run_dir(), console=Console(file=screen, width=200))]
+    wandb_dir = root / "wandb-home"
+    if _has_wandb():
+        os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(wandb_dir)})
+        callbacks.append(WandbSink("agentrl-test", wandb_dir, config=config.to_dict(), name="outputs"))
+    runner, _ = build_fake_runner(config, callbacks=callbacks)
+    summary = asyncio.run(runner.run())
+    metrics = [json.loads(line) for line in (config.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    return {"config": config, "summary": summary, "metrics": [m for m in metrics if not m.get("final")],
+            "lines": lines.getvalue(), "screen": screen.getvalue(), "wandb_dir": wandb_dir}
+
+
+def _has_wandb() -> bool:
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_scalar_metrics_flattens_and_keeps_finite_numbers() -> None:
+    got = scalar_metrics({"a": 1, "b": {"c": 2.5, "d": {"e": True}}, "nan": float("nan"), "s": "x", "l": [1]})
+    assert got == {"a": 1.0, "b/c": 2.5, "b/d/e": 1.0}
+
+
+def test_tensorboard_events_read_back(run: dict[str, Any]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run["config"].run_dir() / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"rollout/reward_mean", "train/loss", "time/step_s"} <= tags
+    assert "prompt_ids" not in tags  # a list, not a scalar
+    for key in ("rollout/reward_mean", "train/loss", "train/grad_norm"):
+        events = acc.Scalars(key)
+        assert [e.step for e in events] == list(range(1, STEPS + 1))
+        expected = [m[key] for m in run["metrics"]]
+        assert [e.value for e in events] == pytest.approx(expected, rel=1e-6)
+
+
+def test_wandb_offline_run_holds_the_steps(run: dict[str, Any]) -> None:
+    if not _has_wandb():
+        pytest.skip("wandb is not installed (pip install 'agentrl[logging]')")
+    from wandb.proto import wandb_internal_pb2
+
+    files = list(Path(run["wandb_dir"]).rglob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    history: list[dict[str, Any]] = []
+    for data in _wandb_records(files[0].read_bytes()):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item})
+    steps = [h["_step"] for h in history]
+    assert steps == list(range(1, STEPS + 1))
+    assert [h["rollout/reward_mean"] for h in history] == pytest.approx([m["rollout/reward_mean"] for m in run["metrics"]])
+
+
+def _wandb_records(raw: bytes) -> list[bytes]:
+    """The records of a ``.wandb`` file: a 7-byte header (``:W&B``, magic, version), then 32 KiB blocks
+    of chunks ``crc32 (4) | length (2, little-endian) | type (1: full, 2: first, 3: middle, 4: last) | data``."""
+    assert raw[:4] == b":W&B", raw[:8]
+    out: list[bytes] = []
+    pos, pending = 7, b""
+    while pos + 7 <= len(raw):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = int.from_bytes(raw[pos + 4:pos + 6], "little"), raw[pos + 6]
+        if kind == 0 and length == 0:
+            break
+        chunk, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        pending += chunk
+        if kind in (1, 4):
+            out.append(pending)
+            pending = b""
+    return out
+
+
+def test_plain_lines_one_per_step_with_figures(run: dict[str, Any]) -> None:
+    step_lines = [line for line in run["lines"].splitlines() if "eta=" in line]
+    assert [line.split()[1] for line in step_lines] == [f"{s}/{STEPS}" for s in range(1, STEPS + 1)]
+    for line, m in zip(step_lines, run["metrics"], strict=True):
+        assert f"reward={m['rollout/reward_mean']:.3f}" in line
+        assert f"accuracy={m['rollout/accuracy']:.3f}" in line
+        assert "tokens/s=" in line and "step_s=" in line
+    assert step_lines[-1].endswith("eta=0:00:00")
+    assert "step 1 collect_rollouts" in run["lines"] and "step 2 train_step" in run["lines"]
+
+
+def test_summary_names_the_run_folder_and_its_contents(run: dict[str, Any]) -> None:
+    screen = run["screen"]
+    assert str(run["config"].run_dir().resolve()) in screen
+    assert f"{STEPS} (train.steps={STEPS} reached)" in screen
+    assert "metrics.jsonl" in screen and "tensorboard" in screen
+    reward = f"{run['metrics'][-1]['rollout/reward_mean']:.3f}"
+    assert re.search(rf"last reward\s*│\s*{re.escape(reward)}", screen), screen
+
+
+def test_live_display_draws_steps_and_phases() -> None:
+    from rich.console import Console
+
+    out = io.StringIO()
+    live = LiveProgress(4, console=Console(file=out, force_terminal=True, width=150))
+    with live:
+        live.on_phase("collect_rollouts", 1)
+        live.on_step_end(1, {"rollout/reward_mean": 0.25, "rollout/accuracy": 0.125,
+                             "report/metrics/tokens_per_s": 321.0, "time/step_s": 0.5})
+        live.on_phase("train_step", 2)
+        live.live.refresh()
+    text = out.getvalue()
+    assert "1/4" in text and "step 2: train_step" in text
+    assert "0.250" in text and "0.125" in text and "321" in text
+    assert not live.live.is_started
+
+
+def test_progress_callbacks_plain_off_a_terminal(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    shown, summary = progress_callbacks(3, tmp_path, console=Console(file=io.StringIO()))
+    assert isinstance(shown, PlainProgress) and isinstance(summary, RunEndSummary)
+    term = Console(file=io.StringIO(), force_terminal=True)
+    quiet, _ = progress_callbacks(3, tmp_path, quiet=True, console=term)
+    assert isinstance(quiet, PlainProgress)
+    live, _ = progress_callbacks(3, tmp_path, console=term)
+    assert isinstance(live, LiveProgress)
+    live.close()
+
+
+def test_sinks_from_config_follow_logging_section(tmp_path: Path) -> None:
+    from agentrl.runner.config import RunConfig
+
+    base = {"model": {"path": "m"}, "data": {"train": {"path": "d.jsonl"}}, "environment": {"name": "toy_arithmetic"},
+            "logging": {"run_dir": str(tmp_path / "run")}}
+    assert sinks_from_config(RunConfig.from_dict(base)) == []
+    on = RunConfig.from_dict({**base, "logging": {**base["logging"], "tensorboard": True}})
+    sinks = sinks_from_config(on)
+    assert [type(s) for s in sinks] == [TensorBoardSink]
+    sinks[0].close()
+    assert (tmp_path / "run" / "tensorboard").is_dir()

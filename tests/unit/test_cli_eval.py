@@ -1,0 +1,123 @@
+"""`agentrl eval` through a subprocess on real files: the endpoint path end to end (fake
+OpenAI-compatible server on 127.0.0.1) and every bad command line, each with its one-line message
+and exit status 2. The engine paths (--model, --checkpoint) are in tests/integration/cli/."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.environments import make_arithmetic_rows
+from agentrl.testing import build_tiny_model
+from agentrl.testing.chat_server import FakeChatServer
+
+pytestmark = pytest.mark.timeout(300)
+
+AGENTRL = Path(sys.executable).parent / "agentrl"  # the installed console script
+
+
+def _agentrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(AGENTRL), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "COLUMNS": "200"})
+
+
+def _write(folder: Path, body: str, rows: int = 4) -> Path:
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(rows, seed=3)))
+    config = folder / "eval.toml"
+    config.write_text(body.replace("MODEL", str(build_tiny_model())))
+    return config
+
+
+CONFIG = """
+[model]
+path = "MODEL"
+[data.train]
+path = "test.jsonl"
+[[data.eval]]
+name = "arith"
+path = "test.jsonl"
+[environment]
+name = "toy_arithmetic"
+[logging]
+run_dir = "run"
+"""
+
+
+def test_eval_endpoint_writes_the_report_and_the_conversations(tmp_path: Path) -> None:
+    config = _write(tmp_path, CONFIG)
+    with FakeChatServer() as server:
+        proc = _agentrl("eval", str(config), "--endpoint", server.url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "run" / "evals" / "endpoint"
+    report = json.loads((out / "arith.json").read_text())
+    assert report["message_level"] is True and report["source"] == {"kind": "endpoint", "url": server.url,
+                                                                      "model": "fake-model"}
+    assert (report["prompts"], report["samples"], report["mean_reward"]) == (4, 4, 1.0)
+    assert report["pass_at_k"] == {"1": 1.0} and report["tool_call_rate"] == 1.0
+    assert report["truncation_rate"] == 0.0 and report["failure_kinds"] == {}
+    lines = [json.loads(x) for x in (out / "arith.episodes.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(r["reward"] == 1.0 for r in lines)
+    assert [m["role"] for m in lines[0]["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert "arith" in proc.stdout and "mean reward" in proc.stdout and "results:" in proc.stdout
+
+
+def test_eval_data_limit_and_out(tmp_path: Path) -> None:
+    config = _write(tmp_path, CONFIG, rows=6)
+    with FakeChatServer() as server:
+        proc = _agentrl("eval", str(config), "--endpoint", server.url, "--data", "test.jsonl", "--limit", "2",
+                        "--out", "elsewhere", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "elsewhere" / "test.json").read_text())["prompts"] == 2
+
+
+@pytest.mark.parametrize(("args", "body", "message"), [
+    ((), CONFIG, "expected exactly one of --model PATH, --checkpoint DIR, --endpoint URL; got none"),
+    (("--model", "m", "--endpoint", "http://x"), CONFIG, "got --model, --endpoint"),
+    (("--model", "no-such-model"), CONFIG, "--model"),
+    (("--checkpoint", "."), CONFIG, "--checkpoint: .: no complete checkpoint"),
+    (("--endpoint", "http://127.0.0.1:9/v1"), CONFIG, "--endpoint 'http://127.0.0.1:9/v1': GET"),
+    (("--endpoint", "http://x", "--eval-set", "nope"), CONFIG,
+     "--eval-set 'nope': not an eval set of CONFIG (expected one of ['arith'])"),
+    (("--endpoint", "http://x"), CONFIG.replace('name = "arith"\npath = "test.jsonl"', 'name = "arith"\npath = "gone.jsonl"'),
+     "data.eval 'arith': DataConfig.path='gone.jsonl': no such file"),
+    (("--endpoint", "http://x"), CONFIG.replace("[[data.eval]]\nname = \"arith\"\npath = \"test.jsonl\"\n", ""),
+     "CONFIG has no [[data.eval]] set"),
+    (("--endpoint", "http://x"), CONFIG.replace("toy_arithmetic", "toy_arith"),
+     "environment.name='toy_arith': not a built-in environment"),
+    (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nverbose = true"),
+     "logging.verbose: Extra inputs are not permitted (got True)"),
+    (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nlog_every = 0"),
+     "logging.log_every: Input should be greater than or equal to 1 (got 0)"),
+    (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging\n"), "syntax error"),
+    (("--endpoint", "http://x", "--api-key-env", "AGENTRL_TEST_NO_SUCH_VAR"), CONFIG,
+     "--api-key-env 'AGENTRL_TEST_NO_SUCH_VAR': that environment variable is not set"),
+], ids=["no-source", "two-sources", "bad-model", "not-a-checkpoint", "unreachable", "unknown-set", "missing-data",
+        "no-eval-set", "unknown-env", "unknown-key", "out-of-range", "toml-syntax", "no-api-key"])
+def test_eval_bad_command_lines(tmp_path: Path, args: tuple[str, ...], body: str, message: str) -> None:
+    config = _write(tmp_path, body)
+    proc = _agentrl("eval", str(config), *args, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_eval_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    config = _write(tmp_path, CONFIG.replace("[logging]", "[logging\n"))
+    proc = _agentrl("eval", str(config), "--endpoint", "http://x", cwd=tmp_path)
+    line = CONFIG.splitlines().index("[logging]") + 1
+    assert proc.returncode == 2 and f"line {line}" in proc.stderr, proc.stderr
+
+
+def test_eval_missing_config(tmp_path: Path) -> None:
+    proc = _agentrl("eval", "nope.toml", "--endpoint", "http://x", cwd=tmp_path)
+    assert proc.returncode == 2 and "error: CONFIG 'nope.toml': no such file" in proc.stderr
+
+
+def test_eval_help_has_examples(tmp_path: Path) -> None:
+    proc = _agentrl("eval", "--help", cwd=tmp_path)
+    assert proc.returncode == 0 and "agentrl eval toy.toml --checkpoint runs/exp1" in proc.stdout
