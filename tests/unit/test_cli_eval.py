@@ -88,7 +88,7 @@ def test_eval_data_limit_and_out(tmp_path: Path) -> None:
     (("--endpoint", "http://x"), CONFIG.replace("[[data.eval]]\nname = \"arith\"\npath = \"test.jsonl\"\n", ""),
      "CONFIG has no [[data.eval]] set"),
     (("--endpoint", "http://x"), CONFIG.replace("toy_arithmetic", "toy_arith"),
-     "environment.name='toy_arith': not a built-in environment"),
+     "unknown environment 'toy_arith'; did you mean 'toy_arithmetic'"),
     (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nverbose = true"),
      "logging.verbose: Extra inputs are not permitted (got True)"),
     (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nlog_every = 0"),
