@@ -192,8 +192,9 @@ def _check_row(path: str, number: int, record: Any, fields: Mapping[str, str],
 
 
 def read_rows(config: DataConfig, validate: Callable[[dict[str, Any]], object] | None = None,
-              ) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
-    """Every good row as ``(row_number, data)`` and every bad row of ``config.path``."""
+              limit: int | None = None) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
+    """Every good row as ``(row_number, data)`` and every bad row of ``config.path`` (only the first
+    ``limit`` records when given)."""
     path = Path(config.path)
     if not path.exists():
         raise DataError(f"DataConfig.path={os.fspath(config.path)!r}: no such file or folder")
@@ -201,29 +202,7 @@ def read_rows(config: DataConfig, validate: Callable[[dict[str, Any]], object] |
     reader = _jsonl_rows(path) if fmt is DataFormat.JSONL else _table_rows(path, fmt, config.split)
     good: list[tuple[int, dict[str, Any]]] = []
     bad: list[BadRow] = []
-    for number, record, problem in reader:
-        if problem is None:
-            data, problem = _check_row(str(path), number, record, config.fields, validate)
-        if problem is not None:
-            bad.append(problem)
-        else:
-            assert data is not None
-            good.append((number, data))
-    return good, bad
-
-
-def first_rows(config: DataConfig, n: int, validate: Callable[[dict[str, Any]], object] | None = None,
-               ) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
-    """The good and bad rows among the first ``n`` records of ``config.path`` (what a dry run checks
-    without reading a whole JSONL file)."""
-    path = Path(config.path)
-    if not path.exists():
-        raise DataError(f"DataConfig.path={os.fspath(config.path)!r}: no such file or folder")
-    fmt = _detect(path, config.format)
-    reader = _jsonl_rows(path) if fmt is DataFormat.JSONL else _table_rows(path, fmt, config.split)
-    good: list[tuple[int, dict[str, Any]]] = []
-    bad: list[BadRow] = []
-    for number, record, problem in itertools.islice(reader, n):
+    for number, record, problem in itertools.islice(reader, limit):
         data = None
         if problem is None:
             data, problem = _check_row(str(path), number, record, config.fields, validate)
@@ -232,6 +211,13 @@ def first_rows(config: DataConfig, n: int, validate: Callable[[dict[str, Any]], 
         elif data is not None:
             good.append((number, data))
     return good, bad
+
+
+def first_rows(config: DataConfig, n: int, validate: Callable[[dict[str, Any]], object] | None = None,
+               ) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
+    """The good and bad rows among the first ``n`` records of ``config.path`` (what a dry run checks
+    without reading a whole JSONL file)."""
+    return read_rows(config, validate, limit=n)
 
 
 class DataSource:

@@ -55,6 +55,20 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def read_json_object(path: Path, error: type[Exception], missing: str) -> dict[str, Any]:
+    """The JSON object in ``path``; ``error`` (naming the file) when it is missing (``missing`` says
+    what was expected), not JSON, or not an object."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise error(f"{path}: {missing}") from exc
+    except orjson.JSONDecodeError as exc:
+        raise error(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def write_atomic(path: Path, data: bytes) -> Path:
     """Writes ``data`` to ``path`` through a temporary sibling, fsync and rename; returns ``path``."""
     tmp = temp_name(path)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataSource, read_rows
 from agentrl.rollout.health import EngineGroup
-from agentrl.rollout.scheduler import Scheduler
+from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
 from agentrl.runner.weights import DiskWeightSync
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.rollout_service import RolloutService
 
-__all__ = ["EngineWeights", "launch_rollout", "row_validator"]
+__all__ = ["EngineWeights", "launch_rollout", "row_validator", "scheduler_config"]
 
 
 class EngineWeights:
@@ -46,6 +46,15 @@ class EngineWeights:
 
         report = await self.sync.sync(version, move)
         return report.to_metrics()
+
+
+def scheduler_config(config: RunConfig) -> SchedulerConfig:
+    """The run's :class:`SchedulerConfig`; in ``bounded_staleness`` mode its bound is one version
+    tighter than the run's: a collected batch can wait one version in the runner's queue."""
+    sched_cfg = config.rollout.scheduler.to_config()
+    if config.mode == "bounded_staleness" and sched_cfg.max_staleness is not None:
+        sched_cfg = dataclasses.replace(sched_cfg, max_staleness=max(sched_cfg.max_staleness - 1, 0))
+    return sched_cfg
 
 
 def row_validator(env_factory: Any) -> Callable[[dict[str, Any]], object] | None:
@@ -86,10 +95,7 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
     template = ChatTemplate.from_name(config.model.template, tokenizer=tokenizer)
     client = group.client()
     data = DataSource(config.data.train.to_config(), validate=row_validator(env_factory))
-    sched_cfg = config.rollout.scheduler.to_config()
-    if config.mode == "bounded_staleness" and sched_cfg.max_staleness is not None:
-        # a collected batch can wait one weight version in the runner's queue before it trains
-        sched_cfg = dataclasses.replace(sched_cfg, max_staleness=max(sched_cfg.max_staleness - 1, 0))
+    sched_cfg = scheduler_config(config)
     scheduler = Scheduler(env_factory, template, client, data, sched_cfg, agent=config.agent_config(),
                           group_filter=group_filter, load_probe=group.active_requests,
                           engines=len(group.engines))

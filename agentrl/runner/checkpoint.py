@@ -36,10 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 import agentrl
-from agentrl.runner._files import fsync_dir, fsync_tree, json_bytes, write_atomic
+from agentrl.runner._files import fsync_dir, fsync_tree, json_bytes, read_json_object, write_atomic
 
 __all__ = ["CheckpointError", "LoadedCheckpoint", "RunCheckpointer"]
 
@@ -82,15 +80,7 @@ def _complete(directory: Path) -> list[tuple[int, Path]]:
 
 
 def _read_object(path: Path) -> dict[str, Any]:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path}: missing; expected a complete checkpoint") from exc
-    except orjson.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path, CheckpointError, "missing; expected a complete checkpoint")
 
 
 class RunCheckpointer:

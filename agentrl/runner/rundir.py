@@ -42,7 +42,7 @@ import orjson
 
 import agentrl
 from agentrl.episode import Episode
-from agentrl.runner._files import fsync_dir, json_bytes, temp_name, write_atomic
+from agentrl.runner._files import fsync_dir, json_bytes, read_json_object, temp_name, write_atomic
 from agentrl.trajectory import TrajectoryError
 
 __all__ = ["RunDirError", "RunDirectory"]
@@ -132,15 +132,7 @@ class RunDirectory:
         return self._read_json(self.summary_path)
 
     def _read_json(self, path: Path) -> dict[str, Any]:
-        try:
-            data = orjson.loads(path.read_bytes())
-        except FileNotFoundError as exc:
-            raise RunDirError(f"{path}: no such file") from exc
-        except orjson.JSONDecodeError as exc:
-            raise RunDirError(f"{path}: not JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise RunDirError(f"{path}: expected a JSON object, got {type(data).__name__}")
-        return data
+        return read_json_object(path, RunDirError, "no such file")
 
     # -- metrics -------------------------------------------------------------------------------
     def append_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:

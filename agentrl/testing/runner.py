@@ -132,11 +132,9 @@ def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | 
     factory = environment_factory(config, env_cls, reward=index_reward)
     data = DataSource(config.data.train.to_config(), validate=env_cls.task_type.model_validate)
     agent = AgentConfig(sampling=SamplingParams(max_new_tokens=64))
-    sched_cfg = config.rollout.scheduler.to_config()
-    if config.mode == "bounded_staleness" and sched_cfg.max_staleness is not None:
-        import dataclasses
+    from agentrl.runner._launch import scheduler_config
 
-        sched_cfg = dataclasses.replace(sched_cfg, max_staleness=max(sched_cfg.max_staleness - 1, 0))
+    sched_cfg = scheduler_config(config)
     scheduler = Scheduler(factory, template, client, data, sched_cfg, agent=agent)
     # The pacer spreads CPU work by a time budget, so under CPU pressure it reorders episodes that
     # became ready together: with an unbounded budget it is first come, first served, and a run
