@@ -91,9 +91,14 @@ async def main() -> None:
               f"engine start {r['engine_start_s']:.0f} s")
     speed = results["default"]["batch_s"] / results["plan"]["batch_s"]
     trainer = results["plan"]["trainer_it_s"] / results["default"]["trainer_it_s"]
-    print("RESULT " + json.dumps({"plan": plan_cpu(engines=1).engine_env(0), "engine_speedup": round(speed, 3),
-                                  "trainer_speedup": round(trainer, 3), **{f"{k}_{m}": round(v, 3)
-                                  for k, r in results.items() for m, v in r.items()}}))
+    figures = {"plan_env": plan_cpu(engines=1).engine_env(0), **{f"{k}_{m}": round(v, 3)
+               for k, r in results.items() for m, v in r.items() if k == "plan"}}
+    baseline = {f"default_{m}": round(v, 3) for m, v in results["default"].items()}
+    ratios = {"engine_speedup": round(speed, 3), "trainer_speedup": round(trainer, 3)}
+    targets = {"engine_speedup": 1.0, "trainer_speedup": 1.0}  # the plan must not be slower than the defaults
+    met = {k: ratios[k] >= t for k, t in targets.items()}
+    print("RESULT " + json.dumps({"figures": figures, "baseline": baseline, "ratios": ratios, "targets": targets,
+                                  "met": met}))
 
 
 if __name__ == "__main__":

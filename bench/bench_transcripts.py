@@ -83,7 +83,14 @@ def main() -> None:
               f"x{loop_ms / helper_ms:.1f}")
         result[name] = {"helper_ms": round(helper_ms, 3), "agent_loop_ms": round(loop_ms, 3),
                         "speedup": round(loop_ms / helper_ms, 2)}
-    print("RESULT " + json.dumps(result))
+    per_template = {name: r for name, r in result.items() if isinstance(r, dict)}
+    figures = {"n": args.n, **{name: {"helper_ms": r["helper_ms"]} for name, r in per_template.items()}}
+    baseline = {name: {"agent_loop_ms": r["agent_loop_ms"]} for name, r in per_template.items()}
+    ratios = {name: r["speedup"] for name, r in per_template.items()}
+    targets = {name: 1.0 for name in per_template}  # the helper must be faster than laying out through the agent loop
+    met = {name: ratios[name] > t for name, t in targets.items()}
+    print("RESULT " + json.dumps({"figures": figures, "baseline": baseline, "ratios": ratios, "targets": targets,
+                                  "met": met}))
 
 
 if __name__ == "__main__":
