@@ -21,7 +21,6 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from agentrl._enum import NamedEnum
 from agentrl.algorithms.advantages import (
     _token_rewards,
     gae_advantages,
@@ -29,42 +28,9 @@ from agentrl.algorithms.advantages import (
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
 )
-from agentrl.algorithms.reduce import LossAggregation
+from agentrl.algorithms.kinds import AdvantageEstimator, PolicyLossKind, default_aggregation, policy_loss_for
 
 __all__ = ["AdvantageEstimator", "PolicyLossKind", "compute_advantages", "default_aggregation", "policy_loss_for"]
-
-
-class AdvantageEstimator(NamedEnum):
-    GRPO = "grpo"
-    DR_GRPO = "dr_grpo"
-    GSPO = "gspo"
-    CISPO = "cispo"
-    REINFORCE_PP = "reinforce_pp"
-    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
-    PPO = "ppo"
-
-
-class PolicyLossKind(NamedEnum):
-    PPO = "ppo"
-    GSPO = "gspo"
-    CISPO = "cispo"
-
-
-def policy_loss_for(estimator: AdvantageEstimator | str) -> PolicyLossKind:
-    """The policy loss an estimator trains with."""
-    est = AdvantageEstimator(estimator)
-    if est is AdvantageEstimator.GSPO:
-        return PolicyLossKind.GSPO
-    if est is AdvantageEstimator.CISPO:
-        return PolicyLossKind.CISPO
-    return PolicyLossKind.PPO
-
-
-def default_aggregation(estimator: AdvantageEstimator | str) -> LossAggregation:
-    """The reduction an estimator is defined with (Dr.GRPO: constant normaliser)."""
-    if AdvantageEstimator(estimator) is AdvantageEstimator.DR_GRPO:
-        return LossAggregation.SEQ_MEAN_TOKEN_SUM_NORM
-    return LossAggregation.ROLLOUT_TOKEN_MEAN
 
 
 def compute_advantages(

@@ -17,14 +17,13 @@ Use as a reward penalty (``r_t -= β·kl(...).detach()``, usually k1) or as a lo
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
+
+from agentrl.algorithms.kinds import KL_KINDS, KLKind
 
 __all__ = ["KLKind", "kl"]
 
-KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
-_KINDS: tuple[str, ...] = get_args(KLKind)
+_KINDS = KL_KINDS
 
 
 def kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k1") -> torch.Tensor:

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
+from agentrl.algorithms.kinds import DEFAULT_CHUNK_SIZE
+
 __all__ = ["DEFAULT_CHUNK_SIZE", "entropy_from_logits", "logprobs_from_logits"]
 
-DEFAULT_CHUNK_SIZE = 128
-"""Rows per chunk. 128 rows of a 151,936 vocabulary are 78 MB of float32 per temporary."""
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -22,17 +22,9 @@ from collections.abc import Sequence
 
 import torch
 
-from agentrl._enum import NamedEnum
+from agentrl.algorithms.kinds import LossAggregation
 
 __all__ = ["LossAggregation", "reduce_loss", "rollout_denominators"]
-
-
-class LossAggregation(NamedEnum):
-    """How per-token losses become the step objective."""
-
-    ROLLOUT_TOKEN_MEAN = "rollout_token_mean"
-    TOKEN_MEAN = "token_mean"
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
 
 
 def rollout_denominators(loss_masks: Sequence[Sequence[int]], rollout_ids: Sequence[str]) -> list[float]:

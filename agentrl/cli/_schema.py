@@ -17,8 +17,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-import tomllib
 from pydantic import BaseModel
+
+from agentrl.cli import _toml as tomllib
 
 __all__ = ["SchemaError", "Slot", "coerce", "field_at", "section_of", "suggest"]
 

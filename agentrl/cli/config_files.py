@@ -26,19 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tomllib
-
+from agentrl.cli import _toml as tomllib
 from agentrl.cli._schema import SchemaError, coerce, field_at, section_of
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
-    from agentrl.runner.config import RunConfig
 
-__all__ = ["ConfigError", "Provenance", "ResolvedConfig", "apply_overrides", "leaves", "load_config_file", "load_run_config",
-           "parse_override", "validation_messages"]
+__all__ = ["ConfigError", "Provenance", "ResolvedConfig", "apply_overrides", "leaves", "load_config", "load_config_file",
+           "load_run_config", "parse_override", "validation_messages"]
 
-CONFIG_SUFFIXES = (".toml", ".yaml", ".yml")
+CONFIG_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
 
 
 class ConfigError(ValueError):
@@ -49,14 +47,16 @@ def load_config_file(path: Path | str) -> dict[str, Any]:
     """The mapping a TOML or YAML file holds (an empty file: ``{}``)."""
     path = Path(path)
     if path.suffix.lower() not in CONFIG_SUFFIXES:
-        raise ConfigError(f"{path}: unknown config file type {path.suffix!r}; expected .toml, .yaml or .yml")
+        raise ConfigError(f"{path}: unknown config file type {path.suffix!r}; expected .toml, .yaml, .yml or .json")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read it ({exc})") from None
-    data = _parse_toml(path, text) if path.suffix.lower() == ".toml" else _parse_yaml(path, text)
+    suffix = path.suffix.lower()
+    data = _parse_toml(path, text) if suffix == ".toml" else _parse_json(path, text) if suffix == ".json" \
+        else _parse_yaml(path, text)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -70,6 +70,13 @@ def _parse_toml(path: Path, text: str) -> Any:
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message ends with "(at line L, column C)"
         raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+
+
+def _parse_json(path: Path, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 def _parse_yaml(path: Path, text: str) -> Any:
@@ -123,16 +130,23 @@ def _set(data: dict[str, Any], parts: list[str], value: Any, key: str) -> None:
         node[last] = value
 
 
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-    """``data`` with each ``key=value`` override applied (typed by the schema), and the keys set."""
+def _run_config_schema() -> type[BaseModel]:
     from agentrl.runner.config import RunConfig
 
+    return RunConfig
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str], *,
+                    schema: type[BaseModel] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """``data`` with each ``key=value`` override applied (typed by ``schema``, default
+    :class:`~agentrl.runner.RunConfig`), and the keys set."""
+    root = schema if schema is not None else _run_config_schema()
     out: dict[str, Any] = json.loads(json.dumps(data, default=str))  # a deep copy of plain values
     keys: list[str] = []
     for text in overrides:
         key, raw = parse_override(text)
         try:
-            value = coerce(key, raw, field_at(RunConfig, key))
+            value = coerce(key, raw, field_at(root, key))
         except SchemaError as exc:
             raise ConfigError(str(exc)) from None
         _set(out, key.split("."), value, key)
@@ -171,7 +185,7 @@ class Provenance:
 class ResolvedConfig:
     """A validated config, the file it came from, where each value came from, and the merged mapping."""
 
-    config: RunConfig
+    config: Any  # a RunConfig, or the schema's model given to load_config
     path: Path | None
     provenance: Provenance = field(default_factory=Provenance)
     raw: dict[str, Any] = field(default_factory=dict)
@@ -185,7 +199,8 @@ class ResolvedConfig:
         rows = [(k, json.dumps(v, ensure_ascii=False), self.source(k)) for k, v in leaves(self.config.to_dict()).items()]
         width = min(max((len(k) + len(v) for k, v, _ in rows), default=0) + 3, 72)
         where = f" from {self.path}" if self.path is not None else ""
-        head = [f"# resolved config{where} (hash {self.config.hash()[:12]}); # default | file | override"]
+        digest = f" (hash {self.config.hash()[:12]})" if callable(getattr(self.config, "hash", None)) else ""
+        head = [f"# resolved config{where}{digest}; # default | file | override"]
         return "\n".join(head + [f"{f'{k} = {v}':<{width}} # {s}" for k, v, s in rows])
 
 
@@ -235,28 +250,35 @@ def _one_message(root: type[BaseModel], err: Mapping[str, Any], origin: Provenan
     return f"{key}: {msg}" if key else msg
 
 
-def validation_messages(exc: ValidationError, origin: Provenance | None = None) -> list[str]:
-    """One sentence per problem of a ``RunConfig`` validation error."""
-    from agentrl.runner.config import RunConfig
-
-    return [_one_message(RunConfig, err, origin) for err in exc.errors()]
+def validation_messages(exc: ValidationError, origin: Provenance | None = None, *,
+                        schema: type[BaseModel] | None = None) -> list[str]:
+    """One sentence per problem of a validation error of ``schema`` (default ``RunConfig``)."""
+    root = schema if schema is not None else _run_config_schema()
+    return [_one_message(root, err, origin) for err in exc.errors()]
 
 
 def load_run_config(path: Path | str | None, overrides: Sequence[str] = (), *,
                     base: Mapping[str, Any] | None = None) -> ResolvedConfig:
     """Reads ``path`` (or starts from ``base``, e.g. a run folder's saved config), applies the
-    overrides and validates; every problem found is in the one :class:`ConfigError` raised."""
+    overrides and validates into a :class:`~agentrl.runner.RunConfig`; every problem found is in
+    the one :class:`ConfigError` raised."""
+    return load_config(path, overrides, schema=_run_config_schema(), base=base)
+
+
+def load_config(path: Path | str | None, overrides: Sequence[str] = (), *, schema: type[BaseModel],
+                base: Mapping[str, Any] | None = None) -> ResolvedConfig:
+    """:func:`load_run_config` for any config model ``schema`` (e.g. :class:`~agentrl.sft.SftConfig`):
+    the same file types, override syntax, messages and provenance."""
     from pydantic import ValidationError
 
-    from agentrl.runner.config import RunConfig
-
     data = load_config_file(path) if path is not None else dict(base or {})
-    merged, keys = apply_overrides(data, overrides)
+    merged, keys = apply_overrides(data, overrides, schema=schema)
     provenance = Provenance(frozenset(leaves(data)) - {""}, tuple(keys))
     try:
-        config = RunConfig.from_dict(merged)
+        build = getattr(schema, "from_dict", schema.model_validate)
+        config = build(merged)
     except ValidationError as exc:
-        messages = validation_messages(exc, provenance)
+        messages = validation_messages(exc, provenance, schema=schema)
         name = f"{path}: " if path is not None else ""
         if len(messages) == 1:
             raise ConfigError(f"{name}{messages[0]}") from None

@@ -33,53 +33,19 @@ from agentrl.cli._errors import fail
 if TYPE_CHECKING:
     from agentrl.runner.config import RunConfig
 
-__all__ = ["eval_command", "load_config_file", "validation_message"]
+__all__ = ["eval_command", "load_config_file"]
 
 
-def validation_message(exc: Exception) -> str:
-    """A pydantic ``ValidationError`` as one line per problem: ``key.sub: what (got value)``."""
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    lines = []
-    for err in errors():
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
-        got = f" (got {err['input']!r:.80})" if err.get("type") != "missing" and "input" in err else ""
-        lines.append(f"{loc}: {err.get('msg', '')}{got}".replace("Value error, ", ""))
-    return "\n  ".join(lines)
+def load_config_file(path: Path, overrides: list[str]) -> RunConfig:
+    """The run config of ``path`` with ``key=value`` overrides, by the loader ``agentrl train`` uses;
+    a user's mistake exits with status 2."""
+    from agentrl.cli.config_files import ConfigError, load_run_config
 
-
-def load_config_file(path: Path, edits: dict[str, Any] | None = None) -> RunConfig:
-    """A TOML (or JSON) run config with ``edits`` (``"section.key": value``) applied; user errors
-    exit with status 2. One small function so the command can move to the shared config loader."""
-    import json
-
-    import tomllib
-    from pydantic import ValidationError
-
-    from agentrl.runner.config import RunConfig
-
-    if not path.is_file():
-        fail(f"CONFIG {str(path)!r}: no such file")
     try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        fail(f"CONFIG {str(path)!r}: syntax error: {exc}")
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(f"CONFIG {str(path)!r}: cannot read it ({exc})")
-    for dotted, value in (edits or {}).items():
-        node = data
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    try:
-        return RunConfig.from_dict(data)
-    except ValidationError as exc:
-        fail(f"CONFIG {str(path)!r}: {validation_message(exc)}")
-    except ValueError as exc:
-        fail(f"CONFIG {str(path)!r}: {exc}")
+        config: RunConfig = load_run_config(path, overrides).config
+    except ConfigError as exc:
+        fail(str(exc))
+    return config
 
 
 def _eval_sets(config: RunConfig, name: str | None, data: Path | None, limit: int | None) -> list[tuple[Any, list[Any]]]:
@@ -126,7 +92,9 @@ def _out_folder(config: RunConfig, out: Path | None, label: str, checkpoint: Pat
 
 
 def eval_command(
-    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="the run config (TOML)")],
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="the run config (.toml or .yaml)")],
+    overrides: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...",
+                                                          help="overrides, e.g. rollout.sampling.temperature=0")] = None,
     model: Annotated[Path | None, typer.Option("--model", help="a Hugging Face model folder to serve")] = None,
     checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="a run checkpoint (or run folder)")] = None,
     endpoint: Annotated[str | None, typer.Option("--endpoint", help="an OpenAI-compatible server URL")] = None,
@@ -157,11 +125,10 @@ def eval_command(
         fail("--api-model: only with --endpoint")
     from agentrl.cli import _eval_run as run
 
-    edits: dict[str, Any] = {}
+    settings = list(overrides or [])
     if model is not None:
-        folder = run.check_model_arg(model)
-        edits["model.path"] = str(folder)
-    config = load_config_file(config_path, edits)
+        settings.append(f"model.path={run.check_model_arg(model)}")
+    config = load_config_file(config_path, settings)
     sets = _eval_sets(config, eval_set, data, limit)
     if endpoint is not None:
         key = None

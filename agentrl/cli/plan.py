@@ -160,6 +160,16 @@ def _machine(cfg: RunConfig, plan: Plan) -> None:
         plan.machine.append(f"the placement needs {need} accelerators, this machine has {have} {what}s")
 
 
+def _sinks(cfg: RunConfig, plan: Plan) -> None:
+    """The metric sinks asked for are installed (looked up, not imported: tensorboard pulls in torch)."""
+    import importlib.util
+
+    for key, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if getattr(cfg.logging, key) and importlib.util.find_spec(module) is None:
+            plan.problems.append(f"logging.{key}=true: the {module} package is not installed; expected "
+                                 f"pip install 'agentrl[logging]' (or pip install {module}), or logging.{key}=false")
+
+
 def _accelerators_needed(cfg: RunConfig) -> int:
     cluster, engines = cfg.cluster, cfg.rollout.engines
     per_engine = cluster.accelerators_per_engine or engines.accelerators_per_engine
@@ -210,5 +220,6 @@ def preflight(cfg: RunConfig, *, environment: Any = None) -> Plan:
     plan.environment = _environment(cfg, plan, environment)
     rows = _data(cfg, plan, plan.environment)
     _machine(cfg, plan)
+    _sinks(cfg, plan)
     _shape(cfg, plan, meta, rows)
     return plan

@@ -1,10 +1,12 @@
 """What a run shows while it trains, as :class:`~agentrl.runner.RunCallback` objects.
 
 - :class:`LiveProgress`: a ``rich`` live display (on a terminal): the step bar with its ETA, the
-  phase running now (``collect_rollouts``, ``train_step``, ...) with how long it has run, and the
+  phase running now (``collect_rollouts``, ``train_step``, ...) with how long it has run (for the
+  rollouts: groups accepted of the step's target, groups and requests running), and the
   last step's reward, accuracy, rollout throughput and step time;
 - :class:`PlainProgress`: one line per step (not a terminal, or ``--quiet``), e.g.
-  ``step 3/10 reward=0.500 accuracy=0.250 tokens/s=1234 step_s=2.10 eta=0:00:14``;
+  ``step 3/10 reward=0.500 accuracy=0.250 tokens/s=1234 step_s=2.10 eta=0:00:14``, and during a
+  long rollout phase a line every 10 s: ``step 3 collect_rollouts: 5/8 groups, 3 running, ...``;
 - :class:`RunEndSummary`: one screen at the end: the run folder's path and what is in it, why the
   run stopped, the last figures and the final evaluations.
 
@@ -20,9 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from agentrl.rollout.scheduler import RolloutProgress
 from agentrl.runner.loop import RunCallback, RunSummary
 
-__all__ = ["LiveProgress", "PlainProgress", "RunEndSummary", "StepFigures", "progress_callbacks"]
+__all__ = ["LiveProgress", "PlainProgress", "RunEndSummary", "StepFigures", "progress_callbacks", "rollout_line"]
 
 # (label, metrics key, format) of the figures shown per step
 _FIGURES: tuple[tuple[str, str, str], ...] = (
@@ -74,13 +77,34 @@ class StepFigures:
         return f"step {self.step}{total} {figures} eta={_clock(self.eta_s())}".replace("  ", " ")
 
 
-class PlainProgress(RunCallback):
-    """One line per step on ``stream`` (default stdout), flushed; ``phases``: a line per phase too."""
+def rollout_line(progress: RolloutProgress) -> str:
+    """``5/8 groups, 3 running, 12 requests, 31 s``: a step's rollouts so far."""
+    text = f"{progress.accepted_groups}/{progress.target_groups} groups, {progress.running_groups} running, " \
+           f"{progress.inflight_requests} requests"
+    if progress.rejected_groups:
+        text += f", {progress.rejected_groups} filtered"
+    return f"{text}, {progress.elapsed_s:.0f} s"
 
-    def __init__(self, total_steps: int | None, *, stream: IO[str] | None = None, phases: bool = False) -> None:
+
+class PlainProgress(RunCallback):
+    """One line per step on ``stream`` (default stdout), flushed; ``phases``: a line per phase too.
+    While a step collects its rollouts, a line at most every ``rollout_every_s`` seconds says how far
+    it got (``None``: no such lines)."""
+
+    def __init__(self, total_steps: int | None, *, stream: IO[str] | None = None, phases: bool = False,
+                 rollout_every_s: float | None = 10.0) -> None:
         self.figures = StepFigures(total_steps)
         self.stream = stream if stream is not None else sys.stdout
         self.phases = phases
+        self.rollout_every_s = rollout_every_s
+        self._last_rollout_line = time.monotonic()
+
+    def on_rollout_progress(self, step: int, progress: RolloutProgress) -> None:
+        now = time.monotonic()
+        if self.rollout_every_s is None or now - self._last_rollout_line < self.rollout_every_s:
+            return
+        self._last_rollout_line = now
+        print(f"step {step} collect_rollouts: {rollout_line(progress)}", file=self.stream, flush=True)
 
     def on_phase(self, phase: str, step: int) -> None:
         self.figures.begin(step)
@@ -135,6 +159,10 @@ class LiveProgress(RunCallback):
     def on_phase(self, phase: str, step: int) -> None:
         self.figures.begin(step)
         self.progress.reset(self.phase, description=f"step {step}: {phase}", total=None)
+
+    def on_rollout_progress(self, step: int, progress: RolloutProgress) -> None:
+        self.progress.update(self.phase, description=f"step {step}: collect_rollouts ({rollout_line(progress)})",
+                             total=progress.target_groups, completed=progress.accepted_groups)
 
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
         self.figures.update(step, metrics)

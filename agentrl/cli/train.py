@@ -6,6 +6,7 @@
     agentrl train examples/tiny_cpu.toml --print-config        # every value and where it came from
     agentrl train examples/tiny_cpu.toml --resume              # continue the config's run folder
     agentrl train runs/exp1 --resume                           # continue a run from its own saved config
+    agentrl train examples/tiny_cpu.toml --quiet               # plain line logs instead of the live display
 
 CONFIG is a ``.toml``/``.yaml`` file (see :mod:`agentrl.cli.config_files` for the override syntax),
 or, with ``--resume``, a run folder, whose ``config.json`` is the config (overrides apply on top;
@@ -116,6 +117,7 @@ def train(
     print_config: Annotated[bool, typer.Option("--print-config",
                                                help="Print the resolved config and each value's source.")] = False,
     no_ray: Annotated[bool, typer.Option("--no-ray", help="Run the rollout and trainer sides in this process.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Plain line logs instead of the live display.")] = False,
     reward: Annotated[str | None, typer.Option("--reward", help="A reward by name or module:attr.")] = None,
     group_filter: Annotated[str | None, typer.Option("--group-filter",
                                                      help="A group filter by name or module:attr.")] = None,
@@ -154,21 +156,28 @@ def train(
             typer.echo(f"resume from  {resume_from}")
         typer.echo("dry run: nothing started")
         return
-    _run(config, plan.environment, reward_fn, filter_fn, use_ray=not no_ray, resume=resume_from)
+    _run(config, plan.environment, reward_fn, filter_fn, use_ray=not no_ray, resume=resume_from, quiet=quiet)
 
 
-def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_ray: bool, resume: str | None) -> None:
+def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_ray: bool, resume: str | None,
+         quiet: bool) -> None:
+    from agentrl.cli.progress import LiveProgress, progress_callbacks
     from agentrl.runner.api import train as run_training
     from agentrl.runner.checkpoint import CheckpointError
 
     typer.echo(f"run folder {config.run_dir()}", err=True)
+    callbacks = progress_callbacks(config.train.steps, config.run_dir(), quiet=quiet)
     try:
         summary = run_training(config, environment=environment, reward=reward, group_filter=group_filter,
-                               use_ray=use_ray, resume=resume)
+                               use_ray=use_ray, resume=resume, callbacks=callbacks)
     except CheckpointError as exc:
         fail(f"--resume: {exc}")
     except KeyboardInterrupt:
         typer.echo(f"interrupted; the run folder {config.run_dir()} can be resumed with --resume", err=True)
         raise typer.Exit(code=130) from None
+    finally:
+        for callback in callbacks:
+            if isinstance(callback, LiveProgress):
+                callback.close()  # the terminal is left clean when the run fails too
     typer.echo(f"done: {getattr(summary, 'steps', '?')} steps; run folder {config.run_dir()}")
 

@@ -31,7 +31,7 @@ from agentrl.rollout.pacing import Pacer, tune_gc
 from agentrl.rollout.report import AccountingError, StepReport
 from agentrl.rollout.restore import RestoreError
 from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
-from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError, StepBatch
+from agentrl.rollout.scheduler import RolloutProgress, Scheduler, SchedulerConfig, SchedulerError, StepBatch
 from agentrl.rollout.types import (
     AbortCause,
     FinishKind,
@@ -77,6 +77,7 @@ __all__ = [
     "RequestRejectedError",
     "RestoreError",
     "RolloutGroup",
+    "RolloutProgress",
     "Router",
     "RouterConfig",
     "RouterError",

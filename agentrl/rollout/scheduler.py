@@ -80,7 +80,7 @@ from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.report import StepReport
 from agentrl.rollout.restore import RestoreError, member_state, replay, restore_groups
 
-__all__ = ["Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
+__all__ = ["RolloutProgress", "Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
 
 EnvFactory = Callable[[dict[str, Any]], Environment]
 LoadProbe = Callable[[], Awaitable[int]]
@@ -134,6 +134,19 @@ class SchedulerConfig:
         return self.max_rejected_groups if self.max_rejected_groups is not None else 20 * self.groups_per_step
 
 
+@dataclass(frozen=True)
+class RolloutProgress:
+    """Where the step being collected stands (:meth:`Scheduler.progress`), for progress displays."""
+
+    step: int
+    accepted_groups: int
+    target_groups: int
+    running_groups: int
+    rejected_groups: int
+    inflight_requests: int
+    elapsed_s: float
+
+
 @dataclass
 class StepBatch:
     """One step's accepted groups and its report."""
@@ -177,6 +190,7 @@ class Scheduler:
         self._buffer: deque[PendingGroup] = deque()
         self._closing: set[asyncio.Task[None]] = set()
         self._current: Step | None = None
+        self._live: tuple[list[PendingGroup], dict[Any, PendingGroup], list[int], float] | None = None
         self._bad_rows_reported = False
 
     # -- public ------------------------------------------------------------------------------
@@ -195,6 +209,17 @@ class Scheduler:
         """Generation requests of the current step on the engines right now."""
         return len(self._current.inflight) if self._current is not None else 0
 
+    def progress(self) -> RolloutProgress | None:
+        """The step being collected now (``None`` between steps): groups accepted of the target, groups
+        and generation requests running, groups the filter rejected, seconds since the step began."""
+        if self._live is None or self._current is None:
+            return None
+        accepted, running, rejected, started = self._live
+        return RolloutProgress(step=self._current.index, accepted_groups=len(accepted),
+                               target_groups=self.config.groups_per_step, running_groups=len(running),
+                               rejected_groups=rejected[0], inflight_requests=len(self._current.inflight),
+                               elapsed_s=time.monotonic() - started)
+
     def buffered_prompt_ids(self) -> list[str]:
         return [g.row.prompt_id for g in self._buffer]
 
@@ -212,12 +237,14 @@ class Scheduler:
         try:
             await self._fill(step, report, accepted, running)
         except BaseException:
+            self._live = None
             await self._abort(step, running)
             await self._discard(list(running.values()))
             raise
         await self._abort(step, running)
         self._keep_leftovers(list(running.values()), report)
         groups = self._hand_over(accepted, report)
+        self._live = None
         step.stats.finish(report, groups)
         report.check()
         return StepBatch(groups=groups, report=report)
@@ -266,6 +293,8 @@ class Scheduler:
                     running: dict[asyncio.Task[None], PendingGroup]) -> None:
         cfg = self.config
         rejected = 0
+        counter = [0]
+        self._live = (accepted, running, counter, time.monotonic())
         while len(accepted) < cfg.groups_per_step or any(self._must_finish(g) for g in running.values()):
             if len(accepted) < cfg.groups_per_step:
                 self._top_up(step, report, accepted, running)
@@ -284,6 +313,7 @@ class Scheduler:
                     self._accept(group, accepted, report)
                 elif verdict == "rejected":
                     rejected += 1
+                    counter[0] = rejected
                     if rejected >= cfg.rejection_budget:
                         raise SchedulerError(
                             f"the group filter rejected {rejected} groups in step {step.index} "

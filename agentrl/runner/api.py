@@ -50,14 +50,31 @@ def train(config: RunConfig, *, environment: Any = None, reward: Callable[..., A
 async def train_async(config: RunConfig, *, environment: Any = None, reward: Callable[..., Any] | None = None,
                       group_filter: Any = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
                       resume: str | None = None, rollout_only: bool = False) -> RunSummary:
-    """:func:`train` for a running event loop."""
-    from agentrl.runner.cpu import plan_cpu
-    from agentrl.runner.rollout_service import RolloutService
-    from agentrl.runner.trainer import TrainService
+    """:func:`train` for a running event loop. The metric sinks ``config.logging`` asks for
+    (TensorBoard, W&B) are added to ``callbacks`` and closed when the run ends, however it ends."""
+    from agentrl.runner.logging_sinks import sinks_from_config
 
     factory = environment_factory(config, environment, reward)
     run_dir = RunDirectory(config.run_dir(), config_hash=config.hash())
     run_dir.write_config(config.to_dict())
+    sinks = sinks_from_config(config)
+    try:
+        return await _run(config, factory, run_dir, group_filter=group_filter, callbacks=[*callbacks, *sinks],
+                          use_ray=use_ray, resume=resume, rollout_only=rollout_only)
+    finally:
+        for sink in sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                close()
+
+
+async def _run(config: RunConfig, factory: Any, run_dir: RunDirectory, *, group_filter: Any,
+               callbacks: Sequence[RunCallback], use_ray: bool, resume: str | None,
+               rollout_only: bool) -> RunSummary:
+    from agentrl.runner.cpu import plan_cpu
+    from agentrl.runner.rollout_service import RolloutService
+    from agentrl.runner.trainer import TrainService
+
     checkpointer = RunCheckpointer(run_dir.checkpoints_dir, keep_last=config.checkpoint.keep_last,
                                    config_hash=config.hash())
     resume = resume if resume is not None else config.checkpoint.resume

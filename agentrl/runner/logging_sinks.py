@@ -91,6 +91,7 @@ class WandbSink(RunCallback):
         folder.mkdir(parents=True, exist_ok=True)
         self.run: Any = wandb.init(project=project or "agentrl", dir=str(folder), name=name or folder.name,
                                    config=dict(config or {}), reinit="finish_previous")
+        self._finished = False
 
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
         self.run.log(scalar_metrics(metrics), step=step)
@@ -101,7 +102,9 @@ class WandbSink(RunCallback):
         self.close()
 
     def close(self) -> None:
-        self.run.finish()
+        if not self._finished:
+            self._finished = True
+            self.run.finish()
 
 
 def sinks_from_config(config: RunConfig) -> list[RunCallback]:

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from agentrl.rollout.groups import RolloutGroup
 from agentrl.rollout.report import StepReport
-from agentrl.rollout.scheduler import StepBatch
+from agentrl.rollout.scheduler import RolloutProgress, StepBatch
 from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.ledger import PromptLedger
 from agentrl.runner.rundir import RunDirectory
@@ -63,6 +63,11 @@ class RunCallback:
         """When a named step starts (``collect_rollouts``, ``train_step``, ``sync_weights``,
         ``evaluate``, ``checkpoint``); ``step`` is the training step it belongs to (1-based)."""
 
+    def on_rollout_progress(self, step: int, progress: RolloutProgress) -> None:
+        """While ``collect_rollouts`` runs, every ``LoopSettings.progress_interval_s``: the groups
+        accepted so far of the step's target, those running, the requests on the engines. Called only
+        for callbacks that override it (the runner polls the rollout side for them)."""
+
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> Any:
         """After step ``step`` (1-based) was trained, synced and recorded; may be ``async``."""
 
@@ -75,6 +80,7 @@ class RolloutSide(Protocol):
     proxy to it in a Ray actor)."""
 
     async def collect(self) -> StepBatch: ...
+    async def progress(self) -> RolloutProgress | None: ...
     async def weights_folder(self, version: int) -> str: ...
     async def sync_weights(self, version: int) -> dict[str, float]: ...
     async def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
@@ -131,6 +137,7 @@ class LoopSettings:
     rollout_only: bool = False
     sync_at_start: bool = False
     release_engine_memory: bool = False
+    progress_interval_s: float = 0.5
 
     @classmethod
     def from_config(cls, config: Any, *, probe_sequences: Sequence[Sequence[int]] = (),
@@ -183,10 +190,33 @@ class Runner:
         """One step's accepted groups from the scheduler, in a canonical order (epoch, then prompt):
         groups complete in whatever order the engines finish them, and the batch (so the float sums
         of the step) must not depend on that for a resumed run to equal an uninterrupted one."""
-        self._phase("collect_rollouts", self.step + 1)
-        batch = await self.rollout.collect()
+        step = self.step + 1
+        self._phase("collect_rollouts", step)
+        base = RunCallback.on_rollout_progress  # duck-typed callbacks need not have the hook at all
+        watchers = [cb for cb in self.callbacks if getattr(type(cb), "on_rollout_progress", base) is not base]
+        if not watchers:
+            batch = await self.rollout.collect()
+        else:
+            batch = await self._collect_watched(step, watchers)
         batch.groups.sort(key=_group_order)
         return batch
+
+    async def _collect_watched(self, step: int, watchers: Sequence[RunCallback]) -> StepBatch:
+        """``rollout.collect()``, asking the rollout side where it stands every ``progress_interval_s``."""
+        collecting = asyncio.ensure_future(self.rollout.collect())
+        try:
+            while True:
+                done, _ = await asyncio.wait({collecting}, timeout=self.settings.progress_interval_s)
+                if done:
+                    return collecting.result()
+                progress = await self.rollout.progress()
+                if progress is not None:
+                    for cb in watchers:
+                        cb.on_rollout_progress(step, progress)
+        finally:
+            if not collecting.done():
+                collecting.cancel()
+                await asyncio.gather(collecting, return_exceptions=True)
 
     def compute_advantages(self, batch: StepBatch) -> TrainingBatch | None:
         """The training batch (advantages by the configured estimator); ``None`` if nothing to train."""

@@ -50,6 +50,9 @@ class RolloutActor:
     async def collect(self) -> Any:
         return await self.service.collect()
 
+    async def progress(self) -> Any:
+        return await self.service.progress()
+
     async def weights_folder(self, version: int) -> str:
         return str(await self.service.weights_folder(version))
 

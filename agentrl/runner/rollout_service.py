@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentrl.rollout.scheduler import Scheduler, StepBatch
+from agentrl.rollout.scheduler import RolloutProgress, Scheduler, StepBatch
 from agentrl.rollout.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -80,6 +80,10 @@ class RolloutService:
             return await self.scheduler.collect()
         finally:
             self.collecting = False
+
+    async def progress(self) -> RolloutProgress | None:
+        """Where the step being collected stands (``None`` between steps)."""
+        return self.scheduler.progress()
 
     async def weights_folder(self, version: int) -> str:
         """Where the trainer writes version ``version`` for the engines to load."""

@@ -8,44 +8,8 @@
   with data parallelism over ``torch.distributed``, checkpoints and Hugging Face export.
 """
 
-from agentrl.train.batching import TrainingBatch, TrainSequence, build_training_batch
-from agentrl.train.config import (
-    BatchingConfig,
-    LossConfig,
-    OptimizerConfig,
-    PackingConfig,
-    TorchBackendConfig,
-)
-from agentrl.train.device import device_module, distributed_backend, resolve_device
-from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum, init_process_group
-from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
-from agentrl.train.packing import MicroBatch, collate, pack_indices, partition_for_ranks, plan_micro_batches
-from agentrl.train.torch_backend import NonFiniteLossError, TorchTrainBackend
+import lazy_loader
 
-__all__ = [
-    "BatchingConfig",
-    "DistInfo",
-    "LossConfig",
-    "MicroBatch",
-    "NonFiniteLossError",
-    "OptimizerConfig",
-    "PackingConfig",
-    "StepCounts",
-    "TorchBackendConfig",
-    "TorchTrainBackend",
-    "TrainSequence",
-    "TrainingBatch",
-    "all_reduce_gradients",
-    "all_reduce_sum",
-    "build_training_batch",
-    "collate",
-    "device_module",
-    "distributed_backend",
-    "init_process_group",
-    "micro_batch_objective",
-    "pack_indices",
-    "partition_for_ranks",
-    "plan_micro_batches",
-    "resolve_device",
-    "sft_objective",
-]
+# The names are listed in __init__.pyi; each submodule is imported on first use, so importing a
+# config module does not pull in torch or Ray.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -7,17 +7,30 @@ check their values on construction and name the field, the value and what was ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-import torch
-
-from agentrl.algorithms import DEFAULT_CHUNK_SIZE, AdvantageEstimator, KLKind, LossAggregation, PolicyLossKind
+from agentrl.algorithms.kinds import (
+    DEFAULT_CHUNK_SIZE,
+    AdvantageEstimator,
+    KLKind,
+    LossAggregation,
+    PolicyLossKind,
+)
 from agentrl.trajectory import Status
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BatchingConfig", "LossConfig", "OptimizerConfig", "PackingConfig", "TorchBackendConfig"]
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 def _require(ok: bool, name: str, value: object, expected: str) -> None:
@@ -171,9 +184,9 @@ class TorchBackendConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         """The parameter dtype, ``dtype`` as a ``torch.dtype``."""
-        return _DTYPES[self.dtype]
+        return _torch_dtype(self.dtype)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """The forward-pass dtype under mixed precision, or None when ``autocast="none"``."""
-        return None if self.autocast == "none" else _DTYPES[self.autocast]
+        return None if self.autocast == "none" else _torch_dtype(self.autocast)

@@ -140,8 +140,11 @@ def test_syntax_errors_give_line_and_column(tmp_path: Path) -> None:
 def test_file_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_config_file(tmp_path / "absent.toml")
-    with pytest.raises(ConfigError, match=r"unknown config file type '\.json'; expected \.toml, \.yaml or \.yml"):
-        load_config_file(write(tmp_path, "{}", "run.json"))
+    with pytest.raises(ConfigError, match=r"unknown config file type '\.ini'; expected \.toml, \.yaml, \.yml or \.json"):
+        load_config_file(write(tmp_path, "{}", "run.ini"))
+    assert load_config_file(write(tmp_path, '{"train": {"steps": 2}}', "run.json")) == {"train": {"steps": 2}}
+    with pytest.raises(ConfigError, match=r"run.json: JSON syntax error at line 2, column 1"):
+        load_config_file(write(tmp_path, '{"train":\n', "run.json"))
     with pytest.raises(ConfigError, match="expected a table of sections at the top level, got list"):
         load_config_file(write(tmp_path, "- a\n- b\n", "run.yaml"))
     assert load_config_file(write(tmp_path, "", "empty.yaml")) == {}

@@ -90,14 +90,18 @@ def test_eval_data_limit_and_out(tmp_path: Path) -> None:
     (("--endpoint", "http://x"), CONFIG.replace("toy_arithmetic", "toy_arith"),
      "unknown environment 'toy_arith'; did you mean 'toy_arithmetic'"),
     (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nverbose = true"),
-     "logging.verbose: Extra inputs are not permitted (got True)"),
+     "logging.verbose: unknown key 'verbose' in section [logging] (valid keys: log_every, run_dir,"),
     (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nlog_every = 0"),
-     "logging.log_every: Input should be greater than or equal to 1 (got 0)"),
-    (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging\n"), "syntax error"),
+     "logging.log_every = 0 (set by file): expected a value >= 1"),
+    (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging\n"),
+     "TOML syntax error: Expected ']' at the end of a table declaration (at line"),
+    (("--endpoint", "http://x", "rollout.sampling.temprature=0"), CONFIG,
+     "rollout.sampling.temprature: unknown key 'temprature' in section [rollout.sampling]; did you mean "
+     "'temperature'?"),
     (("--endpoint", "http://x", "--api-key-env", "AGENTRL_TEST_NO_SUCH_VAR"), CONFIG,
      "--api-key-env 'AGENTRL_TEST_NO_SUCH_VAR': that environment variable is not set"),
 ], ids=["no-source", "two-sources", "bad-model", "not-a-checkpoint", "unreachable", "unknown-set", "missing-data",
-        "no-eval-set", "unknown-env", "unknown-key", "out-of-range", "toml-syntax", "no-api-key"])
+        "no-eval-set", "unknown-env", "unknown-key", "out-of-range", "toml-syntax", "bad-override", "no-api-key"])
 def test_eval_bad_command_lines(tmp_path: Path, args: tuple[str, ...], body: str, message: str) -> None:
     config = _write(tmp_path, body)
     proc = _agentrl("eval", str(config), *args, cwd=tmp_path)
@@ -115,7 +119,7 @@ def test_eval_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
 
 def test_eval_missing_config(tmp_path: Path) -> None:
     proc = _agentrl("eval", "nope.toml", "--endpoint", "http://x", cwd=tmp_path)
-    assert proc.returncode == 2 and "error: CONFIG 'nope.toml': no such file" in proc.stderr
+    assert proc.returncode == 2 and "error: nope.toml: no such config file" in proc.stderr
 
 
 def test_eval_help_has_examples(tmp_path: Path) -> None:

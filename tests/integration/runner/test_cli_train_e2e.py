@@ -1,10 +1,11 @@
-"""``agentrl train`` for real, in a subprocess: the tiny Qwen3 on a CPU SGLang engine, toy arithmetic,
-two steps (Ray: a rollout actor and a train actor), then ``--resume`` of the run folder in-process
+"""``agentrl train`` for real, in a subprocess: the tiny Qwen3 warmed up by ``agentrl sft`` (so the run
+starts from an SFT output folder) on a CPU SGLang engine, toy arithmetic, two steps (Ray: a rollout actor and a train actor), then ``--resume`` of the run folder in-process
 (``--no-ray``) after its last checkpoint is removed, as if the run had been killed in step 2.
 
 One engine at a time (the second run starts after the first has ended). Asserted on what the run
 folder holds: the config snapshot and its hash, one metrics line per step, the trajectory files,
-the checkpoints and the summary.
+the checkpoints and the summary, the TensorBoard events (read back); and on what the command printed
+off a terminal: one line per step and the end-of-run summary.
 """
 
 from __future__ import annotations
@@ -24,13 +25,29 @@ from agentrl.testing import build_tiny_model
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
+def _sft_model(tmp_path: Path) -> Path:
+    """``agentrl sft`` of the tiny model on a few synthetic conversations: the folder RL starts from."""
+    from agentrl.sft import arithmetic_conversations
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in arithmetic_conversations(make_arithmetic_rows(16, seed=1))))
+    config = tmp_path / "sft.toml"
+    config.write_text(f'output = "{tmp_path / "sft"}"\n[model]\npath = "{build_tiny_model()}"\n'
+                      f'[data]\npath = "{data}"\n[train]\nsteps = 3\nbatch_size = 4\ndevice = "cpu"\nthreads = 1\n')
+    exe = Path(sys.executable).with_name("agentrl")
+    proc = subprocess.run([str(exe), "sft", str(config), "--quiet"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "sft" / "config.json").is_file()
+    return tmp_path / "sft"
+
+
 def _config(tmp_path: Path) -> Path:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(16, seed=0)))
     config = tmp_path / "run.toml"
     config.write_text(f"""
 [model]
-path = "{build_tiny_model()}"
+path = "{_sft_model(tmp_path)}"
 dtype = "float32"
 [data.train]
 path = "{data}"
@@ -68,9 +85,18 @@ def _agentrl(*args: str, timeout: float = 700) -> subprocess.CompletedProcess[st
 def test_train_two_steps_then_resume(tmp_path: Path) -> None:
     config = _config(tmp_path)
     run = tmp_path / "run"
-    first = _agentrl(str(config), "train.seed=1")
+    first = _agentrl(str(config), "train.seed=1", "logging.tensorboard=true")
     assert first.returncode == 0, first.stderr[-4000:]
     assert f"done: 2 steps; run folder {run}" in first.stdout
+    # not a terminal: one plain line per step, then the one-screen summary naming the run folder
+    step_lines = [line for line in first.stdout.splitlines() if line.startswith("step ") and " reward=" in line]
+    assert [line.split()[1] for line in step_lines] == ["1/2", "2/2"], first.stdout
+    assert "run summary" in first.stdout and "tensorboard" in first.stdout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("rollout/reward_mean")] == [1, 2]
 
     record = json.loads((run / "config.json").read_text())
     assert record["config"]["train"]["seed"] == 1 and record["config"]["environment"]["name"] == "toy_arithmetic"
@@ -90,7 +116,7 @@ def test_train_two_steps_then_resume(tmp_path: Path) -> None:
     dry = _agentrl(str(run), "--resume", "--dry-run", timeout=300)
     assert dry.returncode == 0, dry.stderr
     assert "resume from  " in dry.stdout and "dry run: nothing started" in dry.stdout
-    second = _agentrl(str(run), "--resume", "--no-ray")
+    second = _agentrl(str(run), "--resume", "--no-ray", "--quiet")
     assert second.returncode == 0, second.stderr[-4000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and "step_000001" in str(summary["resumed_from"])

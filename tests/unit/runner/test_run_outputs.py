@@ -175,3 +175,63 @@ def test_sinks_from_config_follow_logging_section(tmp_path: Path) -> None:
     assert [type(s) for s in sinks] == [TensorBoardSink]
     sinks[0].close()
     assert (tmp_path / "run" / "tensorboard").is_dir()
+
+
+class _ProgressRecorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, Any]] = []
+
+    def on_phase(self, phase: str, step: int) -> None:
+        pass
+
+    def on_rollout_progress(self, step: int, progress: Any) -> None:
+        self.seen.append((step, progress))
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def on_run_end(self, summary: Any) -> None:
+        pass
+
+
+def test_rollout_progress_is_reported_while_a_step_collects(tmp_path: Path) -> None:
+    """A callback that overrides ``on_rollout_progress`` is told, while each step's rollouts run,
+    how many groups are accepted of the target and how many are running; a plain display prints it."""
+    from dataclasses import replace
+
+    from agentrl.testing.runner import build_fake_runner, fake_run_config
+
+    recorder, lines = _ProgressRecorder(), io.StringIO()
+    plain = PlainProgress(2, stream=lines, rollout_every_s=0.0)
+    config = fake_run_config(tmp_path, steps=2, rows=8, checkpoint_every=None, groups_per_step=2)
+    runner, _ = build_fake_runner(config, token_delay_s=0.01, callbacks=[recorder, plain])
+    runner.settings = replace(runner.settings, progress_interval_s=0.02)
+    asyncio.run(runner.run())
+    steps = sorted({step for step, _ in recorder.seen})
+    assert steps == [1, 2], [(s, p) for s, p in recorder.seen][:5]
+    for step in steps:
+        seen = [p for s, p in recorder.seen if s == step]
+        accepted = [p.accepted_groups for p in seen]
+        assert accepted == sorted(accepted) and all(p.target_groups == 2 for p in seen)
+        assert all(0 <= a <= 2 for a in accepted)
+        assert any(p.running_groups > 0 and p.inflight_requests > 0 for p in seen)
+        assert [p.elapsed_s for p in seen] == sorted(p.elapsed_s for p in seen)
+    assert runner.rollout.scheduler.progress() is None  # between steps
+    assert re.search(r"^step 1 collect_rollouts: \d/2 groups, \d running, \d+ requests, \d+ s$", lines.getvalue(),
+                     re.M), lines.getvalue()
+
+
+def test_live_display_shows_the_rollouts_of_the_step() -> None:
+    from rich.console import Console
+
+    from agentrl.rollout import RolloutProgress
+
+    out = io.StringIO()
+    live = LiveProgress(4, console=Console(file=out, force_terminal=True, width=160))
+    with live:
+        live.on_phase("collect_rollouts", 1)
+        live.on_rollout_progress(1, RolloutProgress(step=0, accepted_groups=3, target_groups=8, running_groups=5,
+                                                    rejected_groups=1, inflight_requests=20, elapsed_s=12.0))
+        live.live.refresh()
+    text = out.getvalue()
+    assert "3/8 groups, 5 running, 20 requests, 1 filtered, 12 s" in text
