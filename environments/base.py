@@ -22,10 +22,10 @@ Contract (what the agent loop relies on, and what ``agentrl env check`` verifies
 - ``reward(trajectory)`` may be sync or async and returns a float or a
   :class:`~agentrl.rewards.Reward` inside ``reward_range``. Step-level ``reward_parts`` (failure
   penalties) are added on top by the agent loop.
-- The default ``step`` logs what each call did in ``StepResult.info["calls"]`` (one
-  ``{"id", "name", "failure", "duration_s"}`` per call run, ``failure`` a failure kind or None) and
-  the parse failures of the reply in ``info["parse_failures"]`` (kind, tool, call id, tolerated, message); the agent loop keeps these in
-  ``Episode.env_info`` (the trajectory viewer shows them next to each call).
+- The default ``step`` logs, in ``StepResult.info``: ``turn`` (1 for the first reply), ``calls``
+  (one ``{"id", "name", "failure", "duration_s"}`` per call run; ``failure`` a failure kind or None)
+  and ``parse_failures`` (kind, tool, call id, tolerated, message) of the reply. The agent loop keeps
+  them in ``Episode.env_info``; the trajectory viewer shows them next to each call.
 
 Example::
 
@@ -225,6 +225,7 @@ class Environment(ABC):
                 end |= self._apply_failure(result, out.failure, out.content, result.messages, msg)
         result.messages.extend(feedback)
         result.info["tool_calls"] = len(run)
+        result.info["turn"] = self.turns
         if run:
             result.info["calls"] = [{"id": c.id, "name": c.name, "failure": o.failure.value if o.failure else None,
                                      "duration_s": round(o.duration_s, 6)} for c, o in zip(run, outcomes, strict=True)]
