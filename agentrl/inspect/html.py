@@ -234,7 +234,8 @@ def _sequence_html(uid: str, traj: Trajectory, n_sequences: int, decoder: TokenD
                  for j in range(n_sequences)]
         nav = f'<div class="nav">forks of this episode: {" ".join(links)}</div>'
         if "forked_because" in traj.info:
-            nav += f'<div class="note">forked to sequence {k + 1}: {_esc(traj.info["forked_because"])}</div>'
+            nav += (f'<div class="note">forked from sequence {k - 1} (a fresh render of the conversation): '
+                    f'{_esc(traj.info["forked_because"])}</div>')
     title = f"sequence {k} of {n_sequences}" if n_sequences > 1 else "trajectory"
     return (f'<section id="{uid}-seq{k}"><h3>{title}</h3>{nav}{_kv(_outcome_rows(traj))}'
             + "".join(segs) + "</section>")
