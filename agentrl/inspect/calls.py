@@ -72,12 +72,18 @@ def _info_by_turn(env_info: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[st
 
 def _call_views(message: Message, results: list[Message], info: Mapping[str, Any]) -> list[CallView]:
     logged = [c for c in info.get("calls") or [] if isinstance(c, Mapping)]
-    by_id = {m.tool_call_id: m for m in results if m.tool_call_id is not None}
+    matched: list[Message | None] = []
+    claimed: set[int] = set()
+    for call in message.tool_calls:  # by call id first
+        hit = next((j for j, m in enumerate(results) if call.id is not None and m.tool_call_id == call.id), None)
+        matched.append(results[hit] if hit is not None else None)
+        if hit is not None:
+            claimed.add(hit)
+    spare = iter([m for j, m in enumerate(results) if j not in claimed])
+    matched = [m if m is not None else next(spare, None) for m in matched]  # then the rest in order
     views = []
     for i, call in enumerate(message.tool_calls):
-        result = by_id.get(call.id) if call.id is not None else None
-        if result is None and i < len(results) and results[i].tool_call_id in (None, call.id):
-            result = results[i]
+        result = matched[i]
         log = next((c for c in logged if c.get("id") == call.id and c.get("name") == call.name), None)
         if log is None and i < len(logged):
             log = logged[i]
