@@ -56,6 +56,10 @@ def _write_viewers(index: RunIndex, rows: Sequence[EpisodeRow], out: Path,
 
 
 def _plots_html(lines: Sequence[Mapping[str, Any]], out: Path) -> str:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "<p class=\"note\">no curves: matplotlib is not installed (pip install 'agentrl[inspect]')</p>"
     figures, missing = [], []
     for curve in CURVES:
         series = curve_series(curve, lines)
