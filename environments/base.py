@@ -22,6 +22,10 @@ Contract (what the agent loop relies on, and what ``agentrl env check`` verifies
 - ``reward(trajectory)`` may be sync or async and returns a float or a
   :class:`~agentrl.rewards.Reward` inside ``reward_range``. Step-level ``reward_parts`` (failure
   penalties) are added on top by the agent loop.
+- The default ``step`` logs, in ``StepResult.info``: ``turn`` (1 for the first reply), ``calls``
+  (one ``{"id", "name", "failure", "duration_s"}`` per call run; ``failure`` a failure kind or None)
+  and ``parse_failures`` (kind, tool, call id, tolerated, message) of the reply. The agent loop keeps
+  them in ``Episode.env_info``; the trajectory viewer shows them next to each call.
 
 Example::
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
@@ -101,6 +106,7 @@ class StepResult:
 class _CallOutcome:
     content: str
     failure: FailureKind | None = None
+    duration_s: float = 0.0
 
 
 class Environment(ABC):
@@ -208,7 +214,7 @@ class Environment(ABC):
             return self._finish(result, StopReason.NO_TOOL_CALLS)
         room = max(self.limits.max_tool_calls - self.tool_calls, 0)
         run, skipped = calls[:room], calls[room:]
-        outcomes = await asyncio.gather(*(self._run_call(c) for c in run))
+        outcomes = await asyncio.gather(*(self._timed_call(c) for c in run))
         self.tool_calls += len(run)
         for call, out in zip(run, outcomes, strict=True):
             msg = Message(role="tool", content=out.content, tool_call_id=call.id, name=call.name)
@@ -219,6 +225,14 @@ class Environment(ABC):
                 end |= self._apply_failure(result, out.failure, out.content, result.messages, msg)
         result.messages.extend(feedback)
         result.info["tool_calls"] = len(run)
+        result.info["turn"] = self.turns
+        if run:
+            result.info["calls"] = [{"id": c.id, "name": c.name, "failure": o.failure.value if o.failure else None,
+                                     "duration_s": round(o.duration_s, 6)} for c, o in zip(run, outcomes, strict=True)]
+        if failures:
+            result.info["parse_failures"] = [{"kind": f.kind.value, "tool": f.tool_name, "call_id": f.call_id,
+                                              "tolerated": f.tolerated, "message": f.message[:300]}
+                                             for f in failures]
         if skipped:
             result.info["tool_calls_skipped"] = len(skipped)
         if end:
@@ -269,6 +283,12 @@ class Environment(ABC):
                                                       + self.failure_policy.penalty)
         sink.append(msg if msg is not None else Message(role="tool", content=text))
         return False
+
+    async def _timed_call(self, call: ToolCall) -> _CallOutcome:
+        started = time.perf_counter()
+        out = await self._run_call(call)
+        out.duration_s = time.perf_counter() - started
+        return out
 
     async def _run_call(self, call: ToolCall) -> _CallOutcome:
         tool = self._tools.get(call.name)

@@ -34,6 +34,7 @@ def _register() -> None:
     from agentrl.cli.doctor import doctor
     from agentrl.cli.env import env_app
     from agentrl.cli.eval import eval_command
+    from agentrl.cli.inspect import inspect_command
     from agentrl.cli.render import render
     from agentrl.cli.sft import sft
     from agentrl.cli.train import train
@@ -44,6 +45,7 @@ def _register() -> None:
     app.command("sft", short_help="Fine-tune a model on tool-use conversations (assistant tokens only).")(sft)
     app.command("train", short_help="Train from a config file (--dry-run checks it and starts nothing).")(train)
     app.command("eval", short_help="Evaluate a model, checkpoint or endpoint on the eval sets.")(eval_command)
+    app.command("inspect", short_help="Write a run's report or a trajectory file's episodes as HTML.")(inspect_command)
     app.add_typer(env_app, name="env", short_help="Check environments.")
 
 

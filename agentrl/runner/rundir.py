@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -41,13 +40,13 @@ from typing import Any
 import orjson
 
 import agentrl
+from agentrl._runfiles import TRAJECTORY_FILE_RE, parse_metrics_lines
 from agentrl.episode import Episode
 from agentrl.runner._files import fsync_dir, json_bytes, read_json_object, temp_name, write_atomic
 from agentrl.trajectory import TrajectoryError
 
 __all__ = ["RunDirError", "RunDirectory"]
 
-_TRAJ_RE = re.compile(r"step_(\d{6,})\.jsonl\.gz")
 _RESERVED_METRICS = ("step", "time")
 _RESERVED_HEADER = ("config_hash", "step", "count")
 # Measured on 64 episodes x 2,000 random tokens with logprobs (3.6 MB of JSON): level 1 took 46 ms
@@ -174,21 +173,7 @@ class RunDirectory:
             data = self.metrics_path.read_bytes()
         except FileNotFoundError:
             return []
-        lines = data.split(b"\n")
-        out: list[dict[str, Any]] = []
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                if lineno == len(lines):  # no newline after it: the writer died mid-line
-                    break
-                raise RunDirError(f"{self.metrics_path}:{lineno}: not JSON ({exc})") from exc
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise RunDirError(f"{self.metrics_path}:{lineno}: expected an object with an int 'step', got {line[:120]!r}")
-            out.append(record)
-        return out
+        return parse_metrics_lines(data, str(self.metrics_path), RunDirError)
 
     def rewind(self, step: int) -> None:
         """Forgets what steps after ``step`` wrote (metrics lines, trajectory files): a run resumed
@@ -279,7 +264,7 @@ class RunDirectory:
         """Steps with a complete trajectory file, ascending."""
         steps = []
         for entry in os.listdir(self.trajectories_dir):
-            match = _TRAJ_RE.fullmatch(entry)
+            match = TRAJECTORY_FILE_RE.fullmatch(entry)
             if match:
                 steps.append(int(match.group(1)))
         return sorted(steps)
