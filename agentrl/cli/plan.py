@@ -123,6 +123,40 @@ def _data(cfg: RunConfig, plan: Plan, env: Any) -> int | None:
     return total
 
 
+def _conversations_file(key: str, path: str, plan: Plan) -> int:
+    """The number of conversations in a warm-up JSONL; its first line must be one (``messages``)."""
+    try:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        plan.problems.append(f"{key}={path!r}: cannot read it ({exc}); expected a JSONL of conversations")
+        return 0
+    if not lines:
+        plan.problems.append(f"{key}={path!r}: no conversations")
+        return 0
+    try:
+        first = json.loads(lines[0])
+    except ValueError as exc:
+        plan.problems.append(f"{key}={path!r}: line 1 is not JSON ({exc})")
+        return 0
+    if not isinstance(first, dict) or not isinstance(first.get("messages"), list):
+        plan.problems.append(f"{key}={path!r}: line 1 is not a conversation; expected "
+                             '{"messages": [...], "tools": [...]}')
+    return len(lines)
+
+
+def _warmup(cfg: RunConfig, plan: Plan) -> None:
+    warm = cfg.warmup
+    if warm is None:
+        return
+    n = _conversations_file("warmup.data", warm.data, plan)
+    text = f"{warm.steps} supervised steps x {warm.batch_size} of {n} conversations ({warm.data})"
+    if warm.check is not None:
+        _conversations_file("warmup.check.path", warm.check.path, plan)
+        text += (f"; check every {warm.check.every_steps} steps: held-out token accuracy >= "
+                 f"{warm.check.min_token_accuracy} ({warm.check.path})")
+    plan.add("warm-up", text + "; while the engines boot")
+
+
 def _count_rows(path: Path) -> int | None:
     if path.is_file() and path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         with path.open("rb") as f:
@@ -222,4 +256,5 @@ def preflight(cfg: RunConfig, *, environment: Any = None) -> Plan:
     _machine(cfg, plan)
     _sinks(cfg, plan)
     _shape(cfg, plan, meta, rows)
+    _warmup(cfg, plan)
     return plan

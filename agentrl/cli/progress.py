@@ -207,7 +207,13 @@ class RunEndSummary(RunCallback):
         for name, report in summary.evals.items():
             if isinstance(report, Mapping):
                 passes = ", ".join(f"pass@{k} {v:.3f}" for k, v in (report.get("pass_at_k") or {}).items())
-                table.add_row(f"eval {name}", f"mean reward {report.get('mean_reward', 0.0):.3f} {passes}".strip())
+                before = summary.initial_evals.get(name)
+                change = ""
+                if isinstance(before, Mapping) and before is not report:
+                    change = f" (before step 1: {before.get('mean_reward', 0.0):.3f}, tool calls " \
+                             f"{before.get('tool_call_rate', 0.0):.2f} -> {report.get('tool_call_rate', 0.0):.2f})"
+                table.add_row(f"eval {name}",
+                              f"mean reward {report.get('mean_reward', 0.0):.3f} {passes}{change}".strip())
         present = [p for p in ("metrics.jsonl", "summary.json", "checkpoints", "trajectories", "tensorboard", "logs")
                    if (self.run_dir / p).exists()]
         table.add_row("contents", ", ".join(present) or "-")

@@ -101,10 +101,11 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
                           engines=len(group.engines))
     weights = EngineWeights(DiskWeightSync(group.engines, config.run_dir() / "weights",
                                            config.sync.to_config(), on_remove=group.take_out))
-    evals: dict[str, tuple[list[dict[str, Any]], Any, int]] = {}
+    evals: dict[str, tuple[list[dict[str, Any]], Any, int, bool]] = {}
     for section in config.data.eval:
         good, _bad = read_rows(section.to_config(), validate=row_validator(env_factory))
-        evals[section.name] = ([row for _, row in good], section.to_eval_config(), section.every_steps)
+        evals[section.name] = ([row for _, row in good], section.to_eval_config(), section.every_steps,
+                                 section.at_start)
 
     async def stop() -> None:
         try:

@@ -71,7 +71,8 @@ class EvalDatasetSection(_DatasetFields):
     """One evaluation set, read in file order once per evaluation, with its own sampling.
 
     ``sampling`` ``None``: greedy with the rollout's per-turn budget. ``every_steps``: evaluate after
-    every that many training steps (and at the end of the run).
+    every that many training steps (and at the end of the run); ``at_start``: also before the first
+    step (after a warm-up: the warmed-up model's figures).
     """
 
     name: str = Field(default="eval", min_length=1)
@@ -81,6 +82,7 @@ class EvalDatasetSection(_DatasetFields):
     correct_at: float = 1.0
     max_concurrency: int = Field(default=256, ge=1)
     every_steps: int = Field(default=10, ge=1)
+    at_start: bool = False
 
     def to_config(self) -> DataConfig:
         return DataConfig(path=self.path, format=self.format, fields=dict(self.fields), shuffle=False, epochs=1,

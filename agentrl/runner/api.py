@@ -81,21 +81,37 @@ async def _run(config: RunConfig, factory: Any, run_dir: RunDirectory, *, group_
     settings = LoopSettings.from_config(config, rollout_only=rollout_only,
                                         probe_sequences=[] if rollout_only else _probes(config))
     cpu = plan_cpu(engines=config.rollout.engines.count) if config.cluster.accelerator == "cpu" else None
+    # the warm-up runs on the trainer while the engines boot (a resumed run's checkpoint holds it)
+    warm_dir = str(run_dir.root) if config.warmup is not None and resume is None and not rollout_only else None
+    if warm_dir is not None:
+        for cb in callbacks:
+            cb.on_phase("warmup", 0)
     if use_ray:
         from agentrl.runner.ray_run import run_on_ray
 
         return await run_on_ray(config, factory, settings, run_dir=run_dir, checkpointer=checkpointer,
-                                callbacks=callbacks, resume=resume, group_filter=group_filter, cpu=cpu)
-    rollout = await RolloutService.launch(config, factory, group_filter=group_filter,
-                                          cpu=cpu)
+                                callbacks=callbacks, resume=resume, group_filter=group_filter, cpu=cpu,
+                                warmup_dir=warm_dir)
+
+    async def trainer_side() -> tuple[LocalTrainer, dict[str, Any]]:
+        service = await asyncio.to_thread(TrainService.from_config, config,
+                                          threads=cpu.trainer_threads if cpu is not None else None)
+        side = LocalTrainer(service)
+        return side, (await side.warmup(warm_dir) if warm_dir is not None else {})
+
+    booting = asyncio.ensure_future(RolloutService.launch(config, factory, group_filter=group_filter, cpu=cpu))
     try:
-        trainer = None
-        if not rollout_only:
-            service = await asyncio.to_thread(TrainService.from_config, config,
-                                              threads=cpu.trainer_threads if cpu is not None else None)
-            trainer = LocalTrainer(service)
+        trainer, warm = (None, {}) if rollout_only else await trainer_side()
+        rollout = await booting
+    except BaseException:
+        booting.cancel()
+        service = (await asyncio.gather(booting, return_exceptions=True))[0]
+        if isinstance(service, RolloutService):
+            await service.shutdown()
+        raise
+    try:
         runner = Runner(rollout, trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
-                        callbacks=callbacks, resume=resume)
+                        callbacks=callbacks, resume=resume, warmup=warm)
         with _signals_cancel_current_task():
             return await runner.run()
     finally:

@@ -51,6 +51,7 @@ from agentrl.runner._sections import (
     TrainSection,
 )
 from agentrl.runner._sync_section import SyncSection
+from agentrl.runner._warmup_section import WarmupSection
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.train.config import BatchingConfig, LossConfig, TorchBackendConfig
 
@@ -75,6 +76,7 @@ class RunConfig(Section):
     logging: LoggingSection = Field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     sync: SyncSection = Field(default_factory=SyncSection)
+    warmup: WarmupSection | None = None
     mode: LoopMode = "sync"
 
     @model_validator(mode="after")

@@ -100,6 +100,7 @@ class TrainSide(Protocol):
     async def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
     async def save(self, folder: str) -> str: ...
     async def load(self, folder: str) -> None: ...
+    async def warmup(self, run_dir: str | None = None) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -109,6 +110,8 @@ class RunSummary:
     steps: int = 0
     policy_version: int = 0
     resumed_from: str | None = None
+    warmup: dict[str, Any] = field(default_factory=dict)
+    initial_evals: dict[str, Any] = field(default_factory=dict)  # the at_start sets, before step 1
     stopped_because: str = ""
     wall_s: float = 0.0
     prompts_trained: int = 0
@@ -166,7 +169,8 @@ class Runner:
 
     def __init__(self, rollout: RolloutSide, trainer: TrainSide | None, settings: LoopSettings, *,
                  run_dir: RunDirectory, checkpointer: RunCheckpointer | None = None,
-                 callbacks: Sequence[RunCallback] = (), resume: str | None = None) -> None:
+                 callbacks: Sequence[RunCallback] = (), resume: str | None = None,
+                 warmup: dict[str, Any] | None = None) -> None:
         if trainer is None and not settings.rollout_only:
             raise ValueError("trainer: None is only allowed with rollout_only=True")
         self.rollout, self.trainer, self.settings = rollout, trainer, settings
@@ -176,7 +180,7 @@ class Runner:
         self.step = 0            # training steps done
         self.version = 0         # the trainer's weight version (engines hold it after each sync)
         self.pending: list[StepBatch] = []   # collected, not yet trained (async modes)
-        self.summary = RunSummary()
+        self.summary = RunSummary(warmup=dict(warmup or {}))
         self._collector: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[StepBatch | BaseException] | None = None
         self._hold = asyncio.Event()
@@ -333,8 +337,13 @@ class Runner:
             if self.run_dir.read_metrics():
                 raise RunnerError(f"run folder {str(self.run_dir.root)!r} already holds a run's metrics: expected "
                                   "resume=<that folder> (checkpoint.resume) to continue it, or another logging.run_dir")
-            if self.settings.sync_at_start and self.trainer is not None:
-                await self.sync_weights()  # the engines booted on a stand-in: load the policy as version 0
+            if (self.settings.sync_at_start or self.summary.warmup) and self.trainer is not None:
+                await self.sync_weights()  # the engines booted on a stand-in or before the warm-up: version 0
+            initial = await self.evaluate()  # the eval sets marked at_start (step 0)
+            self.summary.initial_evals = dict(self.summary.evals)
+            if initial or self.summary.warmup:
+                warm = {f"warmup/{k}": v for k, v in self.summary.warmup.items() if isinstance(v, int | float)}
+                self.run_dir.append_metrics(0, {"initial": True, **warm, **initial})
             return
         loaded = self.checkpointer.load(RunCheckpointer.resolve(self.resume))
         assert self.trainer is not None

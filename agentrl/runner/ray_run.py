@@ -125,6 +125,9 @@ class TrainRank:
     def digest(self) -> str:
         return self.service.digest()
 
+    def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
+        return self.service.warmup(run_dir)
+
     def node_id(self) -> str:
         import ray
 
@@ -160,6 +163,9 @@ class GroupTrainer:
     async def digest(self) -> str:
         return str(await self._all("digest"))
 
+    async def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
+        return dict(await self._all("warmup", run_dir))
+
     async def node_ids(self) -> list[str]:
         return [str(x) for x in await asyncio.to_thread(self.group.call, "node_id")]
 
@@ -169,6 +175,7 @@ class Sides:
 
     def __init__(self, runtime: RayRuntime, placed: Any, rollout: Any, trainer: GroupTrainer | None) -> None:
         self.runtime, self.placed, self.rollout_handle, self.trainer = runtime, placed, rollout, trainer
+        self.warmup: dict[str, Any] = {}  # the warm-up's report, when the train group ran one
 
     @property
     def rollout(self) -> ActorProxy:
@@ -191,8 +198,10 @@ class Sides:
 
 async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any = None, cpu: Any = None,
                       rollout_only: bool = False, node_resource_engines: str | None = None,
-                      node_resource_trainer: str | None = None, runtime: RayRuntime | None = None) -> Sides:
-    """Starts Ray (or reuses it), places and starts the rollout actor and the train group."""
+                      node_resource_trainer: str | None = None, runtime: RayRuntime | None = None,
+                      warmup_dir: str | None = None) -> Sides:
+    """Starts Ray (or reuses it), places and starts the rollout actor and the train group; with
+    ``warmup_dir`` the train group runs the config's warm-up while the engines boot."""
     runtime = runtime or RayRuntime.start(address=config.cluster.ray_address,
                                           namespace=f"agentrl-{config.hash()[:12]}",
                                           object_store_memory=256 * 1024 * 1024
@@ -216,8 +225,13 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
                                             world_size=config.train.data_parallel_size, placement=placed,
                                             device=config.cluster.train_device, env_vars=env)
             trainer = GroupTrainer(group)
+        warm: dict[str, Any] = {}
+        if trainer is not None and warmup_dir is not None:
+            warm = await trainer.warmup(warmup_dir)
         await booting
-        return Sides(runtime, placed, rollout, trainer)
+        sides = Sides(runtime, placed, rollout, trainer)
+        sides.warmup = warm
+        return sides
     except BaseException:
         import ray
 
@@ -234,14 +248,15 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
 
 async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings, *, run_dir: RunDirectory,
                      checkpointer: RunCheckpointer, callbacks: Sequence[RunCallback] = (), resume: str | None = None,
-                     group_filter: Any = None, cpu: Any = None) -> RunSummary:
+                     group_filter: Any = None, cpu: Any = None, warmup_dir: str | None = None) -> RunSummary:
+    """The run on Ray; ``warmup_dir``: run the config's warm-up (while the engines boot), reporting there."""
     from agentrl.runner.api import _signals_cancel_current_task
 
     sides = await start_sides(config, env_factory, group_filter=group_filter, cpu=cpu,
-                              rollout_only=settings.rollout_only)
+                              rollout_only=settings.rollout_only, warmup_dir=warmup_dir)
     try:
         runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
-                        callbacks=callbacks, resume=resume)
+                        callbacks=callbacks, resume=resume, warmup=sides.warmup)
         with _signals_cancel_current_task():
             return await runner.run()
     finally:

@@ -48,10 +48,10 @@ class ScoringClient(Protocol):
 
 
 class RolloutService:
-    """See the module doc. ``eval_sets``: ``name -> (rows, EvalConfig, every_steps)``."""
+    """See the module doc. ``eval_sets``: ``name -> (rows, EvalConfig, every_steps, at_start)``."""
 
     def __init__(self, scheduler: Scheduler, weights: WeightLoader, *, scoring: Any = None,
-                 eval_sets: dict[str, tuple[list[dict[str, Any]], Any, int]] | None = None,
+                 eval_sets: dict[str, tuple[list[dict[str, Any]], Any, int, bool]] | None = None,
                  on_shutdown: Callable[[], Any] | None = None) -> None:
         self.scheduler = scheduler
         self.weights = weights
@@ -111,13 +111,16 @@ class RolloutService:
         return list(await asyncio.gather(*(one(s) for s in sequences)))
 
     async def evaluate(self, name: str) -> dict[str, Any]:
-        rows, eval_config, _ = self.eval_sets[name]
+        rows, eval_config, _, _ = self.eval_sets[name]
         report = await self.scheduler.evaluate(rows, eval_config)
         return report.to_dict()
 
     async def evals_due(self, step: int, *, final: bool = False) -> list[str]:
-        """Names of the eval sets to run after training step ``step`` (1-based)."""
-        return [n for n, (_, _, every) in self.eval_sets.items() if final or step % every == 0]
+        """Names of the eval sets to run after training step ``step`` (1-based; 0: before the first
+        step, the sets marked ``at_start``)."""
+        if step == 0 and not final:
+            return [n for n, (_, _, _, at_start) in self.eval_sets.items() if at_start]
+        return [n for n, (_, _, every, _) in self.eval_sets.items() if final or step % every == 0]
 
     async def release_memory(self) -> None:
         """Colocated on an accelerator: every engine frees its weights and KV cache for the trainer."""

@@ -42,6 +42,9 @@ class LocalTrainer:
     async def digest(self) -> str:
         return await asyncio.to_thread(self.service.digest)
 
+    async def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(self.service.warmup, run_dir)
+
 
 class ActorProxy:
     """``await proxy.name(*args)`` calls the actor method ``name`` and awaits its result."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import torch
@@ -35,7 +35,8 @@ from agentrl.train.batching import TrainingBatch, TrainSequence
 from agentrl.train.torch_backend import TorchTrainBackend
 
 if TYPE_CHECKING:
-    from agentrl.runner._sections import OptimizerSection
+    from agentrl.runner._sections import ModelSection, OptimizerSection
+    from agentrl.runner._warmup_section import WarmupSection
     from agentrl.runner.config import RunConfig
 
 __all__ = ["TrainService"]
@@ -51,6 +52,8 @@ class TrainService:
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.skipped_steps = 0
+        self.warmup_section: WarmupSection | None = None
+        self.model_section: ModelSection | None = None
 
     @classmethod
     def from_config(cls, config: RunConfig, *, threads: int | None = None) -> TrainService:
@@ -66,8 +69,31 @@ class TrainService:
         backend = TorchTrainBackend.from_pretrained(
             config.model.path, config.torch_backend_config(),
             with_ref_model=config.algorithm.kl_coef > 0)
-        return cls(backend, config.train.optimizer, total_steps=config.train.steps,
-                   score_after_step=config.train.score_after_step)
+        service = cls(backend, config.train.optimizer, total_steps=config.train.steps,
+                      score_after_step=config.train.score_after_step)
+        service.warmup_section, service.model_section = config.warmup, config.model
+        return service
+
+    # -- warm-up -------------------------------------------------------------------------------
+    def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
+        """The config's supervised warm-up (:func:`~agentrl.runner.warmup.run_warmup`) on this rank's
+        backend; rank 0 writes ``warmup.json`` and ``warmup_metrics.jsonl`` into ``run_dir``. Returns
+        the report as a dict (``{}`` without a ``warmup`` section). Raises ``WarmupError``."""
+        if self.warmup_section is None or self.model_section is None:
+            return {}
+        from transformers import AutoTokenizer
+
+        from agentrl.chat import ChatTemplate
+        from agentrl.model_folder import model_vocab_size
+        from agentrl.runner.warmup import run_warmup
+        from agentrl.sft.transcript import TranscriptBuilder
+
+        model = self.model_section
+        tokenizer = AutoTokenizer.from_pretrained(model.tokenizer, local_files_only=True)
+        builder = TranscriptBuilder(ChatTemplate.from_name(model.template, tokenizer=tokenizer),
+                                    vocab_size=model_vocab_size(model.path))
+        folder = run_dir if self.backend.dist.rank == 0 else None
+        return run_warmup(self.backend, self.warmup_section, builder, run_dir=folder).to_dict()
 
     # -- one step ------------------------------------------------------------------------------
     def lr_at(self, step: int) -> float | None:

@@ -35,7 +35,7 @@ from agentrl.sft.config import SftConfig
 from agentrl.sft.transcript import TranscriptBuilder, TranscriptError
 from agentrl.train.batching import TrainingBatch, TrainSequence
 
-__all__ = ["SftDataError", "SftResult", "load_sft_sequences", "run_sft", "sft_sequences"]
+__all__ = ["SftDataError", "SftResult", "load_sft_sequences", "plan_batches", "run_sft", "sft_sequences"]
 
 StepCallback = Callable[[int, dict[str, float]], None]
 
@@ -113,20 +113,29 @@ def load_sft_sequences(path: str | Path, builder: TranscriptBuilder, *,
 def plan_steps(n: int, config: SftConfig) -> list[list[int]]:
     """Conversation indices of each step (see the module doc); a pure function of the config and ``n``."""
     t = config.train
-    per_epoch = -(-n // t.batch_size)
-    total = t.steps if t.steps is not None else per_epoch * t.epochs
-    steps: list[list[int]] = []
+    return plan_batches(n, batch_size=t.batch_size, steps=t.steps, epochs=t.epochs, shuffle=config.data.shuffle,
+                        seed=config.data.seed)
+
+
+def plan_batches(n: int, *, batch_size: int, steps: int | None, epochs: int = 1, shuffle: bool = True,
+                 seed: int = 0) -> list[list[int]]:
+    """``steps`` batches of ``batch_size`` indices of ``n`` items (``None``: ``epochs`` passes), each
+    epoch in an order drawn from ``seed`` and the epoch (file order without ``shuffle``); the last
+    batch of an epoch may be smaller."""
+    per_epoch = -(-n // batch_size)
+    total = steps if steps is not None else per_epoch * epochs
+    batches: list[list[int]] = []
     epoch = 0
-    while len(steps) < total:
+    while len(batches) < total:
         order = list(range(n))
-        if config.data.shuffle:
-            random.Random(f"{config.data.seed}:{epoch}").shuffle(order)
-        for start in range(0, n, t.batch_size):
-            if len(steps) == total:
+        if shuffle:
+            random.Random(f"{seed}:{epoch}").shuffle(order)
+        for start in range(0, n, batch_size):
+            if len(batches) == total:
                 break
-            steps.append(order[start:start + t.batch_size])
+            batches.append(order[start:start + batch_size])
         epoch += 1
-    return steps
+    return batches
 
 
 def _prepare_output(config: SftConfig) -> Path:

@@ -143,12 +143,21 @@ def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | 
     run_dir = RunDirectory(config.run_dir(), config_hash=config.hash())
     run_dir.write_config(config.to_dict())
     weights = FakeWeights(run_dir.root / "weights", client)
-    rollout = RolloutService(scheduler, weights)
-    trainer = LocalTrainer(TrainService.from_config(config, threads=1))
+    from agentrl.data.source import read_rows
+
+    evals = {}
+    for section in config.data.eval:
+        good, _ = read_rows(section.to_config())
+        evals[section.name] = ([row for _, row in good], section.to_eval_config(), section.every_steps,
+                               section.at_start)
+    rollout = RolloutService(scheduler, weights, eval_sets=evals)
+    service = TrainService.from_config(config, threads=1)
+    trainer = LocalTrainer(service)
     checkpointer = RunCheckpointer(run_dir.checkpoints_dir, keep_last=config.checkpoint.keep_last,
                                    config_hash=config.hash())
+    warm = service.warmup(str(run_dir.root)) if config.warmup is not None and resume is None else None
     runner = Runner(rollout, trainer, LoopSettings.from_config(config), run_dir=run_dir,
-                    checkpointer=checkpointer, resume=resume, callbacks=callbacks)
+                    checkpointer=checkpointer, resume=resume, callbacks=callbacks, warmup=warm)
     return runner, client
 
 

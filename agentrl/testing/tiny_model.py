@@ -39,22 +39,28 @@ TINY_MODEL_CONFIG: dict[str, Any] = {
 _BUILD_VERSION = "2"
 
 
-def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
+def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0, **shape: Any) -> Path:
     """Builds (once) the tiny Qwen3 model with weights drawn from ``seed``; returns its folder.
 
-    Without ``path`` the model is cached under ``$AGENTRL_CACHE/models`` (default
-    ``~/.cache/agentrl``), keyed by the configuration and seed. The folder holds ``config.json``,
-    ``model.safetensors``, ``generation_config.json`` and the tokenizer files.
+    ``shape``: ``Qwen3Config`` fields that replace :data:`TINY_MODEL_CONFIG`'s (e.g.
+    ``hidden_size=128, intermediate_size=384``; unknown names are an error). Without ``path`` the
+    model is cached under ``$AGENTRL_CACHE/models`` (default ``~/.cache/agentrl``), keyed by the
+    configuration and seed. The folder holds ``config.json``, ``model.safetensors``,
+    ``generation_config.json`` and the tokenizer files.
     """
     from agentrl.testing.tokenizer import build_tokenizer
 
-    key = hashlib.sha256(f"{_BUILD_VERSION}:{sorted(TINY_MODEL_CONFIG.items())}:{seed}".encode()).hexdigest()[:12]
+    unknown = sorted(set(shape) - set(TINY_MODEL_CONFIG))
+    if unknown:
+        raise TypeError(f"build_tiny_model: unknown shape fields {unknown}; expected some of {sorted(TINY_MODEL_CONFIG)}")
+    config = {**TINY_MODEL_CONFIG, **shape}
+    key = hashlib.sha256(f"{_BUILD_VERSION}:{sorted(config.items())}:{seed}".encode()).hexdigest()[:12]
     folder = Path(path) if path is not None else cache_root() / "models" / f"qwen3-tiny-{key}"
     return build_folder(folder, ("model.safetensors", "tokenizer.json"),
-                        lambda tmp: _write_model(tmp, build_tokenizer(), seed))
+                        lambda tmp: _write_model(tmp, build_tokenizer(), seed, config))
 
 
-def _write_model(out: Path, tokenizer: object, seed: int) -> None:
+def _write_model(out: Path, tokenizer: object, seed: int, shape: dict[str, Any]) -> None:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -63,7 +69,7 @@ def _write_model(out: Path, tokenizer: object, seed: int) -> None:
     eos_id = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))  # type: ignore[attr-defined]
     pad_id = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[attr-defined]
     config = Qwen3Config(vocab_size=vocab, bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id,
-                         dtype="bfloat16", **TINY_MODEL_CONFIG)
+                         dtype="bfloat16", **shape)
     torch.manual_seed(seed)
     model: Any = Qwen3ForCausalLM(config)
     model = model.to(torch.bfloat16)

@@ -1,0 +1,68 @@
+"""Prepares the tiny CPU demo (``make demo``): a tiny Qwen3 built from scratch with the project's
+local tokenizer, synthetic tool-use conversations for the warm-up, and the RL and held-out rows.
+
+    python examples/demo_prepare.py                 # writes models/demo-tiny and data/demo/
+    agentrl train examples/demo_cpu.toml            # warm-up, then GRPO on the real engine
+
+Everything is drawn from fixed seeds, so two runs prepare the same files (``--seed`` moves the
+model's initial weights and the warm-up data together; the held-out rows never change). The
+conversations are the toy task's winning policy as the environment itself would play it (its
+opening, a real ``calculator`` call, the tool's output, the boxed answer), laid out by the trainer
+exactly as the agent loop lays out an RL episode; a share ``--direct-rate`` of them answers at once
+with a wrong number instead, so the warmed-up model calls the tool only part of the time and RL has
+something to fix. The check conversations (held out, always calling the tool) measure whether the
+copying RL depends on has formed before RL starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from agentrl.environments import make_arithmetic_rows
+from agentrl.sft import arithmetic_conversations
+from agentrl.testing import build_tiny_model
+
+# the model of the CPU measurements: 2 layers, hidden 128, 4 heads x 32, 2 KV heads, MLP 384, tied
+DEMO_SHAPE: dict[str, Any] = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+                              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+
+
+def _write(path: Path, items: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    print(f"wrote {len(items):5d} lines to {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path("models/demo-tiny"))
+    parser.add_argument("--data", type=Path, default=Path("data/demo"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup-rows", type=int, default=4096)
+    parser.add_argument("--direct-rate", type=float, default=0.6)
+    parser.add_argument("--train-rows", type=int, default=2048)
+    parser.add_argument("--held-out-rows", type=int, default=64)
+    args = parser.parse_args()
+    # disjoint seeds: warm-up questions, RL questions and held-out questions never coincide by design
+    held_out = make_arithmetic_rows(args.held_out_rows, seed=900_001)
+    held = {r["question"] for r in held_out}
+    warm_rows = [r for r in make_arithmetic_rows(args.warmup_rows + 64, seed=1000 + args.seed)
+                 if r["question"] not in held][:args.warmup_rows]
+    train_rows = [r for r in make_arithmetic_rows(args.train_rows + 64, seed=2000 + args.seed)
+                  if r["question"] not in held][:args.train_rows]
+    _write(args.data / "warmup.jsonl", arithmetic_conversations(warm_rows, direct_rate=args.direct_rate,
+                                                                seed=args.seed))
+    check_rows = make_arithmetic_rows(64, seed=900_002)
+    _write(args.data / "warmup_check.jsonl", arithmetic_conversations(check_rows, direct_rate=0.0))
+    _write(args.data / "train.jsonl", train_rows)
+    _write(args.data / "held_out.jsonl", held_out)
+    folder = build_tiny_model(args.model, seed=args.seed, **DEMO_SHAPE)
+    print(f"model {folder} (Qwen3, {DEMO_SHAPE['num_hidden_layers']} layers, hidden {DEMO_SHAPE['hidden_size']}, "
+          f"random weights from seed {args.seed})")
+
+
+if __name__ == "__main__":
+    main()

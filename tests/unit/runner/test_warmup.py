@@ -1,0 +1,123 @@
+"""The supervised warm-up before RL (``warmup`` section): it trains the run's own backend on
+conversations laid out as the agent loop lays them out, checks the held-out token accuracy, stops
+early once the check passes, fails clearly when it cannot, resets the optimiser for RL; and through
+the runner (fake engine, real trainer) the warmed-up weights reach the engines as version 0 and the
+``at_start`` eval sets measure them before the first step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.environments import make_arithmetic_rows
+from agentrl.sft import arithmetic_conversations
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _conversations(path: Path, n: int, seed: int, direct_rate: float = 0.0) -> Path:
+    rows = make_arithmetic_rows(n, seed=seed)
+    path.write_text("".join(json.dumps(c) + "\n" for c in arithmetic_conversations(rows, seed=seed,
+                                                                                  direct_rate=direct_rate)))
+    return path
+
+
+def _config(tmp_path: Path, warmup: dict[str, Any], **extra: Any) -> Any:
+    from agentrl.runner.config import RunConfig
+    from agentrl.testing.runner import fake_run_config
+
+    base = fake_run_config(tmp_path, steps=1, rows=8, checkpoint_every=None).to_dict()
+    base["warmup"] = warmup
+    base.update(extra)
+    return RunConfig.from_dict(base)
+
+
+def _service(config: Any) -> Any:
+    from agentrl.runner.trainer import TrainService
+
+    return TrainService.from_config(config, threads=1)
+
+
+def test_the_check_stops_the_warmup_once_it_passes_and_rl_starts_fresh(tmp_path: Path) -> None:
+    data = _conversations(tmp_path / "sft.jsonl", 24, seed=1)
+    held = _conversations(tmp_path / "held.jsonl", 8, seed=2)
+    config = _config(tmp_path, {"data": str(data), "steps": 60, "batch_size": 8, "log_every": 5,
+                                "optimizer": {"lr": 3e-3, "warmup_steps": 2},
+                                "check": {"path": str(held), "min_token_accuracy": 0.3, "every_steps": 5}})
+    service = _service(config)
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    report = service.warmup(str(run))
+    assert report["passed"] is True and report["steps"] < 60 and report["steps"] % 5 == 0
+    assert report["checks"][-1][1] >= 0.3 and all(a < 0.3 for _, a in report["checks"][:-1])
+    assert report["last_loss"] < report["first_loss"]
+    assert json.loads((run / "warmup.json").read_text())["steps"] == report["steps"]
+    lines = [json.loads(x) for x in (run / "warmup_metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(5, report["steps"] + 1, 5))
+    assert all("token_accuracy" in m for m in lines)
+    assert service.backend.optimizer.state == {} and service.backend.step == 0  # fresh for RL
+
+
+def test_a_check_that_never_passes_stops_the_run_with_the_figures(tmp_path: Path) -> None:
+    from agentrl.runner.warmup import WarmupError
+
+    data = _conversations(tmp_path / "sft.jsonl", 8, seed=1)
+    config = _config(tmp_path, {"data": str(data), "steps": 2, "batch_size": 4,
+                                "check": {"path": str(data), "min_token_accuracy": 1.0, "every_steps": 1}})
+    with pytest.raises(WarmupError) as err:
+        _service(config).warmup(None)
+    text = str(err.value)
+    assert "after 2 steps the model predicts" in text and "below warmup.check.min_token_accuracy=1.0" in text
+    assert "at step 1" in text and "at step 2" in text and "more warmup.steps" in text
+
+
+def test_bad_warmup_data_names_the_file_and_line(tmp_path: Path) -> None:
+    from agentrl.runner.warmup import WarmupError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(WarmupError, match=rf"warmup.data: {bad}:1: messages: no assistant message"):
+        _service(_config(tmp_path, {"data": str(bad), "steps": 1})).warmup(None)
+
+
+def test_warmup_config_mistakes_are_named() -> None:
+    from pydantic import ValidationError
+
+    from agentrl.runner._warmup_section import WarmupSection
+
+    with pytest.raises(ValidationError, match="min_steps=5 > steps=2"):
+        WarmupSection(data="x.jsonl", steps=2, min_steps=5)
+    with pytest.raises(ValidationError, match="min_token_accuracy"):
+        WarmupSection.model_validate({"data": "x.jsonl", "steps": 2, "check": {"path": "y", "min_token_accuracy": 2}})
+
+
+def test_the_runner_loads_the_warmed_up_model_and_evaluates_it_before_step_one(tmp_path: Path) -> None:
+    from agentrl.testing.runner import build_fake_runner
+
+    data = _conversations(tmp_path / "sft.jsonl", 8, seed=1)
+    held_rows = tmp_path / "held.jsonl"
+    held_rows.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(4, seed=9)))
+    config = _config(tmp_path, {"data": str(data), "steps": 3, "batch_size": 4})
+    as_dict = config.to_dict()
+    as_dict["data"]["eval"] = [{"name": "held_out", "path": str(held_rows), "at_start": True, "every_steps": 100}]
+    from agentrl.runner.config import RunConfig
+
+    config = RunConfig.from_dict(as_dict)
+    runner, _ = build_fake_runner(config)
+    summary = asyncio.run(runner.run())
+    assert summary.warmup["steps"] == 3 and summary.warmup["passed"] is None
+    lines = [json.loads(x) for x in (config.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    first = lines[0]
+    assert first["step"] == 0 and first["initial"] is True and first["warmup/steps"] == 3
+    assert "eval/held_out/mean_reward" in first
+    assert summary.initial_evals["held_out"]["mean_reward"] == first["eval/held_out/mean_reward"]
+    assert [m["step"] for m in lines[1:] if not m.get("final")] == [1]
+    # the engines got the warmed-up weights before the first rollout (version 0), then version 1
+    assert (config.run_dir() / "warmup.json").is_file()
+    assert runner.rollout.weights.loaded == [0, 1]
+    # the step-1 trajectories were sampled by version 0, the warmed-up model
+    assert runner.summary.steps == 1
