@@ -21,8 +21,9 @@ from agentrl.environments import make_arithmetic_rows
 from agentrl.testing import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-# every training config under examples/ (``sft_*.toml`` are `agentrl sft` configs, run by the SFT tests)
-EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.toml") if not p.name.startswith("sft_"))
+# every training config under examples/ (``sft_*.toml`` are `agentrl sft` configs, run by the SFT tests;
+# the demo's config reads the files examples/demo_prepare.py writes, and has its own test)
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.toml") if not p.name.startswith(("sft_", "demo_")))
 runner = CliRunner()
 
 
@@ -186,6 +187,26 @@ def test_every_example_config_dry_runs(example: Path, tiny: str, monkeypatch: py
     assert "dry run: nothing started" in result.stdout
     if "accelerator = \"gpu\"" in example.read_text() and not _cuda():
         assert "missing on this machine: cluster.accelerator='gpu': no CUDA GPU is visible here" in result.stdout
+
+
+def test_the_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make demo``'s two steps, the second as a dry run: the prepare script builds the model and
+    the data the config names (relative to the working directory), and every check passes."""
+    monkeypatch.chdir(tmp_path)
+    prep = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_prepare.py"), "--warmup-rows", "64",
+                           "--train-rows", "64"], capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    assert (tmp_path / "models" / "demo-tiny" / "config.json").is_file()
+    assert json.loads((tmp_path / "models" / "demo-tiny" / "config.json").read_text())["hidden_size"] == 128
+    result = invoke([str(ROOT / "examples" / "demo_cpu.toml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "warm-up       1200 supervised steps x 32 of 64 conversations (data/demo/warmup.jsonl)" in result.stdout
+    assert "per step      8 prompts x 8 samples = 64 episodes" in result.stdout
+    held = [json.loads(line)["question"] for line in (tmp_path / "data/demo/held_out.jsonl").read_text().splitlines()]
+    train = [json.loads(line)["question"] for line in (tmp_path / "data/demo/train.jsonl").read_text().splitlines()]
+    warm = (tmp_path / "data/demo/warmup.jsonl").read_text()
+    assert not set(held) & set(train) and not any(q in warm for q in held)  # the held-out questions stay unseen
 
 
 def _cuda() -> bool:
