@@ -108,6 +108,21 @@ class EngineGroup:
             raise
         return group
 
+    @classmethod
+    async def attach(cls, urls: Sequence[str], router_config: RouterConfig | None = None,
+                     health: HealthConfig | None = None) -> EngineGroup:
+        """Starts a router over engines already running at ``urls`` (checked with ``/server_info``);
+        :meth:`shutdown` deregisters them and stops the router, and leaves the engines running."""
+        router = await Router.launch(router_config)
+        try:
+            engines = list(await asyncio.gather(*(SGLangEngine.attach(url) for url in urls)))
+            for engine in engines:
+                await router.add_worker(engine.url)
+        except BaseException:
+            await asyncio.to_thread(router.stop)
+            raise
+        return cls(router, engines, health)
+
     @property
     def engines(self) -> list[SGLangEngine]:
         return [t.engine for t in self._tracked]

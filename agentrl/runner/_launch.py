@@ -75,9 +75,10 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
                                        env={**(cpu.engine_env(i) if cpu is not None else {}), **base.env})
                    for i in range(config.rollout.engines.count)]
     router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
-    group = await EngineGroup.launch(engine_cfgs, router_cfg)
+    urls = config.rollout.engines.urls
+    group = await (EngineGroup.attach(urls, router_cfg) if urls else EngineGroup.launch(engine_cfgs, router_cfg))
     try:
-        if cpu is not None:  # SGLang binds threads itself only on AMX/arm64: pin each engine's tree
+        if cpu is not None and not urls:  # SGLang binds threads itself only on AMX/arm64: pin each engine's tree
             for i, engine in enumerate(group.engines):
                 if engine.process is not None:
                     cpu.pin(i, engine.process.pid)

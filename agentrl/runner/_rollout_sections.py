@@ -34,7 +34,10 @@ class EnginesSection(Section):
     (colocated placement on an accelerator). ``context_length`` ``None``: the model's own.
     ``boot_path``: a folder the engines serve at start-up instead of ``model.path`` (a model of the
     same shape, e.g. random weights, while the real one is still being prepared); the runner then
-    loads the trainer's weights into them before the first rollout.
+    loads the trainer's weights into them before the first rollout. ``urls``: engines already running
+    (e.g. started by hand, or shared by several runs) to use instead of starting ``count`` of them:
+    the run starts only a router over them, loads its own weights into them before the first
+    rollout, and leaves them running at the end; ``count`` must equal their number.
     """
 
     count: int = Field(default=1, ge=1)
@@ -51,6 +54,7 @@ class EnginesSection(Section):
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     boot_path: str | None = Field(default=None, min_length=1)
+    urls: tuple[str, ...] = ()
 
     def to_config(self, model_path: str, *, dtype: str = "bfloat16", device: EngineDevice = "auto",
                   release_memory: bool = False) -> EngineConfig:
@@ -71,6 +75,12 @@ class EnginesSection(Section):
     @model_validator(mode="after")
     def _converts(self) -> EnginesSection:
         self.to_config("model")
+        if self.urls and len(self.urls) != self.count:
+            raise ValueError(f"urls: {len(self.urls)} engine URLs with count={self.count}; expected count = "
+                             f"{len(self.urls)}, the number of URLs")
+        bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"urls: {bad[0]!r} is not an http(s) URL; expected e.g. 'http://127.0.0.1:30000'")
         return self
 
 

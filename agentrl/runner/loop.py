@@ -155,7 +155,8 @@ class LoopSettings:
                    checkpoint_every=config.checkpoint.every_steps, save_final=config.checkpoint.save_final,
                    save_trajectories=config.logging.save_trajectories,
                    probe_sequences=tuple(tuple(s) for s in probe_sequences), probe_bound=probe_bound,
-                   rollout_only=rollout_only, sync_at_start=config.rollout.engines.boot_path is not None,
+                   rollout_only=rollout_only,
+                   sync_at_start=config.rollout.engines.boot_path is not None or bool(config.rollout.engines.urls),
                    release_engine_memory=config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu")
 
 

@@ -1,4 +1,9 @@
-"""Fixtures shared by the integration tests: one Docker daemon for the whole session.
+"""Fixtures shared by the integration tests: one Docker daemon and one SGLang engine for the whole session.
+
+``shared_engine`` is a CPU SGLang engine serving the tiny Qwen3 in float32 (context 1024, 8,192
+KV tokens, sampling seed 0), pinned to its core like a run's own engine; whole training runs use it
+through ``rollout.engines.urls``. Each such run loads its own weights into it before its first
+rollout, so runs do not see each other's updates, and none stops it.
 
 ``docker_daemon`` uses a daemon that already answers (``DOCKER_HOST`` or the default socket); else
 it starts a private ``dockerd`` (own data root, socket and pidfile; no iptables rules, no bridge)
@@ -14,6 +19,27 @@ from collections.abc import Iterator
 import pytest
 
 from agentrl.tools.sandbox.dockerd import PrivateDockerDaemon, daemon_unavailable_reason, ping
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import asyncio
+
+    from agentrl.rollout import EngineConfig, SGLangEngine
+    from agentrl.runner.cpu import plan_cpu
+    from agentrl.testing import build_tiny_model
+
+    cpu = plan_cpu(engines=1)
+    config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", dtype="float32", context_length=1024,
+                          max_total_tokens=8192, random_seed=0, startup_timeout_s=600, env=cpu.engine_env(0),
+                          log_dir=tmp_path_factory.mktemp("shared-engine"))
+    engine = asyncio.run(SGLangEngine.launch(config))
+    try:
+        if engine.process is not None:
+            cpu.pin(0, engine.process.pid)
+        yield engine.url
+    finally:
+        engine.stop()
 
 
 @pytest.fixture(scope="session")

@@ -82,10 +82,12 @@ def _agentrl(*args: str, timeout: float = 700) -> subprocess.CompletedProcess[st
     return subprocess.run([str(exe), "train", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_train_two_steps_then_resume(tmp_path: Path) -> None:
+def test_train_two_steps_then_resume(tmp_path: Path, shared_engine: str) -> None:
+    """On the session's engine (``rollout.engines.urls``; the runner's own engine start is the
+    runner e2e test's): each run loads its weights into it before its first rollout."""
     config = _config(tmp_path)
     run = tmp_path / "run"
-    first = _agentrl(str(config), "train.seed=1", "logging.tensorboard=true")
+    first = _agentrl(str(config), "train.seed=1", "logging.tensorboard=true", f"rollout.engines.urls={shared_engine}")
     assert first.returncode == 0, first.stderr[-4000:]
     assert f"done: 2 steps; run folder {run}" in first.stdout
     # not a terminal: one plain line per step, then the one-screen summary naming the run folder
@@ -113,7 +115,7 @@ def test_train_two_steps_then_resume(tmp_path: Path) -> None:
 
     # as if killed during step 2 before its checkpoint: resume from step 1, redo step 2
     shutil.rmtree(run / "checkpoints" / "step_000002")
-    dry = _agentrl(str(run), "--resume", "--dry-run", timeout=300)
+    dry = _agentrl(str(run), "--resume", "--dry-run", timeout=300)  # the saved config holds the URL
     assert dry.returncode == 0, dry.stderr
     assert "resume from  " in dry.stdout and "dry run: nothing started" in dry.stdout
     second = _agentrl(str(run), "--resume", "--no-ray", "--quiet")

@@ -122,11 +122,13 @@ async def test_three_steps_with_disk_weight_sync_on_real_components(tmp_path: Pa
 
 
 @pytest.mark.parametrize("mode", ["one_step_off", "bounded_staleness"])
-async def test_async_modes_on_a_real_engine(tmp_path: Path, ray_two_hosts: RayTwoHosts, mode: str) -> None:
+async def test_async_modes_on_a_real_engine(tmp_path: Path, ray_two_hosts: RayTwoHosts, mode: str,
+                                            shared_engine: str) -> None:
     """one_step_off: no update lands while a request is generated (the engine's ``/v1/loads`` at
     every pause is 0) and step k trains tokens of version k-2. bounded_staleness: every update
-    pauses (``retract``) and resumes, aborts nothing, and no trained token is older than the bound."""
-    extra: dict[str, Any] = {"mode": mode, "train.steps": 4}
+    pauses (``retract``) and resumes, aborts nothing, and no trained token is older than the bound.
+    On the session's engine (``rollout.engines.urls``): the run loads its weights into it first."""
+    extra: dict[str, Any] = {"mode": mode, "train.steps": 4, "rollout.engines.urls": [shared_engine]}
     if mode == "bounded_staleness":
         extra.update({"rollout.scheduler.max_staleness": 2, "rollout.scheduler.partial_rollout": True,
                       "rollout.scheduler.over_sampling": 0.5})

@@ -65,7 +65,7 @@ class _FirstCollect(RunCallback):
             self.buffer = list(self.runner.rollout.scheduler.buffered_prompt_ids())
 
 
-def make_config(tmp_path: Path) -> RunConfig:
+def make_config(tmp_path: Path, engine_url: str) -> RunConfig:
     data = tmp_path / "train.jsonl"
     data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in make_arithmetic_rows(24, seed=0)))
     return RunConfig.from_dict({
@@ -73,7 +73,8 @@ def make_config(tmp_path: Path) -> RunConfig:
         "data": {"train": {"path": str(data), "seed": 2}},
         "environment": {"name": "toy_arithmetic"},
         "rollout": {
-            "engines": {"context_length": 1024, "max_total_tokens": 8192, "random_seed": 0, "startup_timeout_s": 600},
+            "engines": {"context_length": 1024, "max_total_tokens": 8192, "random_seed": 0, "startup_timeout_s": 600,
+                        "urls": [engine_url]},
             "sampling": {"max_new_tokens": 48, "temperature": 1.0},
             "scheduler": {"groups_per_step": 2, "group_size": 2, "over_sampling": 1.0, "partial_rollout": True},
         },
@@ -94,13 +95,9 @@ def runner_for(config: RunConfig, group: EngineGroup, *, resume: str | None = No
                   callbacks=callbacks, resume=resume)
 
 
-async def test_resume_continues_the_buffer_on_a_real_engine(tmp_path: Path) -> None:
-    config = make_config(tmp_path)
-    engine_cfg = config.engine_config()
-    import dataclasses
-
-    engine_cfg = dataclasses.replace(engine_cfg, log_dir=tmp_path / "logs")
-    group = await EngineGroup.launch([engine_cfg], config.rollout.router.to_config())
+async def test_resume_continues_the_buffer_on_a_real_engine(tmp_path: Path, shared_engine: str) -> None:
+    config = make_config(tmp_path, shared_engine)
+    group = await EngineGroup.attach(config.rollout.engines.urls, config.rollout.router.to_config())
     try:
         crashed = runner_for(config, group, callbacks=(_Crash(3),))
         with pytest.raises(_Killed):

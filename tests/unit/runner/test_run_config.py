@@ -372,3 +372,15 @@ def test_all_cross_section_problems_are_reported_together() -> None:
     assert "3 problems:" in message
     for part in ("mode='bounded_staleness'", "temperature=0", "data_parallel_size=3"):
         assert part in message
+
+
+def test_engine_urls_must_match_the_count_and_be_urls() -> None:
+    from pydantic import ValidationError
+
+    from agentrl.runner import EnginesSection
+
+    assert EnginesSection(count=2, urls=("http://127.0.0.1:1", "http://127.0.0.1:2")).urls[1] == "http://127.0.0.1:2"
+    with pytest.raises(ValidationError, match=r"urls: 2 engine URLs with count=1; expected count = 2"):
+        EnginesSection(urls=("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    with pytest.raises(ValidationError, match=r"urls: '127.0.0.1:1' is not an http\(s\) URL"):
+        EnginesSection(urls=("127.0.0.1:1",))
