@@ -1,13 +1,21 @@
 # agentrl: the two commands a newcomer runs are `make demo` and `make test` (see README.md).
 # Both run scripts/setup.sh first, which is idempotent and fast when nothing changed.
 VENV := .venv/bin
+# `make demo SEED=1`: another seed (initial weights, warm-up data, sampling); each run gets its own folder
+SEED ?= 0
+DEMO_RUN := runs/demo-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
 
 .PHONY: setup demo test lint typecheck unit
 setup:
 	bash scripts/setup.sh
 
+# The tiny CPU demo: a 2-layer Qwen3 built from scratch is warmed up on synthetic tool-use
+# conversations while the SGLang engine boots, then learns with GRPO when to call the calculator.
 demo: setup
-	$(VENV)/agentrl render examples/conversation.json --template qwen3
+	$(VENV)/python examples/demo_prepare.py --seed $(SEED)
+	$(VENV)/agentrl train examples/demo_cpu.toml train.seed=$(SEED) rollout.engines.random_seed=$(SEED) \
+		logging.run_dir=$(DEMO_RUN)
+	$(VENV)/agentrl inspect $(DEMO_RUN)
 
 lint: setup
 	$(VENV)/ruff check agentrl tools environments tests bench examples
