@@ -184,6 +184,9 @@ class TrainSection(Section):
     the megatron backend's. ``dtype``/``autocast``/... are those of :class:`TorchBackendConfig`.
     ``score_after_step``: score the batch again after the update and log the engine-vs-trainer
     mismatch after the step too (``mismatch_after/*``; one more forward pass per step).
+    ``shared_prefix``: run a prompt shared by the sequences of a micro-batch (at least
+    ``shared_prefix_min_tokens`` tokens) once and reuse its keys and values; exact (see
+    :mod:`agentrl.train.prefix`).
     """
 
     backend: TrainBackendName = "torch"
@@ -200,6 +203,8 @@ class TrainSection(Section):
     fused_lm_head: bool = False
     logprob_chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=1)
     verify_packing: bool = True
+    shared_prefix: bool = True
+    shared_prefix_min_tokens: int = Field(default=32, ge=1)
     seed: int = 0
     score_after_step: bool = False
 
@@ -216,7 +221,8 @@ class TrainSection(Section):
         return TorchBackendConfig(device=device, dtype=self.dtype, autocast=self.autocast,
                                   packing=self.to_packing_config(), loss=loss, optimizer=self.optimizer.to_config(),
                                   logprob_chunk_size=self.logprob_chunk_size, fused_lm_head=self.fused_lm_head,
-                                  verify_packing=self.verify_packing, seed=self.seed)
+                                  verify_packing=self.verify_packing, shared_prefix=self.shared_prefix,
+                                  shared_prefix_min_tokens=self.shared_prefix_min_tokens, seed=self.seed)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainSection:

@@ -65,7 +65,9 @@ class SftTrainSection(Section):
     """How long and how: ``steps`` (``None``: ``epochs`` passes over the data) optimiser steps of
     ``batch_size`` conversations each; ``steps`` larger than one pass runs further epochs.
     ``threads``: torch intra-op threads (``None``: torch's default; 1 is fastest on a small CPU
-    shared with an engine). ``log_every``: print and record metrics every that many steps."""
+    shared with an engine). ``log_every``: print and record metrics every that many steps.
+    ``shared_prefix``/``shared_prefix_min_tokens``: as in the RL run config's ``train`` section (a
+    system prompt shared by the conversations of a micro-batch runs once; exact)."""
 
     epochs: int = Field(default=1, ge=1)
     steps: int | None = Field(default=None, ge=1)
@@ -77,6 +79,8 @@ class SftTrainSection(Section):
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
     autocast: Literal["none", "bfloat16", "float16"] = "none"
     threads: int | None = Field(default=None, ge=1)
+    shared_prefix: bool = True
+    shared_prefix_min_tokens: int = Field(default=32, ge=1)
     seed: int = 0
     log_every: int = Field(default=1, ge=1)
 
@@ -112,4 +116,5 @@ class SftConfig(Section):
         t = self.train
         return TorchBackendConfig(device=t.device, dtype=t.dtype, autocast=t.autocast,
                                   packing=PackingConfig(max_tokens=t.max_tokens_per_micro_batch, algorithm=t.packing),
-                                  optimizer=t.optimizer.to_config(), seed=t.seed)
+                                  optimizer=t.optimizer.to_config(), shared_prefix=t.shared_prefix,
+                                  shared_prefix_min_tokens=t.shared_prefix_min_tokens, seed=t.seed)

@@ -3,7 +3,8 @@
 - :func:`build_training_batch` turns trajectories into :class:`TrainSequence` objects with
   per-token advantages and per-rollout denominators (fan-out aware);
 - :func:`plan_micro_batches` / :func:`collate` pack them into token-budgeted micro-batches,
-  balanced across data-parallel ranks;
+  balanced across data-parallel ranks; :func:`plan_shared_prefix_micro_batches` and
+  :func:`shared_prefix_layout` let a prompt shared by several sequences run once;
 - :class:`TorchTrainBackend` runs the step on any Hugging Face causal LM (CPU, CUDA, Ascend NPU),
   with data parallelism over ``torch.distributed``, checkpoints and Hugging Face export.
 """

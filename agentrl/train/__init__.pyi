@@ -35,6 +35,12 @@ from .packing import (
     partition_for_ranks,
     plan_micro_batches,
 )
+from .prefix import (
+    PrefixLayout,
+    common_prefix_length,
+    plan_shared_prefix_micro_batches,
+    shared_prefix_layout,
+)
 from .torch_backend import (
     NonFiniteLossError,
     TorchTrainBackend,
@@ -48,6 +54,7 @@ __all__ = [
     "NonFiniteLossError",
     "OptimizerConfig",
     "PackingConfig",
+    "PrefixLayout",
     "StepCounts",
     "TorchBackendConfig",
     "TorchTrainBackend",
@@ -57,6 +64,7 @@ __all__ = [
     "all_reduce_sum",
     "build_training_batch",
     "collate",
+    "common_prefix_length",
     "device_module",
     "distributed_backend",
     "init_process_group",
@@ -64,6 +72,8 @@ __all__ = [
     "pack_indices",
     "partition_for_ranks",
     "plan_micro_batches",
+    "plan_shared_prefix_micro_batches",
     "resolve_device",
     "sft_objective",
+    "shared_prefix_layout",
 ]

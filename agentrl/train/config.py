@@ -159,6 +159,11 @@ class TorchBackendConfig:
     states and the output embedding, never building the ``[tokens, vocab]`` logits (checked against
     the model's own logits on start; entropy is then a metric only). ``verify_packing``: on start, check that the model attends
     within packed sequences only (a model without packed-sequence support would silently mix them).
+    ``shared_prefix``: when the sequences of a micro-batch share at least ``shared_prefix_min_tokens``
+    leading tokens (a group's prompt), run that prefix once and reuse its keys and values for every
+    sequence, in scoring and in the training step; plan micro-batches so that such sequences land
+    together (:mod:`agentrl.train.prefix`). Exact: the same losses and gradients as the plain path,
+    up to float rounding (checked on a probe on start).
     """
 
     device: str = "auto"
@@ -170,6 +175,8 @@ class TorchBackendConfig:
     logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
     fused_lm_head: bool = False
     verify_packing: bool = True
+    shared_prefix: bool = True
+    shared_prefix_min_tokens: int = 32
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -179,6 +186,10 @@ class TorchBackendConfig:
                  "'none', 'bfloat16' or 'float16'")
         _require(not (self.fused_lm_head and self.loss.entropy_coef > 0), "fused_lm_head", self.fused_lm_head,
                  "False when loss.entropy_coef > 0 (the fused path has no entropy gradient)")
+        _require(isinstance(self.shared_prefix, bool), "shared_prefix", self.shared_prefix, "True or False")
+        _require(isinstance(self.shared_prefix_min_tokens, int) and self.shared_prefix_min_tokens >= 1,
+                 "shared_prefix_min_tokens", self.shared_prefix_min_tokens,
+                 "a positive integer (the shortest common prefix worth running once)")
         _require(self.logprob_chunk_size > 0, "logprob_chunk_size", self.logprob_chunk_size, "a positive integer")
 
     @property

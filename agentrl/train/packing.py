@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from agentrl.train.batching import TrainSequence
 from agentrl.train.config import PackingConfig
+
+if TYPE_CHECKING:
+    from agentrl.train.prefix import PrefixLayout
 
 __all__ = ["MicroBatch", "collate", "pack_indices", "partition_for_ranks", "plan_micro_batches"]
 
@@ -97,6 +101,8 @@ class MicroBatch:
     same sequence: ``target_ids``, ``loss_mask``, ``advantages``, the logprobs and ``denominators``
     all refer to that next token. The last token of each sequence is not an input.
     ``sequence_ids`` numbers the sequences of this row 0..k-1; ``indices`` are their batch indices.
+    ``prefix``: when set, the scorer runs the sequences' shared prefix once (see
+    :mod:`agentrl.train.prefix`); every tensor above keeps the packed layout either way.
     """
 
     input_ids: torch.Tensor
@@ -110,6 +116,7 @@ class MicroBatch:
     indices: list[int]
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    prefix: PrefixLayout | None = None
 
     @property
     def num_tokens(self) -> int:

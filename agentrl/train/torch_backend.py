@@ -35,6 +35,7 @@ from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum, barrier
 from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
 from agentrl.train.packing import MicroBatch, collate, plan_micro_batches
+from agentrl.train.prefix import plan_shared_prefix_micro_batches, shared_prefix_layout
 from agentrl.train.scoring import TokenScorer
 
 __all__ = ["NonFiniteLossError", "TorchTrainBackend"]
@@ -100,6 +101,8 @@ class TorchTrainBackend:
             self.scorer.verify_packing(self.model, self.vocab_rows)
         if self.config.fused_lm_head:
             self.scorer.verify_fused(self.model, self.vocab_rows)
+        if self.config.shared_prefix:
+            self.scorer.verify_shared_prefix(self.model, self.vocab_rows)
 
     @classmethod
     def from_pretrained(
@@ -132,14 +135,28 @@ class TorchTrainBackend:
                     f"batch.sequences[{i}].tokens: id {bad[0]} (rollout {seq.rollout_id!r}) is outside the model's "
                     f"vocabulary [0, {self.vocab_rows}); tokenizer and model do not match"
                 )
-        if micro_batches is None:
+        cfg = self.config
+        if micro_batches is None and cfg.shared_prefix:
+            micro_batches = plan_shared_prefix_micro_batches(
+                [s.tokens for s in batch.sequences], cfg.packing, min_prefix=cfg.shared_prefix_min_tokens,
+                world_size=self.dist.world_size, rank=self.dist.rank)
+        elif micro_batches is None:
             lengths = [len(s.tokens) - 1 for s in batch.sequences]
-            micro_batches = plan_micro_batches(lengths, self.config.packing, world_size=self.dist.world_size,
+            micro_batches = plan_micro_batches(lengths, cfg.packing, world_size=self.dist.world_size,
                                                rank=self.dist.rank)
         float_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         # A one-token sequence has nothing to score (and nothing to train); it only counts as a rollout.
         scored = [[i for i in idx if len(batch.sequences[i].tokens) > 1] for idx in micro_batches]
-        return [collate(batch.sequences, idx, dtype=float_dtype, device=self.device) for idx in scored if idx]
+        mbs = []
+        for idx in scored:
+            if not idx:
+                continue
+            mb = collate(batch.sequences, idx, dtype=float_dtype, device=self.device)
+            if cfg.shared_prefix:
+                mb.prefix = shared_prefix_layout([batch.sequences[i].tokens for i in idx],
+                                                 min_prefix=cfg.shared_prefix_min_tokens, device=self.device)
+            mbs.append(mb)
+        return mbs
 
     def compute_logprobs(self, batch: TrainingBatch, *, reference: bool = False) -> list[list[float]]:
         """Per sequence, position-aligned logprobs of its tokens (entry 0 is 0.0) under the current
@@ -153,8 +170,7 @@ class TorchTrainBackend:
         for n in lengths:
             offsets.append(offsets[-1] + max(n, 0))
         flat = torch.zeros(offsets[-1], dtype=torch.float64, device=self.device)
-        plan = plan_micro_batches(lengths, self.config.packing, world_size=self.dist.world_size, rank=self.dist.rank)
-        for mb in self._plan(batch, plan):
+        for mb in self._plan(batch, None):
             for idx, piece in zip(mb.indices, mb.split(self.scorer.logprobs(model, mb)), strict=True):
                 flat[offsets[idx]: offsets[idx + 1]] = piece.double()
         flat = all_reduce_sum(flat).cpu()
@@ -207,7 +223,8 @@ class TorchTrainBackend:
                 sums[name] = sums.get(name, torch.zeros((), dtype=torch.float64)) + value.double().cpu()
             sums["loss"] = sums.get("loss", torch.zeros((), dtype=torch.float64)) + loss.detach().double().cpu()
         all_reduce_gradients(self.model.parameters())
-        return self._finish_metrics(sums, bad, len(mbs), sum(mb.num_tokens for mb in mbs), objective)
+        run = sum(mb.prefix.num_tokens if mb.prefix is not None else mb.num_tokens for mb in mbs)
+        return self._finish_metrics(sums, bad, len(mbs), (sum(mb.num_tokens for mb in mbs), run), objective)
 
     def _micro_batch(self, mb: MicroBatch, counts: StepCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config.loss
@@ -241,7 +258,7 @@ class TorchTrainBackend:
         }
 
     def _finish_metrics(
-        self, sums: dict[str, torch.Tensor], bad: dict[str, Any] | None, n_mbs: int, n_tokens: int,
+        self, sums: dict[str, torch.Tensor], bad: dict[str, Any] | None, n_mbs: int, n_tokens: tuple[int, int],
         objective: Objective = "policy",
     ) -> dict[str, float]:
         # Every rank takes part in the same collectives: the names are fixed by the config and the objective.
@@ -253,7 +270,8 @@ class TorchTrainBackend:
         vec = torch.stack([sums.get(n, torch.zeros((), dtype=torch.float64)) for n in names]
                           + [torch.tensor(float(bad is not None), dtype=torch.float64),
                              torch.tensor(float(n_mbs), dtype=torch.float64),
-                             torch.tensor(float(n_tokens), dtype=torch.float64)])
+                             torch.tensor(float(n_tokens[0]), dtype=torch.float64),
+                             torch.tensor(float(n_tokens[1]), dtype=torch.float64)])
         vec = all_reduce_sum(vec.to(self.device)).cpu()
         if bad is not None or float(vec[len(names)]) > 0 or not bool(torch.isfinite(vec[: len(names)]).all()):
             self.optimizer.zero_grad(set_to_none=True)
@@ -264,6 +282,7 @@ class TorchTrainBackend:
         metrics = {name: float(vec[i]) for i, name in enumerate(names)}
         metrics["micro_batches"] = float(vec[len(names) + 1])
         metrics["packed_tokens"] = float(vec[len(names) + 2])
+        metrics["forward_tokens"] = float(vec[len(names) + 3])  # fewer than packed_tokens with shared prefixes
         return metrics
 
     def optim_step(self) -> dict[str, float]:

@@ -89,7 +89,8 @@ def test_a_mistake_is_one_line_exit_2_without_traceback(workdir: Path) -> None:
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: train.stpes: unknown key 'stpes' in section [train]; did you mean 'steps'")
     assert line.endswith("(valid keys: autocast, batch_size, device, dtype, epochs, log_every, "
-                         "max_tokens_per_micro_batch, optimizer, packing, seed, steps, threads)")
+                         "max_tokens_per_micro_batch, optimizer, packing, seed, shared_prefix, shared_prefix_min_tokens, "
+                         "steps, threads)")
 
 
 def _write(path: Path, text: str) -> Path:
