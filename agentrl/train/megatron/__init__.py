@@ -5,6 +5,7 @@ it). Everything device-specific goes through :mod:`agentrl.train.device`; on a C
 megatron-core needs a test-only shim (see the tests), so CPU use is for tests.
 """
 
+from agentrl.train.megatron.backend import MegatronTrainBackend
 from agentrl.train.megatron.config import MegatronBackendConfig
 from agentrl.train.megatron.convert import ParamMapping, merge_shards, shard_for_rank, stage_mapping
 from agentrl.train.megatron.forward import block_causal_mask, packed_forward
@@ -15,11 +16,14 @@ from agentrl.train.megatron.qwen3 import (
     check_transformer_config,
     transformer_config,
 )
+from agentrl.train.megatron.state import MegatronCheckpointer
 from agentrl.train.megatron.vocab_parallel import vocab_parallel_logprobs
 from agentrl.train.megatron.weights import hf_weight_shapes, iter_hf_weights, load_hf_weights, read_hf_state
 
 __all__ = [
     "MegatronBackendConfig",
+    "MegatronCheckpointer",
+    "MegatronTrainBackend",
     "ParallelLayout",
     "ParamMapping",
     "Qwen3Spec",
