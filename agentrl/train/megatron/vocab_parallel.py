@@ -73,9 +73,10 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
             shift[lo:hi], log_sum[lo:hi], expect[lo:hi] = m, log_s, e_shifted + m
         ctx.save_for_backward(logits, target, shift, log_sum, expect)
         ctx.settings = (start, valid_vocab, temperature, chunk_size)
+        out_logprobs, out_entropy = logprobs.clone(), entropy.clone()  # not views of one buffer
         if not entropy_grad:
-            ctx.mark_non_differentiable(entropy)
-        return logprobs.clone(), entropy.clone()
+            ctx.mark_non_differentiable(out_entropy)
+        return out_logprobs, out_entropy
 
     @staticmethod
     def backward(ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None) -> Any:
