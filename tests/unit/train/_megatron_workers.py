@@ -8,6 +8,7 @@ backend references itself (it has no process group, so the torch backend is sing
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from pathlib import Path
@@ -79,8 +80,13 @@ def _gather_logits(backend: Any) -> torch.Tensor | None:
     return torch.cat(parts, dim=-1)
 
 
-def scenario(tp: int, pp: int, tied: bool, steps: tuple[str, ...], *, checkpoint_dir: Path | None = None,
-             ) -> dict[str, Any]:
+def loss_config(kl: bool) -> LossConfig:
+    """The shared loss, or with a KL penalty to the frozen initial weights (reference logprobs)."""
+    return dataclasses.replace(LOSS, kl_loss_coef=0.1) if kl else LOSS
+
+
+def scenario(tp: int, pp: int, tied: bool, steps: tuple[str, ...], *, kl: bool = False,
+             checkpoint_dir: Path | None = None) -> dict[str, Any]:
     """Build, export (round trip), score, train ``steps`` batches, export again; optionally check resume."""
     from megatron.core import parallel_state
 
@@ -89,8 +95,8 @@ def scenario(tp: int, pp: int, tied: bool, steps: tuple[str, ...], *, checkpoint
     model = hf_model(tied)
     config = MegatronBackendConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, device="cpu",
                                    make_vocab_size_divisible_by=VOCAB_MULTIPLE,
-                                   packing=PACKING, loss=LOSS, optimizer=OPTIMIZER)
-    backend = MegatronTrainBackend(model.state_dict(), model.config, config)
+                                   packing=PACKING, loss=loss_config(kl), optimizer=OPTIMIZER)
+    backend = MegatronTrainBackend(model.state_dict(), model.config, config, with_ref_model=kl)
     out: dict[str, Any] = {"padded_vocab": backend.padded_vocab}
     out["export0"] = {k: v.clone() for k, v in backend.named_weights()}
     out["logits"] = _gather_logits(backend)

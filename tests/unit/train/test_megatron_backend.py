@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from _megatron_workers import LOSS, OPTIMIZER, PACKING, batches, hf_model, launch, probe_row
+from _megatron_workers import OPTIMIZER, PACKING, batches, hf_model, launch, loss_config, probe_row
 
 from agentrl.train import TorchBackendConfig, TorchTrainBackend
 
@@ -27,6 +27,7 @@ pytestmark = [
 LAYOUTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     2: [("tp2pp1-tied", {"tp": 2, "pp": 1, "tied": True, "steps": ("full", "masked"), "checkpoint": True}),
         ("tp2pp1-untied", {"tp": 2, "pp": 1, "tied": False, "steps": ("full", "masked")}),
+        ("tp2pp1-kl", {"tp": 2, "pp": 1, "tied": True, "steps": ("full", "full"), "kl": True}),
         ("tp1pp2-tied", {"tp": 1, "pp": 2, "tied": True, "steps": ("full", "masked")}),
         ("tp1pp2-untied", {"tp": 1, "pp": 2, "tied": False, "steps": ("full", "masked")}),
         ("dp2-tied", {"tp": 1, "pp": 1, "tied": True, "steps": ("full", "masked", "single")}),
@@ -62,15 +63,16 @@ def _settings(key: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def torch_reference() -> dict[tuple[bool, tuple[str, ...]], dict[str, Any]]:
+def torch_reference() -> dict[tuple[bool, tuple[str, ...], bool], dict[str, Any]]:
     """The torch backend (one process, float32) on the same weights and batches."""
-    cache: dict[tuple[bool, tuple[str, ...]], dict[str, Any]] = {}
+    cache: dict[tuple[bool, tuple[str, ...], bool], dict[str, Any]] = {}
 
-    class Lazy(dict[tuple[bool, tuple[str, ...]], dict[str, Any]]):
-        def __missing__(self, key: tuple[bool, tuple[str, ...]]) -> dict[str, Any]:
-            tied, steps = key
+    class Lazy(dict[tuple[bool, tuple[str, ...], bool], dict[str, Any]]):
+        def __missing__(self, key: tuple[bool, tuple[str, ...], bool]) -> dict[str, Any]:
+            tied, steps, kl = key
             backend = TorchTrainBackend(hf_model(tied), TorchBackendConfig(
-                device="cpu", dtype="float32", packing=PACKING, loss=LOSS, optimizer=OPTIMIZER))
+                device="cpu", dtype="float32", packing=PACKING, loss=loss_config(kl), optimizer=OPTIMIZER),
+                ref_model=hf_model(tied) if kl else None)
             data = batches()
             out: dict[str, Any] = {"logprobs": backend.compute_logprobs(data["full"])}
             out["metrics"] = []
@@ -112,20 +114,23 @@ def test_logits_match_hugging_face(results: dict[str, Any], key: str) -> None:
 @pytest.mark.parametrize("key", ALL)
 def test_logprobs_match_torch_backend(results: dict[str, Any], torch_reference: Any, key: str) -> None:
     s = _settings(key)
-    want = torch_reference[(s["tied"], s["steps"])]["logprobs"]
+    want = torch_reference[(s["tied"], s["steps"], s.get("kl", False))]["logprobs"]
     assert _max_diff(results[key]["logprobs"], want) <= 1e-5
 
 
 @pytest.mark.parametrize("key", ALL)
 def test_train_steps_match_torch_backend(results: dict[str, Any], torch_reference: Any, key: str) -> None:
     s = _settings(key)
-    ref = torch_reference[(s["tied"], s["steps"])]
+    ref = torch_reference[(s["tied"], s["steps"], s.get("kl", False))]
     for got, want in zip(results[key]["metrics"], ref["metrics"], strict=True):
         packing = () if key.startswith("dp") else ("micro_batches", "packed_tokens")
-        for name in ("loss", "pg_loss", "entropy", "clipfrac", *packing):  # DP packs per rank
+        kl = ("kl",) if s.get("kl") else ()
+        for name in ("loss", "pg_loss", "entropy", "clipfrac", *kl, *packing):  # DP packs per rank
             assert abs(got[name] - want[name]) <= 1e-5, (name, got[name], want[name])
         assert abs(got["grad_norm"] - want["grad_norm"]) <= 1e-5 * max(1.0, want["grad_norm"])
     assert results[key]["metrics"][0]["loss"] != 0.0
+    if s.get("kl"):  # the second step is off the reference: a non-zero KL from the reference logprobs
+        assert results[key]["metrics"][1]["kl"] > 0.0
     for step in range(1, len(s["steps"]) + 1):
         got_w, want_w = results[key][f"export_after_{step}"], ref[f"weights_after_{step}"]
         err = max(float((tensor - want_w[name]).abs().max()) for name, tensor in got_w.items())
