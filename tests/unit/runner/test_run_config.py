@@ -372,3 +372,15 @@ def test_all_cross_section_problems_are_reported_together() -> None:
     assert "3 problems:" in message
     for part in ("mode='bounded_staleness'", "temperature=0", "data_parallel_size=3"):
         assert part in message
+
+
+def test_megatron_backend_config_from_the_run_config() -> None:
+    config = make(train={"backend": "megatron", "tensor_parallel_size": 2, "data_parallel_size": 1,
+                         "dtype": "bfloat16", "max_tokens_per_micro_batch": 512},
+                  cluster={"accelerator": "gpu", "trainer_accelerators": 2, "placement": "disaggregated"})
+    mc = config.megatron_backend_config()
+    assert (mc.tensor_parallel_size, mc.pipeline_parallel_size, mc.dtype, mc.packing.max_tokens) == (2, 1, "bfloat16", 512)
+    assert mc.loss == config.loss_config() and mc.device == config.cluster.train_device
+    assert "dtype='float64' with backend='megatron'" in error_of(train={"backend": "megatron", "dtype": "float64"})
+    with pytest.raises(ValueError, match="is for backend 'megatron'"):
+        make().megatron_backend_config()
