@@ -106,11 +106,14 @@ def scenario(tp: int, pp: int, tied: bool, steps: tuple[str, ...], *, kl: bool =
     for i, name in enumerate(steps):
         if checkpoint_dir is not None and i == len(steps) - 1:
             backend.save_checkpoint(checkpoint_dir)
-        out["metrics"].append(backend.train_step(data[name]))
+        # "sft-<batch>": a supervised step on that batch; otherwise an RL step
+        step = backend.sft_step if name.startswith("sft-") else backend.train_step
+        out["metrics"].append(step(data[name.removeprefix("sft-")]))
         out[f"export_after_{i + 1}"] = {k: v.clone() for k, v in backend.named_weights()}
     out["export1"] = out[f"export_after_{len(steps)}"]
     if checkpoint_dir is not None:  # resume before the last step and redo it: the same weights, bitwise
         backend.load_checkpoint(checkpoint_dir)
+        assert not steps[-1].startswith("sft-")
         out["resumed_metrics"] = backend.train_step(data[steps[-1]])
         out["resumed"] = {k: v.clone() for k, v in backend.named_weights()}
     del backend

@@ -2,7 +2,8 @@
 
 One spawned launch per world size runs every layout of that size (see ``_megatron_workers``):
 world 2: TP2, PP2 and DP2 (TP1·PP1 replicas), tied and untied each, DP2 also with an idle and a
-loss-free rank; world 4: TP2·PP2 (tied and untied). The tests below only read the results.
+loss-free rank, TP2 also with a KL loss and with a supervised step; world 4: TP2·PP2 (tied and
+untied) and PP2·DP2. The tests below only read the results.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ pytestmark = [
 # TP=1·PP=1 runs as DP=2 (each replica is one rank): a world-1 launch would cost another ~15 s of imports.
 LAYOUTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     2: [("tp2pp1-tied", {"tp": 2, "pp": 1, "tied": True, "steps": ("full", "masked"), "checkpoint": True}),
-        ("tp2pp1-untied", {"tp": 2, "pp": 1, "tied": False, "steps": ("full", "masked")}),
+        ("tp2pp1-untied", {"tp": 2, "pp": 1, "tied": False, "steps": ("full", "masked", "sft-full")}),
         ("tp2pp1-kl", {"tp": 2, "pp": 1, "tied": True, "steps": ("full", "full"), "kl": True}),
         ("tp1pp2-tied", {"tp": 1, "pp": 2, "tied": True, "steps": ("full", "masked")}),
         ("tp1pp2-untied", {"tp": 1, "pp": 2, "tied": False, "steps": ("full", "masked")}),
         ("dp2-tied", {"tp": 1, "pp": 1, "tied": True, "steps": ("full", "masked", "single")}),
         ("dp2-untied", {"tp": 1, "pp": 1, "tied": False, "steps": ("full", "masked")})],
     4: [("tp2pp2-tied", {"tp": 2, "pp": 2, "tied": True, "steps": ("full", "masked")}),
-        ("tp2pp2-untied", {"tp": 2, "pp": 2, "tied": False, "steps": ("full", "masked")})],
+        ("tp2pp2-untied", {"tp": 2, "pp": 2, "tied": False, "steps": ("full", "masked")}),
+        ("tp1pp2dp2-tied", {"tp": 1, "pp": 2, "tied": True, "steps": ("full", "masked", "single")})],
 }
 TIMEOUT_S = {2: 240.0, 4: 300.0}
 ALL = [key for plan in LAYOUTS.values() for key, _ in plan]
@@ -64,23 +66,33 @@ def _settings(key: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def torch_reference() -> dict[tuple[bool, tuple[str, ...], bool], dict[str, Any]]:
-    """The torch backend (one process, float32) on the same weights and batches."""
-    cache: dict[tuple[bool, tuple[str, ...], bool], dict[str, Any]] = {}
+    """The torch backend (one process, float32) on the same weights and batches. One run per
+    (tied, kl) on the longest step list of that kind; shorter lists are its prefixes."""
+    cache: dict[tuple[bool, bool], dict[str, Any]] = {}
+
+    def run(tied: bool, kl: bool) -> dict[str, Any]:
+        steps = max((kw["steps"] for kw in (_settings(k) for k in ALL)
+                     if kw["tied"] == tied and kw.get("kl", False) == kl), key=len)
+        backend = TorchTrainBackend(hf_model(tied), TorchBackendConfig(
+            device="cpu", dtype="float32", packing=PACKING, loss=loss_config(kl), optimizer=OPTIMIZER),
+            ref_model=hf_model(tied) if kl else None)
+        data = batches()
+        out: dict[str, Any] = {"steps": steps, "logprobs": backend.compute_logprobs(data["full"]), "metrics": []}
+        for i, name in enumerate(steps):
+            step = backend.sft_step if name.startswith("sft-") else backend.train_step
+            out["metrics"].append(step(data[name.removeprefix("sft-")]))
+            out[f"weights_after_{i + 1}"] = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+        return out
 
     class Lazy(dict[tuple[bool, tuple[str, ...], bool], dict[str, Any]]):
         def __missing__(self, key: tuple[bool, tuple[str, ...], bool]) -> dict[str, Any]:
             tied, steps, kl = key
-            backend = TorchTrainBackend(hf_model(tied), TorchBackendConfig(
-                device="cpu", dtype="float32", packing=PACKING, loss=loss_config(kl), optimizer=OPTIMIZER),
-                ref_model=hf_model(tied) if kl else None)
-            data = batches()
-            out: dict[str, Any] = {"logprobs": backend.compute_logprobs(data["full"])}
-            out["metrics"] = []
-            for i, name in enumerate(steps):
-                out["metrics"].append(backend.train_step(data[name]))
-                out[f"weights_after_{i + 1}"] = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
-            cache[key] = out
-            return out
+            if (tied, kl) not in cache:
+                cache[(tied, kl)] = run(tied, kl)
+            full = cache[(tied, kl)]
+            if full["steps"][: len(steps)] != steps:  # a different step list of the same kind: its own run
+                raise AssertionError(f"no shared torch reference for steps {steps}; got {full['steps']}")
+            return {**full, "metrics": full["metrics"][: len(steps)]}
 
     return Lazy()
 
@@ -123,9 +135,10 @@ def test_train_steps_match_torch_backend(results: dict[str, Any], torch_referenc
     s = _settings(key)
     ref = torch_reference[(s["tied"], s["steps"], s.get("kl", False))]
     for got, want in zip(results[key]["metrics"], ref["metrics"], strict=True):
-        packing = () if key.startswith("dp") else ("micro_batches", "packed_tokens")
+        packing = () if "dp" in key else ("micro_batches", "packed_tokens")
         kl = ("kl",) if s.get("kl") else ()
-        for name in ("loss", "pg_loss", "entropy", "clipfrac", *kl, *packing):  # DP packs per rank
+        names = ("loss",) if "pg_loss" not in want else ("loss", "pg_loss", "entropy", "clipfrac", *kl)
+        for name in (*names, *packing):  # DP packs per rank
             assert abs(got[name] - want[name]) <= 1e-5, (name, got[name], want[name])
         assert abs(got["grad_norm"] - want["grad_norm"]) <= 1e-5 * max(1.0, want["grad_norm"])
     assert results[key]["metrics"][0]["loss"] != 0.0
@@ -142,7 +155,8 @@ def test_train_steps_match_torch_backend(results: dict[str, Any], torch_referenc
 
 @pytest.mark.parametrize(("parallel", "serial"), [("tp2pp1-tied", "dp2-tied"), ("tp2pp1-untied", "dp2-untied"),
                                                   ("tp1pp2-tied", "dp2-tied"), ("tp1pp2-untied", "dp2-untied"),
-                                                  ("tp2pp2-tied", "dp2-tied"), ("tp2pp2-untied", "dp2-untied")])
+                                                  ("tp2pp2-tied", "dp2-tied"), ("tp2pp2-untied", "dp2-untied"),
+                                                  ("tp1pp2dp2-tied", "dp2-tied")])
 def test_parallel_layouts_equal_tp1_pp1(results: dict[str, Any], parallel: str, serial: str) -> None:
     a, b = results[parallel], results[serial]
     assert _max_diff(a["logprobs"], b["logprobs"]) <= 1e-5
@@ -165,7 +179,8 @@ def test_resume_from_checkpoint_repeats_the_step_bitwise(results: dict[str, Any]
         assert torch.equal(r["resumed"][name], tensor), name
 
 
-def test_data_parallel_with_an_idle_and_a_loss_free_rank(results: dict[str, Any]) -> None:
-    r = results["dp2-tied"]  # "masked": one DP rank trains only a rollout without trainable tokens;
+@pytest.mark.parametrize("key", ["dp2-tied", "tp1pp2dp2-tied"])
+def test_data_parallel_with_an_idle_and_a_loss_free_rank(results: dict[str, Any], key: str) -> None:
+    r = results[key]  # "masked": one DP rank trains only a rollout without trainable tokens;
     assert len(r["metrics"]) == 3  # "single": one DP rank has no sequence at all — neither hangs
     assert r["metrics"][2]["micro_batches"] == 1.0
