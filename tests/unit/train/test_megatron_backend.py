@@ -120,14 +120,18 @@ def test_logits_match_hugging_face(results: dict[str, Any], key: str) -> None:
     got = results[key]["logits"]
     vocab = want.shape[-1]
     assert got.shape[-1] == results[key]["padded_vocab"] >= vocab
-    assert float((got[:, :vocab] - want).abs().max()) <= 1e-5
+    err = float((got[:, :vocab] - want).abs().max())
+    print(f"{key}: max |logit - HF| {err:.2e}")
+    assert err <= 1e-5
 
 
 @pytest.mark.parametrize("key", ALL)
 def test_logprobs_match_torch_backend(results: dict[str, Any], torch_reference: Any, key: str) -> None:
     s = _settings(key)
     want = torch_reference[(s["tied"], s["steps"], s.get("kl", False))]["logprobs"]
-    assert _max_diff(results[key]["logprobs"], want) <= 1e-5
+    err = _max_diff(results[key]["logprobs"], want)
+    print(f"{key}: max |logprob - torch backend (HF)| {err:.2e}")
+    assert err <= 1e-5
 
 
 @pytest.mark.parametrize("key", ALL)
@@ -147,6 +151,7 @@ def test_train_steps_match_torch_backend(results: dict[str, Any], torch_referenc
     for step in range(1, len(s["steps"]) + 1):
         got_w, want_w = results[key][f"export_after_{step}"], ref[f"weights_after_{step}"]
         err = max(float((tensor - want_w[name]).abs().max()) for name, tensor in got_w.items())
+        print(f"{key}: after step {step}, max |weight - torch backend| {err:.2e}")
         assert err <= 1e-5, (step, err)
     moved = max(float((results[key]["export1"][n] - results[key]["export0"][n]).abs().max())
                 for n in results[key]["export0"])
