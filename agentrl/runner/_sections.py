@@ -17,6 +17,7 @@ from agentrl.rollout.eval import EvalConfig
 from agentrl.runner._base import Section
 from agentrl.runner._rollout_sections import SamplingSection
 from agentrl.train.config import LossConfig, OptimizerConfig, PackingConfig, TorchBackendConfig
+from agentrl.train.megatron.config import MegatronBackendConfig
 
 __all__ = ["CheckpointSection", "ClusterSection", "DataSection", "DatasetSection", "EnvironmentSection",
            "EvalDatasetSection", "LoggingSection", "ModelSection", "OptimizerSection", "TrainSection"]
@@ -224,8 +225,21 @@ class TrainSection(Section):
                                   verify_packing=self.verify_packing, shared_prefix=self.shared_prefix,
                                   shared_prefix_min_tokens=self.shared_prefix_min_tokens, seed=self.seed)
 
+    def to_megatron_config(self, loss: LossConfig, *, device: str = "auto") -> MegatronBackendConfig:
+        """The megatron backend's config with the objective ``loss``."""
+        if self.dtype == "float64":
+            raise ValueError("dtype='float64' with backend='megatron': megatron-core trains in float32, "
+                             "bfloat16 or float16")
+        return MegatronBackendConfig(tensor_parallel_size=self.tensor_parallel_size,
+                                     pipeline_parallel_size=self.pipeline_parallel_size, device=device,
+                                     dtype=self.dtype, packing=self.to_packing_config(), loss=loss,
+                                     optimizer=self.optimizer.to_config(), logprob_chunk_size=self.logprob_chunk_size,
+                                     seed=self.seed)
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainSection:
+        if self.backend == "megatron" and self.dtype == "float64":
+            raise ValueError("dtype='float64' with backend='megatron': expected 'float32', 'bfloat16' or 'float16'")
         if self.backend == "torch" and (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1):
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}, pipeline_parallel_size="
                              f"{self.pipeline_parallel_size} with backend='torch': the torch backend is data-"

@@ -54,6 +54,7 @@ from agentrl.runner._sync_section import SyncSection
 from agentrl.runner._warmup_section import WarmupSection
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.train.config import BatchingConfig, LossConfig, TorchBackendConfig
+from agentrl.train.megatron.config import MegatronBackendConfig
 
 __all__ = ["HASH_EXCLUDED", "RunConfig"]
 
@@ -140,3 +141,11 @@ class RunConfig(Section):
         if self.train.backend != "torch":
             raise ValueError(f"train.backend={self.train.backend!r}: torch_backend_config() is for backend 'torch'")
         return self.train.to_torch_config(self.loss_config(), device=device or self.cluster.train_device)
+
+    def megatron_backend_config(self, device: str | None = None) -> MegatronBackendConfig:
+        """The megatron backend's config (TP/PP sizes from the train section; the rest of the world is
+        data parallel); ``device`` ``None``: the cluster's accelerator kind."""
+        if self.train.backend != "megatron":
+            raise ValueError(f"train.backend={self.train.backend!r}: megatron_backend_config() is for backend "
+                             "'megatron'")
+        return self.train.to_megatron_config(self.loss_config(), device=device or self.cluster.train_device)

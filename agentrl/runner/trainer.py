@@ -32,6 +32,7 @@ import torch
 
 from agentrl.runner.probe import logprob_mismatch
 from agentrl.train.batching import TrainingBatch, TrainSequence
+from agentrl.train.megatron.backend import MegatronTrainBackend
 from agentrl.train.torch_backend import TorchTrainBackend
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ __all__ = ["TrainService"]
 class TrainService:
     """One trainer rank. ``total_steps`` bounds a cosine schedule without ``decay_steps``."""
 
-    def __init__(self, backend: TorchTrainBackend, optimizer: OptimizerSection | None = None, *,
+    def __init__(self, backend: TorchTrainBackend | MegatronTrainBackend, optimizer: OptimizerSection | None = None, *,
                  total_steps: int | None = None, score_after_step: bool = False) -> None:
         self.backend = backend
         self.score_after_step = score_after_step
@@ -57,15 +58,21 @@ class TrainService:
 
     @classmethod
     def from_config(cls, config: RunConfig, *, threads: int | None = None) -> TrainService:
-        """The torch backend on ``config.model.path`` with the run's loss, optimiser and packing.
+        """The run's train backend (``train.backend``: torch or megatron) on ``config.model.path`` with
+        the run's loss, optimiser and packing. For megatron, ``torch.distributed`` is already
+        initialised over the ``dp × tp × pp`` train ranks (the train group does it); every rank
+        builds its service.
 
         ``threads``: ``torch.set_num_threads`` for this process (on a CPU machine the runner gives
         the trainer its share of the cores; oversubscription made a step 7× slower)."""
         if threads is not None:
             torch.set_num_threads(threads)
-        if config.train.backend != "torch":
-            raise ValueError(f"train.backend={config.train.backend!r}: this trainer service builds the torch "
-                             "backend; the megatron backend plugs in through the same methods")
+        backend: TorchTrainBackend | MegatronTrainBackend
+        if config.train.backend == "megatron":
+            backend = MegatronTrainBackend.from_pretrained(
+                config.model.path, config.megatron_backend_config(), with_ref_model=config.algorithm.kl_coef > 0)
+            return cls(backend, config.train.optimizer, total_steps=config.train.steps,
+                       score_after_step=config.train.score_after_step)
         backend = TorchTrainBackend.from_pretrained(
             config.model.path, config.torch_backend_config(),
             with_ref_model=config.algorithm.kl_coef > 0)
@@ -144,9 +151,10 @@ class TrainService:
         return self.backend.compute_logprobs(TrainingBatch.from_sequences(fake))
 
     def digest(self) -> str:
-        """SHA-256 over every weight's bytes, in name order: equal iff the weights are bitwise equal."""
+        """SHA-256 over every weight's bytes, in name order: equal iff the weights are bitwise equal
+        (collective for megatron: every rank must call it)."""
         h = hashlib.sha256()
-        for name, tensor in sorted(self.backend.model.state_dict().items()):
+        for name, tensor in sorted(self.backend.named_weights(), key=lambda item: item[0]):
             h.update(name.encode())
             h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()

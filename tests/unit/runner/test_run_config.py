@@ -384,3 +384,15 @@ def test_engine_urls_must_match_the_count_and_be_urls() -> None:
         EnginesSection(urls=("http://127.0.0.1:1", "http://127.0.0.1:2"))
     with pytest.raises(ValidationError, match=r"urls: '127.0.0.1:1' is not an http\(s\) URL"):
         EnginesSection(urls=("127.0.0.1:1",))
+
+
+def test_megatron_backend_config_from_the_run_config() -> None:
+    config = make(train={"backend": "megatron", "tensor_parallel_size": 2, "data_parallel_size": 1,
+                         "dtype": "bfloat16", "max_tokens_per_micro_batch": 512},
+                  cluster={"accelerator": "gpu", "trainer_accelerators": 2, "placement": "disaggregated"})
+    mc = config.megatron_backend_config()
+    assert (mc.tensor_parallel_size, mc.pipeline_parallel_size, mc.dtype, mc.packing.max_tokens) == (2, 1, "bfloat16", 512)
+    assert mc.loss == config.loss_config() and mc.device == config.cluster.train_device
+    assert "dtype='float64' with backend='megatron'" in error_of(train={"backend": "megatron", "dtype": "float64"})
+    with pytest.raises(ValueError, match="is for backend 'megatron'"):
+        make().megatron_backend_config()

@@ -1,0 +1,69 @@
+"""The megatron backend's config: the torch backend's numerics plus the model-parallel layout.
+
+Pure Python (no megatron import), so a config is validated before anything is installed or any
+accelerator is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from agentrl.algorithms import DEFAULT_CHUNK_SIZE
+from agentrl.train.config import _DTYPES, LossConfig, OptimizerConfig, PackingConfig, _require
+
+__all__ = ["MegatronBackendConfig"]
+
+
+@dataclass(frozen=True)
+class MegatronBackendConfig:
+    """The megatron-core train backend.
+
+    ``tensor_parallel_size`` × ``pipeline_parallel_size`` ranks hold one model replica; the world
+    size divided by their product is the data-parallel size. ``make_vocab_size_divisible_by``:
+    the vocabulary is padded to a multiple of this × the TP size (Megatron's convention; padded
+    rows never get probability). ``use_distributed_optimizer``: shard optimizer state over the
+    data-parallel ranks (megatron-core supports it on CUDA only); ``None`` turns it on for
+    accelerators and off on CPU. ``device``, ``dtype``, ``packing``, ``loss``, ``optimizer``,
+    ``logprob_chunk_size`` and ``seed`` mean what they mean for :class:`TorchBackendConfig`;
+    ``dtype="bfloat16"`` trains with fp32 main weights in the optimizer (Megatron mixed precision).
+    """
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    make_vocab_size_divisible_by: int = 128
+    use_distributed_optimizer: bool | None = None
+    device: str = "auto"
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    packing: PackingConfig = field(default_factory=PackingConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size,
+                 "a positive integer")
+        _require(self.pipeline_parallel_size >= 1, "pipeline_parallel_size", self.pipeline_parallel_size,
+                 "a positive integer")
+        _require(self.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by",
+                 self.make_vocab_size_divisible_by, "a positive integer")
+        _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", self.dtype,
+                 "'float32', 'bfloat16' or 'float16' (megatron-core has no float64 path)")
+        _require(self.logprob_chunk_size > 0, "logprob_chunk_size", self.logprob_chunk_size, "a positive integer")
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks per model replica: ``tensor_parallel_size × pipeline_parallel_size``."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def padded_vocab_size(self, vocab_size: int) -> int:
+        """``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by × TP``."""
+        multiple = self.make_vocab_size_divisible_by * self.tensor_parallel_size
+        return -(-vocab_size // multiple) * multiple
