@@ -99,7 +99,8 @@ class TrainService:
         tokenizer = AutoTokenizer.from_pretrained(model.tokenizer, local_files_only=True)
         builder = TranscriptBuilder(ChatTemplate.from_name(model.template, tokenizer=tokenizer),
                                     vocab_size=model_vocab_size(model.path))
-        folder = run_dir if self.backend.dist.rank == 0 else None
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        folder = run_dir if rank == 0 else None
         return run_warmup(self.backend, self.warmup_section, builder, run_dir=folder).to_dict()
 
     # -- one step ------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ accelerator is touched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+from agentrl.algorithms.kinds import DEFAULT_CHUNK_SIZE
+from agentrl.train.config import LossConfig, OptimizerConfig, PackingConfig, _require, _torch_dtype
 
-from agentrl.algorithms import DEFAULT_CHUNK_SIZE
-from agentrl.train.config import _DTYPES, LossConfig, OptimizerConfig, PackingConfig, _require
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MegatronBackendConfig"]
 
@@ -61,7 +62,7 @@ class MegatronBackendConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        return _torch_dtype(self.dtype)
 
     def padded_vocab_size(self, vocab_size: int) -> int:
         """``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by × TP``."""
