@@ -1,10 +1,11 @@
 """The pre-flight of ``agentrl train``: everything that can be checked before Ray or an engine starts.
 
 :func:`preflight` resolves the environment (registry, or ``module:attr``), the chat template, the
-model folder's ``config.json`` and tokenizer files, the first rows of the training data (validated
-against the environment's ``task_type``), and what the machine has against what the config asks
-for; it returns a :class:`Plan` with the run's shape (placement, steps, prompts and samples per
-step, token budget) and the problems found, split in two:
+model folder's ``config.json`` (whose head counts must divide by the engines' and the Megatron
+trainer's tensor parallel sizes) and tokenizer files, the first rows of the training data
+(validated against the environment's ``task_type``), and what the machine has against what the
+config asks for; it returns a :class:`Plan` with the run's shape (placement, steps, prompts and
+samples per step, objective, eval sets, token budget) and the problems found, split in two:
 
 - ``problems``: the config cannot run anywhere as written (a missing model folder, a bad data
   row, an unknown environment) -- always an error;
@@ -204,6 +205,24 @@ def _sinks(cfg: RunConfig, plan: Plan) -> None:
                                  f"pip install 'agentrl[logging]' (or pip install {module}), or logging.{key}=false")
 
 
+def _heads(cfg: RunConfig, plan: Plan, meta: dict[str, Any]) -> None:
+    """Tensor parallelism splits attention heads: each rank needs whole heads (and, in Megatron, whole
+    KV groups). Read from ``config.json`` (its ``text_config`` for a vision-language model)."""
+    nested = meta.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else meta
+    heads, groups = text.get("num_attention_heads"), text.get("num_key_value_heads")
+    splits: list[tuple[str, int, tuple[tuple[str, Any], ...]]] = [
+        ("rollout.engines.tp_size", cfg.rollout.engines.tp_size, (("num_attention_heads", heads),))]
+    if cfg.train.backend == "megatron":
+        splits.append(("train.tensor_parallel_size", cfg.train.tensor_parallel_size,
+                       (("num_attention_heads", heads), ("num_key_value_heads", groups))))
+    for key, tp, counts in splits:
+        for name, count in counts:
+            if isinstance(count, int) and count > 0 and count % tp:
+                plan.problems.append(f"{key}={tp}: the model has {name}={count} ({cfg.model.path}/config.json), "
+                                     f"which tensor parallelism cannot split evenly; expected a divisor of {count}")
+
+
 def _accelerators_needed(cfg: RunConfig) -> int:
     cluster, engines = cfg.cluster, cfg.rollout.engines
     per_engine = cluster.accelerators_per_engine or engines.accelerators_per_engine
@@ -225,8 +244,8 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
         where = f"CPU, {eng.count} engine(s) and the trainer on {len(os.sched_getaffinity(0))} cores"
     else:
         where = (f"{cl.accelerator} x{_accelerators_needed(cfg)}: {eng.count} engine(s) x "
-                 f"{cl.accelerators_per_engine or eng.accelerators_per_engine}, trainer x "
-                 f"{cl.trainer_accelerators or train.world_size}")
+                 f"{cl.accelerators_per_engine or eng.accelerators_per_engine} (tp={eng.tp_size} dp={eng.dp_size}), "
+                 f"trainer x {cl.trainer_accelerators or train.world_size}")
     plan.add("placement", f"{cl.placement}, {where}; mode {cfg.mode}")
     plan.add("trainer", f"{train.backend}, dp={train.data_parallel_size} tp={train.tensor_parallel_size} "
                         f"pp={train.pipeline_parallel_size}, {train.dtype}")
@@ -237,6 +256,11 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
     plan.add("per step", f"{sched.groups_per_step} prompts x {sched.group_size} samples = "
                          f"{sched.samples_per_step} episodes" + (f" (+{sched.over_sampling:.0%} over-sampled)"
                                                                   if sched.over_sampling else ""))
+    plan.add("algorithm", _algorithm_line(cfg))
+    for ev in cfg.data.eval:
+        n = _count_rows(Path(ev.path))
+        plan.add(f"eval {ev.name}", f"{'?' if n is None else n} prompts x {ev.samples_per_prompt} samples, "
+                                    f"pass@{','.join(map(str, ev.pass_k))}, every {ev.every_steps} steps ({ev.path})")
     if rows is not None:
         plan.add("data", f"{rows} training rows ({cfg.data.train.path}), first {min(rows, HEAD_ROWS)} valid")
     ctx = cfg.rollout.context_length or meta.get("max_position_embeddings")
@@ -246,10 +270,19 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
     plan.add("token budget", budget + f"; micro-batches of {train.max_tokens_per_micro_batch} tokens")
 
 
+def _algorithm_line(cfg: RunConfig) -> str:
+    alg = cfg.algorithm
+    low, high = alg.resolved_clip
+    out = f"{alg.estimator.value}, {alg.resolved_policy_loss.value} loss, clip {low:g}/{high if high is None else f'{high:g}'}"
+    out += f", KL loss {alg.kl_kind} x {alg.kl_coef:g} to the reference model" if alg.kl_coef > 0 else ", no KL loss"
+    return out + ("" if alg.correction == "none" else f", {alg.correction} correction")
+
+
 def preflight(cfg: RunConfig, *, environment: Any = None) -> Plan:
     """The plan of ``cfg`` and every problem found (see the module doc); starts nothing."""
     plan = Plan()
     meta = _model(cfg, plan)
+    _heads(cfg, plan, meta)
     _template(cfg, plan)
     plan.environment = _environment(cfg, plan, environment)
     rows = _data(cfg, plan, plan.environment)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -145,8 +146,6 @@ def _write(path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize(("args", "message"), [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
 def test_user_mistakes_are_one_message_and_exit_2(run_files: dict[str, Path], args: Any, message: str) -> None:
-    import re
-
     result = invoke(args(run_files))
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: "), result.stderr
@@ -177,12 +176,29 @@ def test_print_config_shows_every_value_and_its_source(run_files: dict[str, Path
     assert lines["rollout.router.policy"].endswith("# default")
 
 
+# Recipes whose data is prepared by examples/prepare_dapo_math.py point at its output; CI dry-runs them
+# on the small samples of the same layout that the repository ships.
+PREPARED_DATA = {"data/retool/dapo_math_17k.jsonl": "examples/data/dapo_math_sample.jsonl",
+                 "data/retool/aime_2024.jsonl": "examples/data/aime_sample.jsonl"}
+GPU_RECIPES = {"retool_qwen3_4b_instruct_8gpu.toml": "qwen3", "retool_qwen3_5_8gpu.toml": "qwen3_5"}
+
+
+def shipped_data(example: Path) -> list[str]:
+    """Overrides pointing a recipe's prepared data files at the shipped samples."""
+    from agentrl.cli._toml import loads
+
+    data = loads(example.read_text())["data"]
+    keys = [("data.train.path", data["train"]["path"])]
+    keys += [(f"data.eval.{i}.path", ev["path"]) for i, ev in enumerate(data.get("eval", []))]
+    return [f"{key}={PREPARED_DATA[path]}" for key, path in keys if path in PREPARED_DATA]
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_config_dry_runs(example: Path, tiny: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run from the repository root (the examples' paths are relative to it), on the tiny model; a GPU
     recipe on a machine without GPUs reports what is missing and still passes."""
     monkeypatch.chdir(ROOT)
-    result = invoke([str(example.relative_to(ROOT)), f"model.path={tiny}", "--dry-run"])
+    result = invoke([str(example.relative_to(ROOT)), f"model.path={tiny}", *shipped_data(example), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "dry run: nothing started" in result.stdout
     if "accelerator = \"gpu\"" in example.read_text() and not _cuda():
@@ -207,6 +223,45 @@ def test_the_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Pa
     train = [json.loads(line)["question"] for line in (tmp_path / "data/demo/train.jsonl").read_text().splitlines()]
     warm = (tmp_path / "data/demo/warmup.jsonl").read_text()
     assert not set(held) & set(train) and not any(q in warm for q in held)  # the held-out questions stay unseen
+
+
+@pytest.mark.parametrize("recipe", sorted(GPU_RECIPES))
+def test_gpu_recipes_plan_the_8_gpu_retool_run(recipe: str, tiny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ReTool recipes: 2 engines x TP 2 and a Megatron TP 2 x DP 2 trainer on 8 GPUs, 32 prompts x 8
+    samples, ReTool's clip range and KL loss, AIME-style pass@k eval, the sandboxed ReTool environment
+    and each recipe's template, validated against the shipped DAPO-style samples."""
+    monkeypatch.chdir(ROOT)
+    path = f"examples/{recipe}"
+    result = invoke([path, f"model.path={tiny}", *shipped_data(ROOT / path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    lines = dict(re.split(r" {2,}", line, maxsplit=1) for line in result.stdout.splitlines()
+                 if line and not line.startswith(("missing on this machine", "dry run")))
+    assert lines["placement"] == ("disaggregated, gpu x8: 2 engine(s) x 2 (tp=2 dp=1), trainer x 4; "
+                                  "mode one_step_off")
+    assert lines["trainer"] == "megatron, dp=2 tp=2 pp=1, bfloat16"
+    assert lines["per step"] == "32 prompts x 8 samples = 256 episodes"
+    assert lines["algorithm"] == "grpo, ppo loss, clip 0.2/0.28, KL loss k3 x 0.01 to the reference model, tis correction"
+    assert lines["eval aime_2024"].startswith("4 prompts x 16 samples, pass@1,4,16, every 20 steps")
+    assert lines["environment"] == "retool_math -> RetoolMathEnv"
+    assert lines["model"].endswith(f"serving bfloat16), template {GPU_RECIPES[recipe]}")
+    assert lines["data"] == "8 training rows (examples/data/dapo_math_sample.jsonl), first 8 valid"
+    if not _cuda():
+        assert "missing on this machine: cluster.accelerator='gpu': no CUDA GPU is visible here; expected 8" \
+            in result.stdout
+
+
+def test_tensor_parallel_sizes_must_split_the_models_heads(tiny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny model has 4 attention heads and 2 KV heads: Megatron TP=4 cannot split the KV heads,
+    an engine of TP=3 cannot split the attention heads; both found by the pre-flight, before any GPU."""
+    monkeypatch.chdir(ROOT)
+    path = "examples/retool_qwen3_4b_instruct_8gpu.toml"
+    result = invoke([path, f"model.path={tiny}", *shipped_data(ROOT / path), "train.tensor_parallel_size=4",
+                     "train.data_parallel_size=1", "rollout.engines.tp_size=3", "cluster.num_accelerators=10",
+                     "--dry-run"])
+    assert result.exit_code == 2
+    assert "rollout.engines.tp_size=3: the model has num_attention_heads=4" in result.stderr
+    assert "train.tensor_parallel_size=4: the model has num_key_value_heads=2" in result.stderr
+    assert "train.tensor_parallel_size=4: the model has num_attention_heads" not in result.stderr
 
 
 def _cuda() -> bool:
