@@ -12,11 +12,17 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # ``agentrl.train`` / ``agentrl.train_async`` import the runner (torch, Ray...) only when used.
-    if name in ("train", "train_async"):
+    # ``agentrl.train`` / ``agentrl.train_async`` import the runner (torch, Ray...) only when called.
+    # ``train`` is the ``agentrl.train`` package, which is callable: once imported, Python binds the
+    # package here whatever this function returns, so returning it keeps one object either way.
+    if name == "train":
+        import agentrl.train as package
+
+        return package
+    if name == "train_async":
         from agentrl.runner import api
 
-        return getattr(api, name)
+        return api.train_async
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
 
 __all__ = ["Episode", "Segment", "SegmentKind", "Status", "StopReason", "Trajectory", "TrajectoryError", "__version__",

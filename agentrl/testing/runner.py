@@ -29,7 +29,7 @@ from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.scheduler import Scheduler
 from agentrl.rollout.types import SamplingParams
-from agentrl.testing.policy import FakePolicyClient, PolicyRequest
+from agentrl.testing.policy import FakePolicyClient, Policy, PolicyRequest
 
 __all__ = ["FakeWeights", "build_fake_runner", "fake_run_config", "main", "trained_prompts"]
 
@@ -112,9 +112,12 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
 
 
 def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | None = None,
-                      callbacks: Any = (), environment: Any = None) -> tuple[Any, FakePolicyClient]:
+                      callbacks: Any = (), environment: Any = None, policy: Policy = arithmetic_answer,
+                      reward: Any = index_reward) -> tuple[Any, FakePolicyClient]:
     """The runner of ``config`` on the fake engine (in-process trainer); returns it and the engine.
-    ``environment``: an arithmetic environment class (``None``: ``ToyArithmeticEnv``)."""
+    ``environment``: the environment class (``None``: ``ToyArithmeticEnv``); ``policy``: the fake
+    engine's replies (default: the arithmetic one); ``reward``: a ``reward(trajectory, task)``
+    replacing the environment's (default :func:`index_reward`; ``None``: the environment's own)."""
     from agentrl.environments import ToyArithmeticEnv
     from agentrl.runner.checkpoint import RunCheckpointer
     from agentrl.runner.envs import environment_factory
@@ -127,9 +130,9 @@ def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | 
 
     tok = build_tokenizer()
     template = ChatTemplate.from_name("qwen3", tokenizer=tok)
-    client = FakePolicyClient(tok, arithmetic_answer, token_delay_s=token_delay_s, logprob=-0.5)
+    client = FakePolicyClient(tok, policy, token_delay_s=token_delay_s, logprob=-0.5)
     env_cls = environment if environment is not None else ToyArithmeticEnv
-    factory = environment_factory(config, env_cls, reward=index_reward)
+    factory = environment_factory(config, env_cls, reward=reward)
     data = DataSource(config.data.train.to_config(), validate=env_cls.task_type.model_validate)
     agent = AgentConfig(sampling=SamplingParams(max_new_tokens=64))
     from agentrl.runner._launch import scheduler_config

@@ -65,3 +65,22 @@ def test_all_is_declared_resolves_and_contains_the_contract(module_name: str) ->
     missing = [name for name in exported if not hasattr(module, name)]
     assert not missing, f"{module_name}.__all__ names that do not resolve: {missing}"
     assert REQUIRED[module_name] <= set(exported), f"{module_name} lacks {REQUIRED[module_name] - set(exported)}"
+
+
+def test_agentrl_train_is_the_run_function_after_the_train_package_is_imported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agentrl.train`` is both the ``agentrl.train`` package and the documented run function: building a
+    run config imports the package (Python then binds it as ``agentrl.train``), and a call still runs."""
+    import agentrl
+    import agentrl.runner.api as api
+    from agentrl.runner import RunConfig  # noqa: F401  (imports agentrl.train.config)
+
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
+    monkeypatch.setattr(api, "train", lambda *args, **kwargs: calls.append((args, kwargs)) or "summary")
+    assert agentrl.train("config", environment="Env", use_ray=False) == "summary"
+    assert calls == [(("config",), {"environment": "Env", "use_ray": False})]
+    assert agentrl.train is importlib.import_module("agentrl.train")
+    assert "TorchTrainBackend" in agentrl.train.__all__
+    from agentrl import train
+
+    assert train is agentrl.train and agentrl.train_async is api.train_async
