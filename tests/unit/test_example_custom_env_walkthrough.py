@@ -1,4 +1,4 @@
-"""examples/custom_env_walkthrough.py: its environment, dataset and run config train three steps.
+"""examples/custom_env_walkthrough.py: its warm-up, environment, dataset and run config train three steps.
 
 The walkthrough itself runs ``agentrl.train`` on a real CPU SGLang engine; booting one costs 28 s on
 a quiet 2-core machine and 54-210 s under load, over this suite's budget, so this test drives the
@@ -6,7 +6,8 @@ same environment class, rows and config through the runner on the fake engine
 (:func:`agentrl.testing.runner.build_fake_runner`: the real agent loop, tool, scheduler, torch
 trainer and run folder; only generation is scripted). The fake policy calls ``count_letter``, then
 answers with the tool's result or one more, chosen per episode, so rewards differ inside a group.
-The environment's own reward is used, and checked against the count the test computes itself."""
+The environment's own reward is used, and checked against the count the test computes itself. The
+run starts from the walkthrough's warm-up (two SFT steps here) on its transcripts."""
 
 from __future__ import annotations
 
@@ -47,8 +48,22 @@ def letter_policy(req: PolicyRequest) -> str:
     return f"So the letter occurs \\boxed{{{result + off_by_one}}} times.<|im_end|>"
 
 
+def test_warm_up_transcripts_are_the_winning_episodes(walkthrough: ModuleType) -> None:
+    rows = walkthrough.make_rows(6, seed=3)
+    for row, conv in zip(rows, walkthrough.transcripts(rows), strict=True):
+        roles = [m["role"] for m in conv["messages"]]
+        assert roles == ["system", "user", "assistant", "tool", "assistant"]
+        truth = str(row["word"].count(row["letter"]))
+        call = conv["messages"][2]["tool_calls"][0]["function"]
+        assert call == {"name": "count_letter", "arguments": {"text": row["word"], "letter": row["letter"]}}
+        assert conv["messages"][3]["content"] == truth and conv["messages"][4]["content"] == f"\\boxed{{{truth}}}"
+        assert [t["function"]["name"] for t in conv["tools"]] == ["count_letter"]
+
+
 async def test_walkthrough_environment_trains_three_steps(tmp_path: Path, walkthrough: ModuleType) -> None:
-    config = walkthrough.build_config(tmp_path, steps=3, rows=16)
+    model = walkthrough.warm_up(tmp_path, steps=2)
+    assert (model / "config.json").is_file() and (model / "sft_summary.json").is_file()
+    config = walkthrough.build_config(tmp_path, steps=3, rows=16, model=model)
     assert config.environment.name == "letter_count" and config.rollout.scheduler.samples_per_step == 8
     runner, _ = build_fake_runner(config, environment=walkthrough.LetterCountEnv, policy=letter_policy,
                                   reward=None)
