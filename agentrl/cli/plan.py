@@ -1,8 +1,8 @@
 """The pre-flight of ``agentrl train``: everything that can be checked before Ray or an engine starts.
 
 :func:`preflight` resolves the environment (registry, or ``module:attr``), the chat template, the
-model folder's ``config.json`` (whose head counts must divide by the engines' and the Megatron
-trainer's tensor parallel sizes) and tokenizer files, the first rows of the training data
+model folder's ``config.json`` (its heads must divide by the engines' tensor parallel size, and
+the megatron backend must convert it at the train section's TP/PP sizes) and tokenizer files, the first rows of the training data
 (validated against the environment's ``task_type``), and what the machine has against what the
 config asks for; it returns a :class:`Plan` with the run's shape (placement, steps, prompts and
 samples per step, objective, eval sets, token budget) and the problems found, split in two:
@@ -13,7 +13,7 @@ samples per step, objective, eval sets, token budget) and the problems found, sp
   enough cores for the CPU engines) -- an error for a real run, reported but not fatal under
   ``--dry-run`` (a GPU recipe can be dry-run on a laptop).
 
-Torch is imported only when the config asks for an accelerator.
+Torch is imported only when the config asks for an accelerator or the megatron backend.
 """
 
 from __future__ import annotations
@@ -206,21 +206,26 @@ def _sinks(cfg: RunConfig, plan: Plan) -> None:
 
 
 def _heads(cfg: RunConfig, plan: Plan, meta: dict[str, Any]) -> None:
-    """Tensor parallelism splits attention heads: each rank needs whole heads (and, in Megatron, whole
-    KV groups). Read from ``config.json`` (its ``text_config`` for a vision-language model)."""
+    """Tensor parallelism splits attention heads: each engine rank needs whole heads. The megatron
+    backend's own check (which architectures it converts, and the TP/PP split of heads, KV groups,
+    MLP and layers) runs on the same ``config.json``; it imports torch, which that backend needs anyway."""
+    if not meta:
+        return
     nested = meta.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else meta
-    heads, groups = text.get("num_attention_heads"), text.get("num_key_value_heads")
-    splits: list[tuple[str, int, tuple[tuple[str, Any], ...]]] = [
-        ("rollout.engines.tp_size", cfg.rollout.engines.tp_size, (("num_attention_heads", heads),))]
+    heads, tp = text.get("num_attention_heads"), cfg.rollout.engines.tp_size
+    if isinstance(heads, int) and heads > 0 and heads % tp:
+        plan.problems.append(f"rollout.engines.tp_size={tp}: the model has num_attention_heads={heads} "
+                             f"({cfg.model.path}/config.json), which tensor parallelism cannot split evenly; "
+                             f"expected a divisor of {heads}")
     if cfg.train.backend == "megatron":
-        splits.append(("train.tensor_parallel_size", cfg.train.tensor_parallel_size,
-                       (("num_attention_heads", heads), ("num_key_value_heads", groups))))
-    for key, tp, counts in splits:
-        for name, count in counts:
-            if isinstance(count, int) and count > 0 and count % tp:
-                plan.problems.append(f"{key}={tp}: the model has {name}={count} ({cfg.model.path}/config.json), "
-                                     f"which tensor parallelism cannot split evenly; expected a divisor of {count}")
+        from agentrl.train.megatron.qwen3 import Qwen3Spec
+
+        try:
+            Qwen3Spec.from_hf(meta).check_layout(cfg.megatron_backend_config())
+        except (KeyError, TypeError, ValueError) as exc:
+            what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+            plan.problems.append(f"train.backend='megatron' with model.path={cfg.model.path!r}: {what}")
 
 
 def _accelerators_needed(cfg: RunConfig) -> int:

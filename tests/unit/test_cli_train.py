@@ -260,8 +260,36 @@ def test_tensor_parallel_sizes_must_split_the_models_heads(tiny: str, monkeypatc
                      "--dry-run"])
     assert result.exit_code == 2
     assert "rollout.engines.tp_size=3: the model has num_attention_heads=4" in result.stderr
-    assert "train.tensor_parallel_size=4: the model has num_key_value_heads=2" in result.stderr
-    assert "train.tensor_parallel_size=4: the model has num_attention_heads" not in result.stderr
+    assert "train.backend='megatron' with model.path=" in result.stderr
+    assert "tensor_parallel_size=4: must divide the model's num_key_value_heads=2" in result.stderr
+
+
+def test_qwen3_5_folder_on_megatron_is_refused_and_the_torch_fallback_dry_runs(
+        tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Qwen3.5-shaped folder (a vision-language config with the language model under text_config):
+    the engines' head check reads text_config, the megatron backend refuses the architecture, and the
+    torch-backend override the recipe documents passes."""
+    import shutil
+
+    folder = tmp_path / "qwen3_5"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny) / name, folder / name)
+    text = json.loads((Path(tiny) / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
+    monkeypatch.chdir(ROOT)
+    path = "examples/retool_qwen3_5_8gpu.toml"
+    base = [path, f"model.path={folder}", *shipped_data(ROOT / path)]
+    result = invoke([*base, "--dry-run"])
+    assert result.exit_code == 2
+    assert "model_type: expected 'qwen3' (dense Qwen3), got 'qwen3_5'" in result.stderr
+    result = invoke([*base, "rollout.engines.tp_size=3", "cluster.num_accelerators=10", "train.backend=torch",
+                     "train.tensor_parallel_size=1", "train.data_parallel_size=4", "--dry-run"])
+    assert result.exit_code == 2 and "the model has num_attention_heads=4" in result.stderr
+    result = invoke([*base, "train.backend=torch", "train.tensor_parallel_size=1", "train.data_parallel_size=4",
+                     "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "trainer         torch, dp=4 tp=1 pp=1, bfloat16" in result.stdout
 
 
 def _cuda() -> bool:
