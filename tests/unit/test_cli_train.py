@@ -214,10 +214,10 @@ def test_the_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Pa
                            "--train-rows", "64"], capture_output=True, text=True, timeout=300)
     assert prep.returncode == 0, prep.stderr[-2000:]
     assert (tmp_path / "models" / "demo-tiny" / "config.json").is_file()
-    assert json.loads((tmp_path / "models" / "demo-tiny" / "config.json").read_text())["hidden_size"] == 128
+    assert json.loads((tmp_path / "models" / "demo-tiny" / "config.json").read_text())["num_hidden_layers"] == 4
     result = invoke([str(ROOT / "examples" / "demo_cpu.toml"), "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "warm-up       1200 supervised steps x 32 of 64 conversations (data/demo/warmup.jsonl)" in result.stdout
+    assert "warm-up       500 supervised steps x 32 of 64 conversations (data/demo/warmup.jsonl)" in result.stdout
     assert "per step      8 prompts x 8 samples = 64 episodes" in result.stdout
     held = [json.loads(line)["question"] for line in (tmp_path / "data/demo/held_out.jsonl").read_text().splitlines()]
     train = [json.loads(line)["question"] for line in (tmp_path / "data/demo/train.jsonl").read_text().splitlines()]
