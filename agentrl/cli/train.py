@@ -23,6 +23,7 @@ Under ``--dry-run`` what this machine lacks (CUDA for a GPU recipe, cores) is re
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -172,7 +173,7 @@ def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_r
                                use_ray=use_ray, resume=resume, callbacks=callbacks)
     except CheckpointError as exc:
         fail(f"--resume: {exc}")
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # SIGINT/SIGTERM cancel the run; everything it started is stopped
         typer.echo(f"interrupted; the run folder {config.run_dir()} can be resumed with --resume", err=True)
         raise typer.Exit(code=130) from None
     finally:

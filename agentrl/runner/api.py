@@ -99,23 +99,23 @@ async def _run(config: RunConfig, factory: Any, run_dir: RunDirectory, *, group_
         side = LocalTrainer(service)
         return side, (await side.warmup(warm_dir) if warm_dir is not None else {})
 
-    booting = asyncio.ensure_future(RolloutService.launch(config, factory, group_filter=group_filter, cpu=cpu))
-    try:
-        trainer, warm = (None, {}) if rollout_only else await trainer_side()
-        rollout = await booting
-    except BaseException:
-        booting.cancel()
-        service = (await asyncio.gather(booting, return_exceptions=True))[0]
-        if isinstance(service, RolloutService):
-            await service.shutdown()
-        raise
-    try:
-        runner = Runner(rollout, trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
-                        callbacks=callbacks, resume=resume, warmup=warm)
-        with _signals_cancel_current_task():
+    with _signals_cancel_current_task():  # from here on a signal cancels: every finally below runs
+        booting = asyncio.ensure_future(RolloutService.launch(config, factory, group_filter=group_filter, cpu=cpu))
+        try:
+            trainer, warm = (None, {}) if rollout_only else await trainer_side()
+            rollout = await booting
+        except BaseException:
+            booting.cancel()
+            service = (await asyncio.gather(booting, return_exceptions=True))[0]
+            if isinstance(service, RolloutService):
+                await service.shutdown()
+            raise
+        try:
+            runner = Runner(rollout, trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
+                            callbacks=callbacks, resume=resume, warmup=warm)
             return await runner.run()
-    finally:
-        await rollout.shutdown()
+        finally:
+            await rollout.shutdown()
 
 
 def _probes(config: RunConfig) -> list[list[int]]:

@@ -202,10 +202,7 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
                       warmup_dir: str | None = None) -> Sides:
     """Starts Ray (or reuses it), places and starts the rollout actor and the train group; with
     ``warmup_dir`` the train group runs the config's warm-up while the engines boot."""
-    runtime = runtime or RayRuntime.start(address=config.cluster.ray_address,
-                                          namespace=f"agentrl-{config.hash()[:12]}",
-                                          object_store_memory=256 * 1024 * 1024
-                                          if config.cluster.ray_address is None else None)
+    runtime = runtime or run_runtime(config)
     placed = None
     rollout = None
     try:
@@ -252,12 +249,21 @@ async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings
     """The run on Ray; ``warmup_dir``: run the config's warm-up (while the engines boot), reporting there."""
     from agentrl.runner.api import _signals_cancel_current_task
 
-    sides = await start_sides(config, env_factory, group_filter=group_filter, cpu=cpu,
-                              rollout_only=settings.rollout_only, warmup_dir=warmup_dir)
-    try:
-        runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
-                        callbacks=callbacks, resume=resume, warmup=sides.warmup)
-        with _signals_cancel_current_task():
+    runtime = run_runtime(config)
+    # after Ray's own start-up (which installs a SIGTERM handler that aborts the process): a signal
+    # during the start-up and the warm-up cancels too, so what was started is stopped
+    with _signals_cancel_current_task():
+        sides = await start_sides(config, env_factory, group_filter=group_filter, cpu=cpu,
+                                  rollout_only=settings.rollout_only, warmup_dir=warmup_dir, runtime=runtime)
+        try:
+            runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, settings, run_dir=run_dir,
+                            checkpointer=checkpointer, callbacks=callbacks, resume=resume, warmup=sides.warmup)
             return await runner.run()
-    finally:
-        await sides.stop()
+        finally:
+            await sides.stop()
+
+
+def run_runtime(config: RunConfig) -> RayRuntime:
+    """The run's Ray: a local one with its own namespace (and a small object store), or ``cluster.ray_address``."""
+    return RayRuntime.start(address=config.cluster.ray_address, namespace=f"agentrl-{config.hash()[:12]}",
+                            object_store_memory=256 * 1024 * 1024 if config.cluster.ray_address is None else None)

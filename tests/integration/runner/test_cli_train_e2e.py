@@ -125,3 +125,50 @@ def test_train_two_steps_then_resume(tmp_path: Path, shared_engine: str) -> None
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]  # step 2 rewound and redone, not listed twice
     assert (run / "checkpoints" / "step_000002" / "meta.json").is_file()
+
+
+def test_sigterm_during_the_warmup_stops_everything_the_run_started(tmp_path: Path, shared_engine: str) -> None:
+    """A signal while the train actor warms up (before any training step): the command says how to
+    resume and exits 130, and every process it started (Ray's, the actors') is gone."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from agentrl.sft import arithmetic_conversations
+
+    config = _config(tmp_path)
+    warm = tmp_path / "warm.jsonl"
+    warm.write_text("".join(json.dumps(c) + "\n" for c in arithmetic_conversations(make_arithmetic_rows(16, seed=3))))
+    run = tmp_path / "run"
+    exe = Path(sys.executable).with_name("agentrl")
+    proc = subprocess.Popen([str(exe), "train", str(config), f"rollout.engines.urls={shared_engine}",
+                             f"warmup.data={warm}", "warmup.steps=100000", "warmup.batch_size=2", "warmup.log_every=1",
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "warmup_metrics.jsonl").is_file():  # the warm-up runs in the Ray train actor
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert started, "the run started no process"
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert f"interrupted; the run folder {run} can be resumed with --resume" in err
+    assert "Traceback" not in err
+
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [p.pid for p in started if alive(p)] == [], [p.name() for p in started if alive(p)]
