@@ -207,7 +207,7 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
     rollout = None
     try:
         plan = PlacementPlan.build(config.cluster, engines=config.rollout.engines.count,
-                                   trainer_ranks=config.train.data_parallel_size,
+                                   trainer_ranks=config.train.world_size,
                                    node_resource_engines=node_resource_engines,
                                    node_resource_trainer=node_resource_trainer)
         placed = await asyncio.to_thread(plan.create)
@@ -219,7 +219,7 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
             threads = cpu.trainer_threads if cpu is not None else None
             env = {"OMP_NUM_THREADS": str(threads)} if threads is not None else None
             group = await asyncio.to_thread(TrainGroup.start, TrainRank, config.to_dict(), threads,
-                                            world_size=config.train.data_parallel_size, placement=placed,
+                                            world_size=config.train.world_size, placement=placed,
                                             device=config.cluster.train_device, env_vars=env)
             trainer = GroupTrainer(group)
         warm: dict[str, Any] = {}
