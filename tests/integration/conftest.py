@@ -1,7 +1,7 @@
 """Fixtures shared by the integration tests: one Docker daemon and one SGLang engine for the whole session.
 
 ``shared_engine`` is a CPU SGLang engine serving the tiny Qwen3 in float32 (context 1024, 8,192
-KV tokens, sampling seed 0), pinned to its core like a run's own engine; whole training runs use it
+KV tokens, sampling seed 0, `--sleep-on-idle`), pinned to its core like a run's own engine; whole training runs use it
 through ``rollout.engines.urls``. Each such run loads its own weights into it before its first
 rollout, so runs do not see each other's updates, and none stops it.
 
@@ -32,7 +32,9 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cpu = plan_cpu(engines=1)
     config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", dtype="float32", context_length=1024,
                           max_total_tokens=8192, random_seed=0, startup_timeout_s=600, env=cpu.engine_env(0),
-                          log_dir=tmp_path_factory.mktemp("shared-engine"))
+                          log_dir=tmp_path_factory.mktemp("shared-engine"),
+                          # it lives for the whole session: idle, SGLang's scheduler otherwise spins a core
+                          extra_args=("--sleep-on-idle",))
     engine = asyncio.run(SGLangEngine.launch(config))
     try:
         if engine.process is not None:
