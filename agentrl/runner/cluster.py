@@ -129,6 +129,10 @@ class RayRuntime:
             _check_temp_dir(Path(temp_dir).absolute())
         t0 = time.perf_counter()
         if ray.is_initialized():
+            if runtime_env:
+                raise ValueError(f"runtime_env={dict(runtime_env)!r}: this process is already connected to Ray, "
+                                 "whose job-level runtime_env is fixed; expected runtime_env=None here "
+                                 "(call ray.shutdown() first, or start the run in a fresh process)")
             return cls._reuse(address, namespace, t0)
         common: dict[str, Any] = {"namespace": namespace, "logging_level": logging.WARNING,
                                   "log_to_driver": log_to_driver,

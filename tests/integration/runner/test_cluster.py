@@ -95,6 +95,9 @@ def test_runtime_reuses_the_process_ray_and_leaves_it_running(ray_two_hosts: Ray
     assert ray.is_initialized()
     with pytest.raises(ValueError, match=r"address='10.0.0.1:6379': this process is already connected to Ray"):
         RayRuntime.start(address="10.0.0.1:6379")
+    # a job-level runtime_env cannot reach a Ray this process already joined: refused, not dropped
+    with pytest.raises(ValueError, match=r"runtime_env=\{'env_vars': \{'A': '1'\}\}: this process is already connected"):
+        RayRuntime.start(runtime_env={"env_vars": {"A": "1"}})
     assert ray.get(spawn(Counter, 1, num_cpus=0.1).add.remote(1)) == 2  # still usable
 
 
