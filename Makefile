@@ -9,7 +9,7 @@ DEMO_RUN := runs/demo-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
 setup:
 	bash scripts/setup.sh
 
-# The tiny CPU demo: a 2-layer Qwen3 built from scratch is warmed up on synthetic tool-use
+# The tiny CPU demo: a 4-layer Qwen3 built from scratch is warmed up on synthetic tool-use
 # conversations while the SGLang engine boots, then learns with GRPO when to call the calculator.
 demo: setup
 	$(VENV)/python examples/demo_prepare.py --seed $(SEED)
@@ -27,4 +27,4 @@ unit: setup
 	$(VENV)/pytest tests/unit -q
 
 test: lint typecheck
-	$(VENV)/pytest tests
+	$(VENV)/pytest tests --durations=30

@@ -12,12 +12,21 @@ exactly as the agent loop lays out an RL episode; a share ``--direct-rate`` of t
 with a wrong number instead, so the warmed-up model calls the tool only part of the time and RL has
 something to fix. The check conversations (held out, always calling the tool) measure whether the
 copying RL depends on has formed before RL starts.
+
+The demo's task is the toy arithmetic environment on the 3-digit x 3-digit products that have six
+digits (83% of them; every row of every file here). With the other 17% in the mix, a 0.8M-parameter
+model learns to copy *six* digits from the tool's output, not to copy until the number ends: in two
+measured runs every five-digit held-out question failed after RL (the boxed answer ran on past the
+number), capping held-out accuracy at 81-83% while all six-digit ones passed. Balancing the warm-up
+50/50 by answer length instead made the copying worse overall (greedy 31% after 20 RL steps): the
+length-general copier needs far more warm-up than the demo's 15 minutes allow.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +47,15 @@ def _write(path: Path, items: list[dict[str, Any]]) -> None:
     print(f"wrote {len(items):5d} lines to {path}")
 
 
+def six_digit_rows(count: int, seed: int, exclude: Collection[str] = ()) -> list[dict[str, Any]]:
+    """``count`` arithmetic rows whose answer has six digits, none of whose questions is in ``exclude``."""
+    pool = [r for r in make_arithmetic_rows(2 * count + 64, seed=seed)
+            if len(r["answer"]) == 6 and r["question"] not in exclude]
+    if len(pool) < count:
+        raise ValueError(f"six_digit_rows(count={count}, seed={seed}): only {len(pool)} rows drawn")
+    return pool[:count]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=Path("models/demo-tiny"))
@@ -49,15 +67,13 @@ def main() -> None:
     parser.add_argument("--held-out-rows", type=int, default=64)
     args = parser.parse_args()
     # disjoint seeds: warm-up questions, RL questions and held-out questions never coincide by design
-    held_out = make_arithmetic_rows(args.held_out_rows, seed=900_001)
+    held_out = six_digit_rows(args.held_out_rows, seed=900_001)
     held = {r["question"] for r in held_out}
-    warm_rows = [r for r in make_arithmetic_rows(args.warmup_rows + 64, seed=1000 + args.seed)
-                 if r["question"] not in held][:args.warmup_rows]
-    train_rows = [r for r in make_arithmetic_rows(args.train_rows + 64, seed=2000 + args.seed)
-                  if r["question"] not in held][:args.train_rows]
+    warm_rows = six_digit_rows(args.warmup_rows, 1000 + args.seed, held)
+    train_rows = six_digit_rows(args.train_rows, 2000 + args.seed, held)
     _write(args.data / "warmup.jsonl", arithmetic_conversations(warm_rows, direct_rate=args.direct_rate,
                                                                 seed=args.seed))
-    check_rows = make_arithmetic_rows(64, seed=900_002)
+    check_rows = six_digit_rows(64, 900_002, held)
     _write(args.data / "warmup_check.jsonl", arithmetic_conversations(check_rows, direct_rate=0.0))
     _write(args.data / "train.jsonl", train_rows)
     _write(args.data / "held_out.jsonl", held_out)

@@ -55,8 +55,12 @@ class StepFigures:
         self.last: dict[str, str] = {}
 
     def begin(self, step: int) -> None:
-        """The first phase of this process's first step (a resumed run counts from there)."""
-        if self.first_step is None:
+        """The first phase of this process's first step (a resumed run counts from there).
+
+        Step 0's phases (the warm-up, the first sync, the evaluations at start) are not RL steps:
+        counting them would spread the warm-up's minutes over the steps' ETA.
+        """
+        if self.first_step is None and step >= 1:
             self.first_step, self.started = step - 1, time.monotonic()
 
     def update(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -186,6 +190,7 @@ class RunEndSummary(RunCallback):
         self.run_dir = Path(run_dir)
         self.console = console
         self.last: dict[str, Any] = {}
+        self.started = time.monotonic()  # the command's start: its wall time includes warm-up and start-up
 
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
         self.last = dict(metrics)
@@ -198,7 +203,13 @@ class RunEndSummary(RunCallback):
         table = Table(title="run summary", show_header=False)
         table.add_row("run folder", str(self.run_dir.resolve()))
         table.add_row("steps", f"{summary.steps} ({summary.stopped_because or 'ended'})")
-        table.add_row("wall", _clock(summary.wall_s))
+        table.add_row("wall", f"{_clock(time.monotonic() - self.started)} in all, "
+                              f"{_clock(summary.wall_s)} of them in the RL steps")
+        warm = summary.warmup
+        if warm:
+            checks = warm.get("checks") or []
+            check = f", check {checks[-1][1]:.3f} at step {checks[-1][0]}" if checks else ""
+            table.add_row("warm-up", f"{warm.get('steps', 0)} steps in {_clock(warm.get('seconds'))}{check}")
         if summary.resumed_from:
             table.add_row("resumed from", summary.resumed_from)
         for label, key, fmt in _FIGURES:
@@ -217,6 +228,8 @@ class RunEndSummary(RunCallback):
         present = [p for p in ("metrics.jsonl", "summary.json", "checkpoints", "trajectories", "tensorboard", "logs")
                    if (self.run_dir / p).exists()]
         table.add_row("contents", ", ".join(present) or "-")
+        report = self.run_dir / "inspect" / "index.html"
+        table.add_row("report", str(report) if report.is_file() else f"agentrl inspect {self.run_dir} (writes the HTML report)")
         console.print(table)
 
 

@@ -235,3 +235,45 @@ def test_live_display_shows_the_rollouts_of_the_step() -> None:
         live.live.refresh()
     text = out.getvalue()
     assert "3/8 groups, 5 running, 20 requests, 1 filtered, 12 s" in text
+
+
+def test_the_eta_counts_rl_steps_only_not_the_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.cli import progress as progress_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    lines = io.StringIO()
+    shown = PlainProgress(11, stream=lines, rollout_every_s=None)
+    shown.on_phase("warmup", 0)
+    clock[0] += 400.0                      # a 400 s warm-up, then the evaluations at start
+    shown.on_phase("evaluate", 0)
+    clock[0] += 20.0
+    shown.on_phase("collect_rollouts", 1)  # step 1 starts here
+    clock[0] += 10.0
+    shown.on_step_end(1, {"time/step_s": 10.0})
+    assert lines.getvalue().splitlines()[-1].endswith("eta=0:01:40")  # 10 steps left at 10 s each
+
+
+def test_summary_counts_the_warm_up_in_the_wall_time_and_points_at_the_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from agentrl.cli import progress as progress_module
+    from agentrl.runner.loop import RunSummary
+
+    clock = [50.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    screen = io.StringIO()
+    end = RunEndSummary(tmp_path, console=Console(file=screen, width=400))
+    clock[0] += 725.0  # the command ran 12 min 5 s; 5 min of it were RL steps
+    end.on_run_end(RunSummary(steps=3, wall_s=300.0, stopped_because="train.steps=3 reached",
+                              warmup={"steps": 450, "seconds": 397.0, "checks": [[400, 0.93], [450, 0.964]]}))
+    text = screen.getvalue()
+    assert "0:12:05 in all, 0:05:00 of them in the RL steps" in text
+    assert "450 steps in 0:06:37, check 0.964 at step 450" in text
+    assert f"agentrl inspect {tmp_path}" in text
+    (tmp_path / "inspect").mkdir()
+    (tmp_path / "inspect" / "index.html").write_text("<html></html>")
+    screen.seek(0), screen.truncate()
+    end.on_run_end(RunSummary(steps=3, wall_s=300.0))
+    assert re.search(rf"report\s*│\s*{re.escape(str(tmp_path / 'inspect' / 'index.html'))}", screen.getvalue())
