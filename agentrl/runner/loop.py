@@ -189,6 +189,8 @@ class Runner:
         self._stop_collecting = False
         self._data_done = False
         self._checkpointed = -1
+        self._syncs = 0  # weight syncs so far: an eval set measured at this step and sync is not rerun at the end
+        self._measured: dict[str, tuple[int, int]] = {}
 
     # ==== the named steps ===========================================================================
     async def collect_rollouts(self) -> StepBatch:
@@ -256,6 +258,7 @@ class Runner:
         then the post-sync probe compares engine and trainer logprobs on fixed sequences."""
         assert self.trainer is not None
         self._phase("sync_weights")
+        self._syncs += 1
         started = time.perf_counter()
         folder = await self.rollout.weights_folder(self.version)
         await self.trainer.export(folder)
@@ -286,9 +289,13 @@ class Runner:
     async def evaluate(self, *, final: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in await self.rollout.evals_due(self.step, final=final):
-            self._phase("evaluate")
-            report = await self.rollout.evaluate(name)
-            self.summary.evals[name] = report
+            if final and self._measured.get(name) == (self.step, self._syncs):
+                report = self.summary.evals[name]  # the last step measured these very weights on it
+            else:
+                self._phase("evaluate")
+                report = await self.rollout.evaluate(name)
+                self.summary.evals[name] = report
+                self._measured[name] = (self.step, self._syncs)
             out.update({f"eval/{name}/{k}": v for k, v in report.items() if isinstance(v, int | float)})
             for k, v in report.get("pass_at_k", {}).items():
                 out[f"eval/{name}/pass@{k}"] = v

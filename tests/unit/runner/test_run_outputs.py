@@ -277,3 +277,36 @@ def test_summary_counts_the_warm_up_in_the_wall_time_and_points_at_the_report(
     screen.seek(0), screen.truncate()
     end.on_run_end(RunSummary(steps=3, wall_s=300.0))
     assert re.search(rf"report\s*│\s*{re.escape(str(tmp_path / 'inspect' / 'index.html'))}", screen.getvalue())
+
+
+@pytest.mark.parametrize(("every", "expected_calls"), [(2, 2), (100, 2), (1, 2)])
+def test_the_final_evaluation_reuses_a_set_the_last_step_just_measured(tmp_path: Path, every: int,
+                                                                       expected_calls: int) -> None:
+    from agentrl.environments import make_arithmetic_rows
+    from agentrl.runner.config import RunConfig
+    from agentrl.testing.runner import build_fake_runner, fake_run_config
+
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(4, seed=9)))
+    as_dict = fake_run_config(tmp_path, steps=2, rows=8, checkpoint_every=None).to_dict()
+    as_dict["data"]["eval"] = [{"name": "held_out", "path": str(held), "at_start": every != 1, "every_steps": every}]
+    config = RunConfig.from_dict(as_dict)
+    runner, _ = build_fake_runner(config)
+    calls: list[str] = []
+    measure = runner.rollout.evaluate
+
+    async def counted(name: str) -> dict[str, Any]:
+        calls.append(name)
+        return await measure(name)
+
+    runner.rollout.evaluate = counted  # type: ignore[method-assign]
+    asyncio.run(runner.run())
+    # every=2: before step 1, after step 2 (the final line repeats it); every=100: before step 1 and
+    # at the end; every=1 (no at_start): after steps 1 and 2 — the end reuses step 2's
+    assert len(calls) == expected_calls, calls
+    lines = [json.loads(x) for x in (config.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    final = next(m for m in lines if m.get("final"))
+    assert final["eval/held_out/mean_reward"] == runner.summary.evals["held_out"]["mean_reward"]
+    if every <= 2:
+        last = next(m for m in lines if m["step"] == 2 and not m.get("final"))
+        assert last["eval/held_out/mean_reward"] == final["eval/held_out/mean_reward"]
