@@ -149,7 +149,7 @@ def _sides(ratio: str) -> set[str]:
 
 def _best(words: set[str], candidates: Mapping[str, Any], *, ties: bool) -> tuple[str, Any] | None:
     """The candidate sharing the most words (at least one); on a tie the first, or None if not ``ties``."""
-    scored = [(len(words & _tokens(path.rsplit(".", 1)[-1])), path) for path, v in candidates.items() if _number(v)]
+    scored = [(len(words & _tokens(path)), path) for path, v in candidates.items() if _number(v)]
     top = max((s for s, _ in scored), default=0)
     best = [path for s, path in scored if s == top]
     if top == 0 or (len(best) > 1 and not ties):
