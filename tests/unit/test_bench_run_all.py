@@ -104,6 +104,30 @@ def test_targets_keyed_by_ratio_take_the_ratio_and_the_baseline_under_the_same_n
     assert (rows["qwen3_5"].met, rows["qwen3_5"].direction) == (False, ">=")
 
 
+def test_per_template_ratio_targets_pair_the_template_s_own_baseline() -> None:
+    bridge = {"figures": {"turn": 16, **{t: {"session_ms": 0.5} for t in ("qwen3", "qwen3_5", "qwen3_coder")}},
+              "baseline": {"qwen3": {"naive_ms": 5.1}, "qwen3_5": {"naive_ms": 5.2}, "qwen3_coder": {"naive_ms": 5.3}},
+              "ratios": {"qwen3_naive_over_session": 10.2, "qwen3_5_naive_over_session": 9.4,
+                         "qwen3_coder_naive_over_session": 10.6},
+              "targets": {"qwen3_naive_over_session": 10.0, "qwen3_5_naive_over_session": 10.0,
+                          "qwen3_coder_naive_over_session": 10.0}}
+    rows = rt.target_rows("bench_bridge", bridge)
+    assert [(r.figure, r.baseline, r.met) for r in rows] == [
+        ("qwen3_naive_over_session", ("qwen3.naive_ms", 5.1), True),
+        ("qwen3_5_naive_over_session", ("qwen3_5.naive_ms", 5.2), False),
+        ("qwen3_coder_naive_over_session", ("qwen3_coder.naive_ms", 5.3), True)]
+
+
+def test_a_figure_matching_two_ratios_equally_gets_none() -> None:
+    client = {"figures": {"agentrl_direct_req_per_s": 2500.0},
+              "baseline": {"bare_direct_req_per_s": 2800.0, "bare_router_req_per_s": 2300.0},
+              "ratios": {"agentrl_vs_bare_direct": 0.89, "router_vs_direct_agentrl": 0.8},
+              "targets": {"agentrl_direct_req_per_s": 2000.0}}
+    row = rt.target_rows("bench_client", client)[0]
+    assert row.ratio is None  # both ratios share two words with the figure: no guess
+    assert row.baseline == ("bare_direct_req_per_s", 2800.0)
+
+
 def test_flat_result_is_sorted_into_sections() -> None:
     assert rt.missing_sections(SANDBOX) == list(rt.SECTIONS)
     parts = rt.sections(SANDBOX)
