@@ -107,7 +107,8 @@ def sections(result: Mapping[str, Any]) -> dict[str, Any]:
     of ``X_Y`` and ``X_target_met`` the verdict of the targets starting with ``X_``; keys with
     ``baseline`` are baselines, keys with ``_vs_``, ``speedup`` or ``ratio`` are ratios."""
     if any(isinstance(result.get(name), Mapping) for name in SECTIONS):
-        return {name: dict(result.get(name) or {}) for name in SECTIONS} | {"met": result.get("met")}
+        return {name: dict(part) if isinstance(part := result.get(name), Mapping) else {} for name in SECTIONS
+                } | {"met": result.get("met")}
     parts: dict[str, Any] = {name: {} for name in SECTIONS}
     verdicts: dict[str, Any] = {}
     for key, value in result.items():
@@ -309,7 +310,7 @@ def render_markdown(runs: Sequence[BenchRun], machine: Sequence[tuple[str, str]]
              "figure; targets come from each benchmark's issue. A missed target is a finding, not a failed run. "
              "Baselines and ratios are paired with a figure by name (shown as `name = value`); each bench's "
              "whole `RESULT` is at the end.", "",
-             f"**{met} of {len(rows)} targets met** over {sum(r.outcome is Outcome.OK for r in runs)} benches "
+             f"**{met} of {len(rows)} targets met** over {sum(r.result is not None for r in runs)} benches "
              f"with a RESULT; {sum(r.outcome.crashed for r in runs)} crashed or timed out, "
              f"{sum(r.outcome is Outcome.SKIPPED for r in runs)} skipped.", "", "## Machine", ""]
     lines += _table(("", ""), [(k, v) for k, v in machine])

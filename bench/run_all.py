@@ -215,9 +215,12 @@ def machine_info(repo: Path) -> list[tuple[str, str]]:
     os_name = release.get("PRETTY_NAME", platform.system()).strip('"')
     gpu = "none"
     if shutil.which("nvidia-smi"):
-        query = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=60)
-        gpu = "; ".join(query.stdout.strip().splitlines()) or "nvidia-smi found, no GPU listed"
+        try:
+            query = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            query = f"nvidia-smi failed: {exc}"
+        gpu = "; ".join(query.strip().splitlines()) or "nvidia-smi found, no GPU listed"
     versions = []
     for package in VERSIONS:
         try:
