@@ -283,6 +283,10 @@ def progress_summary(run: BenchRun) -> str:
     return text
 
 
+def _benches(n: int) -> str:
+    return f"{n} bench" if n == 1 else f"{n} benches"
+
+
 def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in body]
@@ -310,7 +314,7 @@ def render_markdown(runs: Sequence[BenchRun], machine: Sequence[tuple[str, str]]
              "figure; targets come from each benchmark's issue. A missed target is a finding, not a failed run. "
              "Baselines and ratios are paired with a figure by name (shown as `name = value`); each bench's "
              "whole `RESULT` is at the end.", "",
-             f"**{met} of {len(rows)} targets met** over {sum(r.result is not None for r in runs)} benches "
+             f"**{met} of {len(rows)} targets met** over {_benches(sum(r.result is not None for r in runs))} "
              f"with a RESULT; {sum(r.outcome.crashed for r in runs)} crashed or timed out, "
              f"{sum(r.outcome is Outcome.SKIPPED for r in runs)} skipped.", "", "## Machine", ""]
     lines += _table(("", ""), [(k, v) for k, v in machine])

@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     log_dir = args.logs or Path(tempfile.mkdtemp(prefix="bench-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    print(f"run_all: {len(names)} benches, logs in {log_dir}", flush=True)
+    print(f"run_all: {len(names)} bench{'' if len(names) == 1 else 'es'}, logs in {log_dir}", flush=True)
     started = datetime.datetime.now(datetime.timezone.utc)
     machine = machine_info(bench_dir.parent)
     clock = time.perf_counter()
