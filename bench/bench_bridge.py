@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import random
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ CALC = {"type": "function", "function": {
     "name": "python", "description": "Run Python code and return its standard output.",
     "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "The code."}},
                    "required": ["code"]}}}
+TARGET_RATIO = 10.0  # bridging at least 10x cheaper than re-rendering at turn 16
 _WORDS = ("value result step total python print compute answer number list check error output "
           "the a of to and in is for sum product loop range").split()
 
@@ -134,6 +136,16 @@ def main() -> None:
         print(f"  {name:12s} naive {naive_t * 1e3:7.3f} ms | session {session_t * 1e3:6.3f} ms, "
               f"ratio {naive_t / session_t:5.1f}x | stateless {stateless_t * 1e3:6.3f} ms, "
               f"ratio {naive_t / stateless_t:5.1f}x   (target >= 10x)")
+    figures = {name: {"session_ms": round(s * 1e3, 4), "stateless_ms": round(st * 1e3, 4)} for name, _, s, st in summary}
+    baseline = {name: {"naive_ms": round(n * 1e3, 4)} for name, n, _, _ in summary}
+    ratios: dict[str, float] = {}
+    for name, naive_t, session_t, stateless_t in summary:
+        ratios[f"{name}_naive_over_session"] = round(naive_t / session_t, 2)
+        ratios[f"{name}_naive_over_stateless"] = round(naive_t / stateless_t, 2)
+    targets = {f"{name}_naive_over_session": TARGET_RATIO for name, *_ in summary}
+    met = {key: ratios[key] >= limit for key, limit in targets.items()}
+    print("RESULT " + json.dumps({"figures": {"turn": args.turns, **figures}, "baseline": baseline, "ratios": ratios,
+                                  "targets": targets, "met": met}))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from agentrl.rollout import ClientConfig, InferenceClient, Router, RouterConfig,
 from agentrl.rollout.process import free_port
 
 PROMPT = list(range(100, 108))
+TARGETS = {"agentrl_vs_bare_direct": 0.8, "agentrl_vs_bare_router": 0.8, "agentrl_direct_req_per_s": 2000.0}
 PARAMS = SamplingParams(max_new_tokens=4)
 Send = Callable[[int], Awaitable[None]]
 
@@ -155,6 +157,18 @@ def main() -> None:
         print(f"agentrl / bare aiohttp ({path}): rate {agentrl[0] / bare[0]:.2f}, "
               f"client CPU per request {agentrl[3] / bare[3]:.2f}")
     print(f"router / direct (agentrl): {rows[('agentrl', 'router')][0] / rows[('agentrl', 'direct')][0]:.2f}")
+    cells = {f"{'bare' if name == 'bare aiohttp' else name}_{path}": row for (name, path), row in rows.items()}
+    stats = {f"{key}_{m}": round(v, 2) for key, row in cells.items()
+             for m, v in zip(("req_per_s", "p50_ms", "p99_ms", "cpu_us_per_req"), row, strict=True)}
+    figures = {k: v for k, v in stats.items() if not k.startswith("bare_")}
+    baseline = {k: v for k, v in stats.items() if k.startswith("bare_")}
+    ratios = {f"agentrl_vs_bare_{path}": round(cells[f"agentrl_{path}"][0] / cells[f"bare_{path}"][0], 3)
+              for path in ("direct", "router")}
+    ratios["router_vs_direct_agentrl"] = round(cells["agentrl_router"][0] / cells["agentrl_direct"][0], 3)
+    values = {**figures, **ratios}
+    met = {key: values[key] >= limit for key, limit in TARGETS.items()}
+    print("RESULT " + json.dumps({"figures": figures, "baseline": baseline, "ratios": ratios, "targets": TARGETS,
+                                  "met": met}))
 
 
 if __name__ == "__main__":

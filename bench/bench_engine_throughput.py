@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 
 import psutil
@@ -117,10 +118,19 @@ def main() -> None:
     rows.append(("HF transformers generate", hf[1], hf[16]))
     for name, b1, b16 in rows:
         print(f"{name:<28}{b1[0]:>10.0f}{b16[0]:>11.0f}{b1[1]:>14.0f}{b16[1]:>15.0f}")
+    ratios: dict[str, float] = {}
     for batch in (1, 16):
         wall = sglang[("router", batch)][0] / hf[batch][0]
         cpu = sglang[("router", batch)][1] / hf[batch][1]
         print(f"SGLang (router) / HF at batch {batch}: wall {wall:.2f}, per CPU second {cpu:.2f}")
+        ratios[f"sglang_router_vs_hf_b{batch}_tok_per_s"] = round(wall, 3)
+        ratios[f"sglang_router_vs_hf_b{batch}_tok_per_cpu_s"] = round(cpu, 3)
+    figures = {f"sglang_{path}_b{batch}_{unit}": round(value, 1) for (path, batch), pair in sglang.items()
+               for unit, value in zip(("tok_per_s", "tok_per_cpu_s"), pair, strict=True)}
+    baseline = {f"hf_b{batch}_{unit}": round(value, 1) for batch, pair in hf.items()
+                for unit, value in zip(("tok_per_s", "tok_per_cpu_s"), pair, strict=True)}
+    # no target: the issue asks for the tiny model's tokens/s to be reported
+    print("RESULT " + json.dumps({"figures": figures, "baseline": baseline, "ratios": ratios, "targets": {}}))
 
 
 if __name__ == "__main__":

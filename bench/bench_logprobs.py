@@ -180,6 +180,18 @@ def main() -> None:
     print(f"  max |naive   - float64 exact| = {err_naive:.2e}")
     print(f"  max |chunked - naive|         = {diff:.2e} (target <= 1e-5): {'PASS' if diff <= 1e-5 else 'FAIL'}")
     print(f"  time ratio chunked/naive = {chunked['seconds'] / naive['seconds']:.2f}")
+    figures = {"mode": mode, "device": args.device, "tokens": args.tokens, "vocab": args.vocab,
+               "from_hidden": args.from_hidden, "chunked_extra_bytes": chunked["extra_bytes"],
+               "chunked_s": round(chunked["seconds"], 4), "max_abs_err_chunked": err_chunked,
+               "max_abs_diff_chunked_naive": diff}
+    baseline = {"naive_extra_bytes": naive["extra_bytes"], "naive_s": round(naive["seconds"], 4),
+                "max_abs_err_naive": err_naive}
+    ratios = {"chunked_vs_naive_memory": round(ratio, 4),
+              "chunked_vs_naive_time": round(chunked["seconds"] / naive["seconds"], 3)}
+    targets = {"chunked_vs_naive_memory": 0.25, "max_abs_err_chunked": 1e-5}
+    met = {"chunked_vs_naive_memory": ratio <= 0.25, "max_abs_err_chunked": err_chunked <= 1e-5}
+    print("RESULT " + json.dumps({"figures": figures, "baseline": baseline, "ratios": ratios, "targets": targets,
+                                  "met": met}))
 
 
 if __name__ == "__main__":

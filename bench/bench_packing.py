@@ -19,11 +19,14 @@ Padding fraction = padded slots / all slots. Target for the packer: <= 5%.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import time
 
 from agentrl.train import PackingConfig, plan_micro_batches
+
+TARGET_PADDING = 0.05
 
 
 def skewed_lengths(n: int, seed: int, *, median: float = 1200.0, sigma: float = 0.9,
@@ -68,6 +71,7 @@ def main() -> None:
         frac, n_mb = fixed_padding(lengths, k)
         baseline[k] = frac
         print(f"  fixed-size k={k:<2d}               padding {frac:6.1%}  micro-batches {n_mb}")
+    figures: dict[str, float] = {}
     for algorithm in ("first_fit_decreasing", "best_fit_decreasing"):
         start = time.perf_counter()
         frac, n_mb, imbalance = packer_padding(lengths, args.budget, args.world_size, algorithm)
@@ -76,6 +80,15 @@ def main() -> None:
         print(f"  packer {algorithm:22s} padding {frac:6.1%}  micro-batches {n_mb}  rank load max/mean "
               f"{imbalance:.3f}  plan {ms:.0f} ms  (target <= 5%: {verdict})")
         print(f"    padding ratio packer / fixed k=4: {frac / baseline[4]:.3f}")
+        figures[f"{algorithm}_padding"] = round(frac, 5)
+        figures[f"{algorithm}_rank_imbalance"] = round(imbalance, 4)
+    ratios = {f"{name.removesuffix('_padding')}_vs_fixed_k4_padding": round(value / baseline[4], 4)
+              for name, value in figures.items() if name.endswith("_padding")}
+    targets = {name: TARGET_PADDING for name in figures if name.endswith("_padding")}
+    met = {name: figures[name] <= limit for name, limit in targets.items()}
+    print("RESULT " + json.dumps({"figures": figures, "baseline": {f"fixed_k{k}_padding": round(v, 5)
+                                                                   for k, v in baseline.items()},
+                                  "ratios": ratios, "targets": targets, "met": met}))
 
 
 if __name__ == "__main__":

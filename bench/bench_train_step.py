@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import random
 import time
 from typing import Any
@@ -160,8 +161,16 @@ def main() -> None:
     print(f"  plain HF CE step     : {tokens / base:10.1f} tokens/s ({base * 1e3:.0f} ms/step)")
     print(f"  ratio agentrl / plain: {base / ours:.2f} (includes the no-grad old-logprob forward)")
     module = device_module(device)
+    figures: dict[str, Any] = {"model": args.model, "device": str(device), "fused_lm_head": args.fused_lm_head,
+                               "tokens_per_step": tokens, "agentrl_tokens_per_s": round(tokens / ours, 1),
+                               "agentrl_ms_per_step": round(ours * 1e3, 1)}
     if module is not None:
         print(f"  peak device memory   : {module.max_memory_allocated(device) / 2**30:.2f} GiB")
+        figures["peak_memory_gib"] = round(module.max_memory_allocated(device) / 2**30, 3)
+    baseline = {"plain_tokens_per_s": round(tokens / base, 1), "plain_ms_per_step": round(base * 1e3, 1)}
+    # no target: the ratio includes the RL step's no-grad old-logprob forward, which a plain LM step does not run
+    print("RESULT " + json.dumps({"figures": figures, "baseline": baseline,
+                                  "ratios": {"agentrl_vs_plain": round(base / ours, 3)}, "targets": {}}))
 
 
 if __name__ == "__main__":
