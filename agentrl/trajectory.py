@@ -513,7 +513,11 @@ def write_records(path: str | os.PathLike[str], records: Iterable[dict[str, Any]
     n = 0
     with open(path, "a" if append else "w", encoding="utf-8") as f:
         for record in records:
-            f.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
+            line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+            try:
+                f.write(line)
+            except UnicodeEncodeError:  # a lone surrogate (from an environment's text): escaped, still lossless
+                f.write(json.dumps(record, ensure_ascii=True, allow_nan=False))
             f.write("\n")
             n += 1
     return n
