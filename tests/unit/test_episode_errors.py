@@ -163,6 +163,20 @@ async def test_an_environment_failing_without_saying_why_gets_an_env_error(tok: 
     assert (error.kind, error.component) == (ErrorKind.ENV, "step") and "failures: tool_timeout" in error.message
 
 
+async def test_an_environment_message_no_tokenizer_can_encode_is_a_bridge_error(tok: Any, tmp_path: Path) -> None:
+    class Surrogates(CalcEnv):  # text decoded with errors="surrogateescape" holds lone surrogates
+        async def step(self, reply: Message, failures: Any = ()) -> StepResult:
+            self._begin_step()
+            return StepResult(messages=[Message(role="user", content="bytes \udcff here")])
+
+    ep = await _run(tok, Surrogates({}), [ANSWER])
+    [error] = ep.trajectory.errors
+    assert (ep.status, error.kind, error.component, error.turn) == (Status.FAILED, ErrorKind.BRIDGE, "bridge", 1)
+    assert "lone surrogate '\\udcff'" in error.message
+    save_episodes(tmp_path / "e.jsonl", [ep])
+    assert load_episodes(tmp_path / "e.jsonl")[0].to_dict() == ep.to_dict()
+
+
 def test_the_viewer_shows_each_error_with_its_kind_and_where() -> None:
     page = trajectory_html(_finished(*ERRORS))
     for error in ERRORS:
