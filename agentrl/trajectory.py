@@ -30,7 +30,9 @@ Each stop reason implies one status (:func:`status_for`): ``no_tool_calls``, ``e
 truncated; ``aborted`` → aborted; ``failed`` → failed.
 
 A trajectory is a plain dataclass: picklable, and losslessly round-tripped through JSON
-(:meth:`to_dict` / :meth:`from_dict`, :func:`save_jsonl` / :func:`load_jsonl`).
+(:meth:`to_dict` / :meth:`from_dict`, :func:`save_jsonl` / :func:`load_jsonl`); the one exception
+is a lone surrogate in a string (not Unicode: an environment's text decoded with
+``surrogateescape``), which files hold as U+FFFD.
 
 Example::
 
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agentrl._enum import NamedEnum
+from agentrl._unicode import without_lone_surrogates
 from agentrl.chat.types import Message
 
 __all__ = [
@@ -516,8 +519,8 @@ def write_records(path: str | os.PathLike[str], records: Iterable[dict[str, Any]
             line = json.dumps(record, ensure_ascii=False, allow_nan=False)
             try:
                 f.write(line)
-            except UnicodeEncodeError:  # a lone surrogate (from an environment's text): escaped, still lossless
-                f.write(json.dumps(record, ensure_ascii=True, allow_nan=False))
+            except UnicodeEncodeError:  # a lone surrogate (from an environment's text): written as U+FFFD
+                f.write(json.dumps(without_lone_surrogates(record), ensure_ascii=False, allow_nan=False))
             f.write("\n")
             n += 1
     return n
