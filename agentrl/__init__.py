@@ -6,7 +6,17 @@ holds all of an episode's sequences and is what to save and batch.
 """
 
 from agentrl.episode import Episode, iter_episodes, load_episodes, save_episodes
-from agentrl.trajectory import Segment, SegmentKind, Status, StopReason, Trajectory, TrajectoryError
+from agentrl.trajectory import (
+    EpisodeError,
+    ErrorKind,
+    Segment,
+    SegmentKind,
+    Status,
+    StopReason,
+    Trajectory,
+    TrajectoryError,
+    status_for,
+)
 
 __version__ = "0.1.0"
 
@@ -25,5 +35,6 @@ def __getattr__(name: str) -> object:
         return api.train_async
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
 
-__all__ = ["Episode", "Segment", "SegmentKind", "Status", "StopReason", "Trajectory", "TrajectoryError", "__version__",
-           "iter_episodes", "load_episodes", "save_episodes", "train", "train_async"]
+__all__ = ["Episode", "EpisodeError", "ErrorKind", "Segment", "SegmentKind", "Status", "StopReason", "Trajectory",
+           "TrajectoryError", "__version__", "iter_episodes", "load_episodes", "save_episodes", "status_for", "train",
+           "train_async"]

@@ -18,8 +18,21 @@ Invariants, checked on every append and on load:
   it is known;
 - nothing is appended after a terminal status (completed / truncated / aborted / failed).
 
+Errors are values: whatever went wrong in the episode (the engine, the environment, a tool under
+failure policy ``end``, the bridge, the reward) is an :class:`EpisodeError` in
+:attr:`Trajectory.errors`: a kind (:class:`ErrorKind`), the message, and where it happened (model
+turn, component, tool call id). Files written before errors were typed keep them as strings under
+``info["engine_error"]`` (``env_error``, ``bridge_error``, ``reward_error``, ``endpoint_error``);
+:meth:`Trajectory.from_dict` reads those into :attr:`Trajectory.errors`.
+
+Each stop reason implies one status (:func:`status_for`): ``no_tool_calls``, ``env_done``,
+``max_turns`` and ``max_tool_calls`` → completed; ``context_budget`` and ``engine_length`` →
+truncated; ``aborted`` → aborted; ``failed`` → failed.
+
 A trajectory is a plain dataclass: picklable, and losslessly round-tripped through JSON
-(:meth:`to_dict` / :meth:`from_dict`, :func:`save_jsonl` / :func:`load_jsonl`).
+(:meth:`to_dict` / :meth:`from_dict`, :func:`save_jsonl` / :func:`load_jsonl`); the one exception
+is a lone surrogate in a string (not Unicode: an environment's text decoded with
+``surrogateescape``), which files hold as U+FFFD.
 
 Example::
 
@@ -40,9 +53,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agentrl._enum import NamedEnum
+from agentrl._unicode import without_lone_surrogates
 from agentrl.chat.types import Message
 
 __all__ = [
+    "EpisodeError",
+    "ErrorKind",
     "Segment",
     "SegmentKind",
     "Status",
@@ -52,6 +68,7 @@ __all__ = [
     "iter_jsonl",
     "load_jsonl",
     "save_jsonl",
+    "status_for",
 ]
 
 T = TypeVar("T")
@@ -113,6 +130,92 @@ class StopReason(NamedEnum):
     FAILED = "failed"
 
 
+_STATUS_OF: dict[StopReason, Status] = {
+    StopReason.NO_TOOL_CALLS: Status.COMPLETED, StopReason.ENV_DONE: Status.COMPLETED,
+    StopReason.MAX_TURNS: Status.COMPLETED, StopReason.MAX_TOOL_CALLS: Status.COMPLETED,
+    StopReason.CONTEXT_BUDGET: Status.TRUNCATED, StopReason.ENGINE_LENGTH: Status.TRUNCATED,
+    StopReason.ABORTED: Status.ABORTED, StopReason.FAILED: Status.FAILED,
+}
+
+
+def status_for(reason: StopReason) -> Status:
+    """The trajectory status a stop reason implies (table in the module doc)."""
+    return _STATUS_OF[reason]
+
+
+class ErrorKind(NamedEnum):
+    """What failed, for an :class:`EpisodeError`; the step report counts them as ``errors/<kind>``."""
+
+    ENGINE = "engine"  # unreachable, a server error, past the deadline, or a request the engine aborted as a failure
+    ENGINE_OUTPUT = "engine_output"  # an answer that breaks an invariant (no logprobs, an id outside the vocabulary)
+    PROMPT_TOO_LONG = "prompt_too_long"  # the engine refused the prompt as too long (the episode is truncated)
+    ENV = "env"  # the environment raised in step() or broke its contract
+    PARSE = "parse"  # failure policy ``end`` on a malformed tool call
+    TOOL = "tool"  # failure policy ``end`` on a tool that raised or timed out
+    SANDBOX = "sandbox"  # failure policy ``end`` on a sandbox failure
+    BRIDGE = "bridge"  # the chat template rejected the conversation
+    REWARD = "reward"  # the reward function raised or ran past its deadline
+
+
+@dataclass(frozen=True)
+class EpisodeError:
+    """One thing that went wrong in an episode, as a value (never raised): picklable, JSON round-tripped.
+
+    ``turn`` is the number of model turns its sequence held when it happened (0: before the first answer);
+    ``component`` names the part that failed (``generate``, ``step``, ``bridge``, ``reward``,
+    ``endpoint``, ``scheduler``, or the tool's name); ``tool_call_id`` the call, when one did.
+    """
+
+    kind: ErrorKind
+    message: str
+    turn: int | None = None
+    component: str | None = None
+    tool_call_id: str | None = None
+
+    @property
+    def where(self) -> str:
+        """``turn 2 · step · call c1``: the known parts of where it happened ("-" when none is)."""
+        parts = [f"turn {self.turn}" if self.turn is not None else None, self.component,
+                 f"call {self.tool_call_id}" if self.tool_call_id is not None else None]
+        return " · ".join(p for p in parts if p) or "-"
+
+    def __str__(self) -> str:
+        return f"{self.kind.value} error ({self.where}): {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "message": self.message, "turn": self.turn, "component": self.component,
+                "tool_call_id": self.tool_call_id}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EpisodeError:
+        try:
+            turn = data.get("turn")
+            return cls(kind=ErrorKind(data["kind"]), message=str(data["message"]),
+                       turn=int(turn) if turn is not None else None, component=data.get("component"),
+                       tool_call_id=data.get("tool_call_id"))
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise TrajectoryError(f"errors entry: expected kind/message, got {data!r:.200} ({exc})") from exc
+
+
+# ``info`` keys under which files written before errors were typed hold them, and the kind each becomes
+_LEGACY_ERROR_KEYS: dict[str, ErrorKind] = {"engine_error": ErrorKind.ENGINE, "endpoint_error": ErrorKind.ENGINE,
+                                            "env_error": ErrorKind.ENV, "bridge_error": ErrorKind.BRIDGE,
+                                            "reward_error": ErrorKind.REWARD}
+
+
+def _legacy_errors(info: dict[str, Any], status: Status) -> list[EpisodeError]:
+    """Takes the string errors of an old record out of ``info`` (an engine error of a truncated
+    episode was the engine refusing a prompt as too long)."""
+    out = []
+    for key, kind in _LEGACY_ERROR_KEYS.items():
+        if key not in info:
+            continue
+        if kind is ErrorKind.ENGINE and status is Status.TRUNCATED:
+            kind = ErrorKind.PROMPT_TOO_LONG
+        out.append(EpisodeError(kind, str(info.pop(key)), component=key.removesuffix("_error")))
+    return out
+
+
 @dataclass(frozen=True)
 class Segment:
     """Provenance of one contiguous span ``[start, end)`` of ``Trajectory.tokens``."""
@@ -168,6 +271,7 @@ class Trajectory:
     vocab_size: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    errors: list[EpisodeError] = field(default_factory=list)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -275,6 +379,19 @@ class Trajectory:
         self.stop_reason = stop_reason
         return True
 
+    def add_error(self, kind: ErrorKind, message: str, *, component: str | None = None,
+                  tool_call_id: str | None = None) -> EpisodeError:
+        """Records what went wrong (allowed after the end too: a reward fails after it); returns it.
+        ``turn`` is the number of model turns so far."""
+        error = EpisodeError(ErrorKind(kind), message, turn=self.num_model_turns, component=component,
+                             tool_call_id=tool_call_id)
+        self.errors.append(error)
+        return error
+
+    def error_of(self, *kinds: ErrorKind) -> EpisodeError | None:
+        """The first recorded error of one of ``kinds`` (any kind when none is given), or None."""
+        return next((e for e in self.errors if not kinds or e.kind in kinds), None)
+
     # -- views -------------------------------------------------------------------------------
     @property
     def response_length(self) -> int:
@@ -363,25 +480,28 @@ class Trajectory:
             "reward": self.reward, "reward_parts": dict(self.reward_parts), "group_id": self.group_id,
             "rollout_id": self.rollout_id, "sample_id": self.sample_id, "session_id": self.session_id,
             "sequence_index": self.sequence_index, "vocab_size": self.vocab_size, "metrics": dict(self.metrics),
-            "info": dict(self.info),
+            "info": dict(self.info), "errors": [e.to_dict() for e in self.errors],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         """Rebuilds a trajectory and validates it; a broken record raises :class:`TrajectoryError`."""
         try:
+            status = Status(data.get("status", "pending"))
+            info = dict(data.get("info") or {})
+            errors = [EpisodeError.from_dict(e) for e in data.get("errors") or []] + _legacy_errors(info, status)
             traj = cls(
                 tokens=[int(t) for t in data["tokens"]], prompt_length=int(data["prompt_length"]),
                 loss_mask=[int(m) for m in data["loss_mask"]], logprobs=[float(x) for x in data["logprobs"]],
                 segments=[Segment.from_dict(s) for s in data["segments"]],
                 messages=[Message.from_dict(m) for m in data.get("messages", [])],
-                status=Status(data.get("status", "pending")),
+                status=status,
                 stop_reason=StopReason(data["stop_reason"]) if data.get("stop_reason") else None,
                 reward=data.get("reward"), reward_parts=dict(data.get("reward_parts") or {}),
                 group_id=data.get("group_id"), rollout_id=data.get("rollout_id"), sample_id=data.get("sample_id"),
                 session_id=data.get("session_id"), sequence_index=int(data.get("sequence_index", 0)),
                 vocab_size=data.get("vocab_size"), metrics=dict(data.get("metrics") or {}),
-                info=dict(data.get("info") or {}),
+                info=info, errors=errors,
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, TrajectoryError):
@@ -396,7 +516,11 @@ def write_records(path: str | os.PathLike[str], records: Iterable[dict[str, Any]
     n = 0
     with open(path, "a" if append else "w", encoding="utf-8") as f:
         for record in records:
-            f.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
+            line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+            try:
+                f.write(line)
+            except UnicodeEncodeError:  # a lone surrogate (from an environment's text): written as U+FFFD
+                f.write(json.dumps(without_lone_surrogates(record), ensure_ascii=False, allow_nan=False))
             f.write("\n")
             n += 1
     return n

@@ -41,7 +41,8 @@ from agentrl.testing import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NOISE = "Invalid HTTP request received"
-SDK_ERRORS = ("engine_error", "env_error", "bridge_error", "reward_error")
+# error kinds that mean the SDK or its infrastructure failed (not the model's tool use)
+SDK_ERRORS = ("engine", "engine_output", "prompt_too_long", "env", "bridge", "reward")
 
 
 def noise_lines(engine: SGLangEngine) -> int:
@@ -95,7 +96,8 @@ async def main(runs: int) -> dict[str, Any]:
         episodes = load_episodes(save)
         statuses = Counter(e.status.value for e in episodes)
         reasons = Counter(e.stop_reason.value if e.stop_reason else "none" for e in episodes)
-        sdk = [{k: e.trajectory.info[k] for k in SDK_ERRORS if k in e.trajectory.info} for e in episodes]
+        sdk = [{f"{x.kind.value}_error": x.message for x in e.trajectory.errors if x.kind.value in SDK_ERRORS}
+               for e in episodes]
         result.update({
             "runs": runs, "exit_codes": dict(Counter(codes)), "episodes_saved": len(episodes),
             "status_counts": dict(statuses), "stop_reasons": dict(reasons),

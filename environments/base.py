@@ -54,7 +54,7 @@ from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.policy import EnvLimits, FailureAction, FailurePolicy
 from agentrl.rewards.types import RewardValue
 from agentrl.tools.base import Tool, ToolResult, short_error, tool_schema
-from agentrl.trajectory import StopReason, Trajectory
+from agentrl.trajectory import EpisodeError, ErrorKind, StopReason, Trajectory
 
 __all__ = ["Environment", "EpisodeDoneError", "StepResult", "ToolLike", "tool_spec"]
 
@@ -78,7 +78,9 @@ class StepResult:
     - ``reward_parts``: step-level shaping (e.g. ``failure_penalty``), summed over the episode;
     - ``failures``: every failure this step saw, by kind (counted in the trajectory's metrics);
       a tolerated parse failure the policy only records is counted too, under ``tolerated``;
-    - ``info``: free-form, logged.
+    - ``info``: free-form, logged;
+    - ``error``: why a step that ends the episode as ``failed`` failed (the agent loop records it in
+      ``Trajectory.errors``; the default ``step`` sets it when the failure policy says ``end``).
     """
 
     messages: list[Message] = field(default_factory=list)
@@ -88,6 +90,7 @@ class StepResult:
     stop_reason: StopReason | None = None
     failures: list[FailureKind] = field(default_factory=list)
     tolerated: list[FailureKind] = field(default_factory=list)
+    error: EpisodeError | None = None
 
     def __post_init__(self) -> None:
         if self.done and self.stop_reason is None:
@@ -100,6 +103,22 @@ class StepResult:
                 raise TypeError(f"StepResult.messages[{i}]: expected a Message, got {type(m).__name__}")
             if m.role not in ("tool", "user"):
                 raise ValueError(f"StepResult.messages[{i}].role={m.role!r}; expected 'tool' or 'user'")
+
+
+# a failure's message can quote the model's arguments: keep the error short
+_MAX_ERROR_CHARS = 500
+_TOOL_FAILURES = {FailureKind.TOOL_ERROR: ErrorKind.TOOL, FailureKind.TOOL_TIMEOUT: ErrorKind.TOOL,
+                  FailureKind.SANDBOX_ERROR: ErrorKind.SANDBOX}
+
+
+def _error_kind_of(kind: FailureKind) -> ErrorKind:
+    """The episode error a tool-use failure becomes when it ends the episode: ``tool`` or ``sandbox``
+    for a call that ran, ``parse`` for a call the parser could not accept (unknown tool included)."""
+    return _TOOL_FAILURES.get(kind, ErrorKind.PARSE)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
 
 
 @dataclass
@@ -208,7 +227,7 @@ class Environment(ABC):
                 result.tolerated.append(f.kind)
                 continue
             end |= self._apply_failure(result, f.kind, f"Error: {f.kind.value}: {f.message}", feedback, None,
-                                       tolerated=f.tolerated)
+                                       tolerated=f.tolerated, where=(f.tool_name, f.call_id))
         calls = list(reply.tool_calls)
         if not calls and not feedback and not end:
             return self._finish(result, StopReason.NO_TOOL_CALLS)
@@ -222,7 +241,8 @@ class Environment(ABC):
                 self.successful_tool_calls += 1
                 result.messages.append(msg)
             else:
-                end |= self._apply_failure(result, out.failure, out.content, result.messages, msg)
+                end |= self._apply_failure(result, out.failure, out.content, result.messages, msg,
+                                           where=(call.name, call.id))
         result.messages.extend(feedback)
         result.info["tool_calls"] = len(run)
         result.info["turn"] = self.turns
@@ -265,8 +285,10 @@ class Environment(ABC):
         return result
 
     def _apply_failure(self, result: StepResult, kind: FailureKind, text: str, sink: list[Message],
-                       msg: Message | None, tolerated: bool = False) -> bool:
-        """Records one failure; appends feedback to ``sink`` unless the policy ends the episode.
+                       msg: Message | None, tolerated: bool = False,
+                       where: tuple[str | None, str | None] = (None, None)) -> bool:
+        """Records one failure; appends feedback to ``sink`` unless the policy ends the episode (the
+        first failure that does is ``result.error``; ``where`` is its tool name and call id).
 
         ``record`` appends nothing for a parse failure (``msg`` None); a failed tool call still gets
         its tool message, which the conversation needs.
@@ -275,6 +297,10 @@ class Environment(ABC):
         result.failures.append(kind)
         action = self.failure_policy.action_for(kind, tolerated=tolerated)
         if action is FailureAction.END:
+            if result.error is None:
+                result.error = EpisodeError(_error_kind_of(kind), f"failure policy 'end' on {kind.value}: "
+                                            f"{_clip(text, _MAX_ERROR_CHARS)}", component=where[0] or "parse",
+                                            tool_call_id=where[1])
             return True
         if action is FailureAction.RECORD and msg is None:
             return False

@@ -95,9 +95,10 @@ def show(episode: Episode, template: ChatTemplate) -> None:
     """Every sequence of the episode (more than one when the template rewrote history and it forked)."""
     print(f"status={episode.status.value} stop_reason={episode.stop_reason.value if episode.stop_reason else None} "
           f"reward={episode.reward} sequences={len(episode.sequences)} metrics={episode.trajectory.metrics}")
-    for why in ("engine_error", "env_error", "bridge_error", "reward_error", "abort_reason"):
-        if why in episode.trajectory.info:  # a failed episode says why
-            print(f"  {why}: {episode.trajectory.info[why]}")
+    for error in episode.trajectory.errors:  # a failed episode says why: kind, where, message
+        print(f"  {error}")
+    if "abort_reason" in episode.trajectory.info:
+        print(f"  abort_reason: {episode.trajectory.info['abort_reason']}")
     for traj in episode.sequences:
         for seg in traj.segments:
             text = template.decode(traj.tokens[seg.start:seg.end]).replace("\n", "\\n")

@@ -209,13 +209,21 @@ def _literal(raw: str) -> Any:
 def _served(value: Any, raw: str, what: str) -> Converted:
     """``value`` as the tool receives it after SGLang's JSON round trip, or a fatal problem."""
     try:
-        return Converted(json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False)))
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        served = json.loads(text)
     except ValueError:
         return Converted(raw, f"expected {what}, got {raw!r:.200}, which is not a finite number "
                               "(JSON cannot carry it)", fatal=True)
     except (TypeError, RecursionError):
         return Converted(raw, f"expected {what}, got {raw!r:.200}, which reads as a "
                               f"{type(value).__name__} that JSON cannot carry", fatal=True)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return Converted(raw, f"expected {what}, got {raw!r:.200}, which holds a lone surrogate (not valid "
+                                  "Unicode: JSON cannot carry it)", fatal=True)
+    return Converted(served)
 
 
 def _number(raw: str) -> Converted:

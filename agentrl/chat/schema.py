@@ -103,10 +103,14 @@ def json_value(value: Any) -> Any:
     """``value`` as plain JSON data (tuples become lists), or raises ``ValueError`` naming the problem.
 
     Rejects what JSON cannot carry: non-finite floats (``inf``, ``nan``), sets, bytes, complex
-    numbers and mappings with non-string keys. Nesting deeper than the interpreter's recursion
-    limit raises ``RecursionError``.
+    numbers, mappings with non-string keys, and strings holding a lone surrogate (JSON text may
+    escape one, ``"\\ud800"``, but it is not Unicode: no UTF-8 file, tokenizer or server can carry
+    it). Nesting deeper than the interpreter's recursion limit raises ``RecursionError``.
     """
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, str):
+        _check_unicode(value)
+        return value
+    if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -119,9 +123,19 @@ def json_value(value: Any) -> Any:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ValueError(f"object key {k!r} is not a string")
+            _check_unicode(k)
             out[k] = json_value(v)
         return out
     raise ValueError(f"a {type(value).__name__} ({value!r:.80}) is not a JSON value")
+
+
+def _check_unicode(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the string {text[max(exc.start - 20, 0):exc.end + 20]!r} holds a lone surrogate "
+                             f"({text[exc.start]!r}), which is not valid Unicode") from None
 
 
 def _reject_constant(name: str) -> Any:

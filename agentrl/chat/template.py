@@ -78,6 +78,17 @@ class ChatTemplateError(ValueError):
     """The template refused the conversation (it raised, as the same template would under Hugging Face)."""
 
 
+def _check_unicode(text: str) -> None:
+    """Raises :class:`ChatTemplateError` when ``text`` is not valid Unicode (a tokenizer refuses it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ChatTemplateError(
+            f"the conversation holds a lone surrogate {text[exc.start]!r} at character {exc.start} (near "
+            f"{text[max(exc.start - 30, 0):exc.end + 30]!r}): not valid Unicode, so no tokenizer can encode it "
+            "(text decoded with errors='surrogateescape'?)") from None
+
+
 def detect_tool_call_format(source: str) -> ToolCallFormat:
     """``"xml"`` if the template writes ``<function=`` or ``<parameter=`` calls, else ``"json"``."""
     return "xml" if ("<function=" in source or "<parameter=" in source) else "json"
@@ -195,9 +206,13 @@ class ChatTemplate:
         """
         tok = self._require_tokenizer("tokenize")
         backend = _fast_backend(tok)
-        if backend is not None:
-            return list(backend.encode(text, add_special_tokens=False).ids)
-        return list(tok.encode(text, add_special_tokens=False))
+        try:
+            if backend is not None:
+                return list(backend.encode(text, add_special_tokens=False).ids)
+            return list(tok.encode(text, add_special_tokens=False))
+        except (TypeError, UnicodeEncodeError):
+            _check_unicode(text)
+            raise
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens kept (what the parser should read)."""

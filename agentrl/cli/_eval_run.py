@@ -152,7 +152,8 @@ def _episode_record(episode: Any) -> dict[str, Any]:
     if traj.message_level:  # the conversation, as SFT data reads it
         return {"messages": [m.to_dict() for m in traj.messages], "reward": traj.reward,
                 "status": traj.status.value, "stop_reason": traj.stop_reason.value if traj.stop_reason else None,
-                "sample_id": traj.sample_id, "metrics": traj.metrics, "info": traj.info}
+                "sample_id": traj.sample_id, "metrics": traj.metrics, "info": traj.info,
+                "errors": [e.to_dict() for e in traj.errors]}
     out: dict[str, Any] = episode.to_dict()
     return out
 
@@ -182,13 +183,14 @@ def print_table(reports: list[EvalReport], source: dict[str, Any], paths: list[P
     table = Table(title=f"agentrl eval: {source['kind']} {what}")
     ks = sorted({k for r in reports for k in r.pass_at_k})
     for col in ("set", "prompts", "samples", "mean reward", *(f"pass@{k}" for k in ks), "tool-call rate",
-                "truncated", "failed", "failure kinds", "wall s"):
+                "truncated", "failed", "failure kinds", "errors", "wall s"):
         table.add_column(col)
     for r in reports:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(r.failure_kinds.items(), key=lambda kv: -kv[1])[:4]) or "-"
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items(), key=lambda kv: -kv[1])) or "-"
         table.add_row(r.name, str(r.prompts), str(r.samples), f"{r.mean_reward:.3f}",
                       *(f"{r.pass_at_k[k]:.3f}" if k in r.pass_at_k else "-" for k in ks),
-                      f"{r.tool_call_rate:.3f}", f"{r.truncation_rate:.3f}", f"{r.failure_rate:.3f}", kinds,
+                      f"{r.tool_call_rate:.3f}", f"{r.truncation_rate:.3f}", f"{r.failure_rate:.3f}", kinds, errors,
                       f"{r.wall_s:.1f}")
     console = Console(width=max(Console().width, 120))
     console.print(table)

@@ -5,7 +5,8 @@
   rollouts: groups accepted of the step's target, groups and requests running), and the
   last step's reward, accuracy, rollout throughput and step time;
 - :class:`PlainProgress`: one line per step (not a terminal, or ``--quiet``), e.g.
-  ``step 3/10 reward=0.500 accuracy=0.250 tokens/s=1234 step_s=2.10 eta=0:00:14``, and during a
+  ``step 3/10 reward=0.500 accuracy=0.250 tokens/s=1234 step_s=2.10 eta=0:00:14`` (and
+  ``errors=engine:2,reward:1`` when episodes of the step had errors), and during a
   long rollout phase a line every 10 s: ``step 3 collect_rollouts: 5/8 groups, 3 running, ...``;
 - :class:`RunEndSummary`: one screen at the end: the run folder's path and what is in it, why the
   run stopped, the last figures and the final evaluations.
@@ -68,6 +69,10 @@ class StepFigures:
         self.step = step
         self.last = {label: fmt.format(metrics[key]) for label, key, fmt in _FIGURES
                      if isinstance(metrics.get(key), int | float)}
+        errors = [f"{key.removeprefix('report/errors/')}:{value}" for key, value in sorted(metrics.items())
+                  if key.startswith("report/errors/") and isinstance(value, int) and value > 0]
+        if errors:  # episode errors by kind, only when the step had some
+            self.last["errors"] = ",".join(errors)
 
     def eta_s(self) -> float | None:
         if self.total is None or self.first_step is None or self.step <= self.first_step:

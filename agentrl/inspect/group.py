@@ -90,6 +90,7 @@ class GroupView:
             sign = "pos" if adv is not None and adv > 0 else "neg" if adv is not None and adv < 0 else ""
             adv_text = f"{adv:+.3f}" if adv is not None else "-"
             fails = ", ".join(k.split("/", 1)[1] for k, v in traj.metrics.items() if k.startswith("failures/") and v)
+            errors = ", ".join(e.kind.value for seq in ep.sequences for e in seq.errors)
             viewer = (f"<details><summary>viewer</summary>{episode_html(ep)}</details>" if with_viewers else "")
             cols.append(
                 f'<div class="member"><b>{html.escape(label)}</b><table class="kv">'
@@ -99,6 +100,7 @@ class GroupView:
                 f"{html.escape(traj.stop_reason.value if traj.stop_reason else '-')}</td></tr>"
                 f"<tr><th>tool calls</th><td>{int(traj.metrics.get('tool_calls', 0))}</td></tr>"
                 f'<tr><th>failures</th><td class="fk">{html.escape(fails) or "-"}</td></tr>'
+                f'<tr><th>errors</th><td class="fk">{html.escape(errors) or "-"}</td></tr>'
                 f"<tr><th>tokens</th><td>{sum(s.response_length for s in ep.sequences)} response</td></tr></table>"
                 f'<div class="msg">{html.escape(_answer(ep)[-1500:])}</div>{viewer}</div>')
         rule = "(r - mean) / (std + eps)" if self.settings.get("std_normalize", True) else "r - mean"

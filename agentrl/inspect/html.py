@@ -207,7 +207,10 @@ def _outcome_rows(traj: Trajectory) -> list[tuple[str, str]]:
             ("weight versions", _versions(traj)),
             ("failures", ", ".join(f'<span class="fk">{_esc(k.split("/", 1)[1])}</span>'
                                    f'{" (tolerated)" if k.startswith("tolerated/") else ""} ×{_fmt(v)}'
-                                   for k, v in failures.items()) or "none")]
+                                   for k, v in failures.items()) or "none"),
+            ("errors", "<br>".join(f'<span class="fk">{_esc(e.kind.value)}</span> <i>{_esc(e.where)}</i> '
+                                   f'<span class="note">{_esc(_clip(e.message, _MAX_NOTE_CHARS))}</span>'
+                                   for e in traj.errors) or "none")]
     ids = [(k, getattr(traj, k)) for k in ("group_id", "rollout_id", "sample_id", "session_id")]
     rows.append(("ids", " · ".join(f"{k} {_esc(v)}" for k, v in ids if v is not None) or "-"))
     other = {k: v for k, v in traj.metrics.items() if k not in failures}

@@ -1,7 +1,8 @@
 """Browsing many episodes: an index of a run folder (or a JSONL file) to filter, sort and open.
 
 :class:`RunIndex` reads every episode record once and keeps one small :class:`EpisodeRow` per
-episode (step, ids, reward, status, stop reason, failure kinds, tool calls, turns, tokens) and where
+episode (step, ids, reward, status, stop reason, failure kinds, episode errors by kind, tool calls, turns,
+tokens) and where
 to find the record again; :meth:`RunIndex.episode` loads the full episode on demand. Filters return
 a new index; in Jupyter an index shows itself as a table and :meth:`RunIndex.group` shows the G
 answers to one prompt side by side with their advantages.
@@ -25,7 +26,7 @@ from typing import Any, overload
 
 from agentrl.episode import Episode
 from agentrl.inspect.files import InspectError, RunFolder, episode_from_record, iter_records_file
-from agentrl.trajectory import TrajectoryError
+from agentrl.trajectory import Status, TrajectoryError, _legacy_errors
 
 __all__ = ["EpisodeRow", "RunIndex", "summarize_record"]
 
@@ -50,10 +51,15 @@ class EpisodeRow:
     sequences: int
     kind_tokens: tuple[tuple[str, int], ...] = ()  # tokens per provenance kind over every sequence
     trained_tokens: int = 0
+    errors: tuple[tuple[str, int], ...] = ()  # episode errors per kind (agentrl.trajectory.ErrorKind)
 
     @property
     def failure_kinds(self) -> tuple[str, ...]:
         return tuple(kind for kind, _ in self.failures)
+
+    @property
+    def error_kinds(self) -> tuple[str, ...]:
+        return tuple(kind for kind, _ in self.errors)
 
 
 def _failures(metrics: Mapping[str, Any], env_info: Sequence[Any]) -> tuple[tuple[str, int], ...]:
@@ -66,6 +72,23 @@ def _failures(metrics: Mapping[str, Any], env_info: Sequence[Any]) -> tuple[tupl
             for call in (info.get("calls") or []) if isinstance(info, Mapping) else []:
                 if isinstance(call, Mapping) and call.get("failure"):
                     counts[str(call["failure"])] += 1
+    return tuple(sorted(counts.items()))
+
+
+def _errors(sequences: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, int], ...]:
+    counts: Counter[str] = Counter()
+    for seq in sequences:
+        for error in seq.get("errors") or []:
+            if isinstance(error, Mapping) and error.get("kind"):
+                counts[str(error["kind"])] += 1
+        info = seq.get("info")
+        if isinstance(info, Mapping):  # a record written before errors were typed
+            try:
+                status = Status(seq.get("status", "pending"))
+            except ValueError:
+                status = Status.PENDING
+            for error in _legacy_errors(dict(info), status):
+                counts[error.kind.value] += 1
     return tuple(sorted(counts.items()))
 
 
@@ -95,7 +118,7 @@ def summarize_record(record: Mapping[str, Any], *, path: str, line: int, step: i
                       status=str(last.get("status", "pending")), stop_reason=last.get("stop_reason"),
                       tool_calls=int(tool_calls), failures=_failures(metrics, env_info), turns=turns,
                       response_tokens=response, sequences=len(sequences), kind_tokens=tuple(sorted(kinds.items())),
-                      trained_tokens=trained)
+                      trained_tokens=trained, errors=_errors(sequences))
 
 
 def _rows_of(path: Path, step: int | None) -> Iterator[EpisodeRow]:
@@ -154,13 +177,16 @@ class RunIndex(Sequence[EpisodeRow]):
                max_reward: float | None = None, stop_reason: str | Iterable[str] | None = None,
                status: str | Iterable[str] | None = None, failure: str | None = None,
                tool_calls: int | None = None, min_tool_calls: int | None = None,
-               max_tool_calls: int | None = None, group_id: str | None = None) -> RunIndex:
+               max_tool_calls: int | None = None, group_id: str | None = None,
+               error: str | None = None) -> RunIndex:
         """The rows meeting every given condition. ``failure``: rows with that failure kind (``"any"``:
-        with any failure). Strings may be enum members (``StopReason.MAX_TURNS``)."""
+        with any failure); ``error``: rows with an episode error of that kind (``"any"``: with any).
+        Strings may be enum members (``StopReason.MAX_TURNS``, ``ErrorKind.ENGINE``)."""
         steps = {step} if isinstance(step, int) else set(step) if step is not None else None
         stops = _names(stop_reason)
         statuses = _names(status)
         failure = str(getattr(failure, "value", failure)) if failure is not None else None
+        error = str(getattr(error, "value", error)) if error is not None else None
 
         def keep(r: EpisodeRow) -> bool:
             return ((steps is None or r.step in steps)
@@ -169,6 +195,7 @@ class RunIndex(Sequence[EpisodeRow]):
                     and (stops is None or r.stop_reason in stops)
                     and (statuses is None or r.status in statuses)
                     and (failure is None or (bool(r.failures) if failure == "any" else failure in r.failure_kinds))
+                    and (error is None or (bool(r.errors) if error == "any" else error in r.error_kinds))
                     and (tool_calls is None or r.tool_calls == tool_calls)
                     and (min_tool_calls is None or r.tool_calls >= min_tool_calls)
                     and (max_tool_calls is None or r.tool_calls <= max_tool_calls)
@@ -187,6 +214,14 @@ class RunIndex(Sequence[EpisodeRow]):
         counts: Counter[str] = Counter()
         for r in self.rows:
             for kind, n in r.failures:
+                counts[kind] += n
+        return counts
+
+    def error_counts(self) -> Counter[str]:
+        """Episode error kind -> number of errors over every row."""
+        counts: Counter[str] = Counter()
+        for r in self.rows:
+            for kind, n in r.errors:
                 counts[kind] += n
         return counts
 

@@ -141,6 +141,7 @@ def write_run_report(run: str | os.PathLike[str] | RunFolder, out: str | os.Path
             f"<h3>Best episodes</h3>{rows_table(best, links=links, table_id='best')}"
             f"<h3>Worst episodes</h3>{rows_table(worst, links=links, table_id='worst')}"
             f"{_counts_html('Failure kinds', index.failure_counts())}"
+            f"{_counts_html('Episode errors', index.error_counts())}"
             f"{_counts_html('Stop reasons', index.stop_reason_counts())}<h3>Config</h3>{_config_html(folder)}</div>")
     path = dest / "index.html"
     path.write_text(page(f"agentrl run report · {folder.root.name}", body), encoding="utf-8")
@@ -159,6 +160,7 @@ def write_file_report(path: str | os.PathLike[str], out: str | os.PathLike[str] 
     body = (f'<div class="arl"><style>{CSS}</style><h2>{_esc(source.name)} · {len(index)} episodes</h2>{more}'
             f"{rows_table(list(index), links=links, table_id='episodes', filter_box=True)}"
             f"{_counts_html('Failure kinds', index.failure_counts())}"
+            f"{_counts_html('Episode errors', index.error_counts())}"
             f"{_counts_html('Stop reasons', index.stop_reason_counts())}</div>{filter_script()}")
     out_path = dest / "index.html"
     out_path.write_text(page(f"agentrl · {source.name}", body), encoding="utf-8")

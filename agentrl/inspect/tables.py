@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FILTER_SCRIPT", "composition_bar", "filter_script", "kind_order", "rows_table"]
 
-_HEAD = ("step", "sample", "group", "reward", "status", "stop reason", "tool calls", "failures", "turns",
-         "response tokens", "sequences", "tokens by provenance")
+_HEAD = ("step", "sample", "group", "reward", "status", "stop reason", "tool calls", "failures", "errors",
+         "turns", "response tokens", "sequences", "tokens by provenance")
 _KIND_ORDER = ("prompt", "model", "tool", "user", "scaffold")
 
 # Typing in the box hides the rows whose text does not contain it (every word, any order).
@@ -56,10 +56,11 @@ def _cells(row: EpisodeRow, link: str | None) -> list[str]:
     if link is not None:
         sample = f'<a href="{_esc(link)}">{sample}</a>'
     failures = ", ".join(f'<span class="fk">{_esc(k)}</span> ×{n}' for k, n in row.failures) or ""
+    errors = ", ".join(f'<span class="fk">{_esc(k)}</span> ×{n}' for k, n in row.errors) or ""
     reward = f"{row.reward:.4g}" if row.reward is not None else "-"
     return ["-" if row.step is None else str(row.step), sample, _esc((row.group_id or "-")[:12]),
             f'<span class="num">{reward}</span>', _esc(row.status), _esc(row.stop_reason or "-"),
-            str(row.tool_calls), failures, str(row.turns), str(row.response_tokens), str(row.sequences),
+            str(row.tool_calls), failures, errors, str(row.turns), str(row.response_tokens), str(row.sequences),
             composition_bar(row.kind_tokens)]
 
 

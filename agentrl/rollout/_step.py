@@ -13,7 +13,7 @@ from agentrl.rollout.agent import Episode, EpisodeRunner, GenerateClient, new_id
 from agentrl.rollout.groups import version_number
 from agentrl.rollout.stats import StepStats
 from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
-from agentrl.trajectory import SegmentKind, Status, Trajectory
+from agentrl.trajectory import ErrorKind, SegmentKind, Status, Trajectory
 
 __all__ = ["Member", "MemberRecord", "PendingGroup", "Step", "StepClient", "close_all", "lost_reason",
            "member_sequences", "not_sent", "oldest_version", "segment_version"]
@@ -107,15 +107,20 @@ class PendingGroup:
         return [m.runner for m in self.members if m.runner is not None]
 
 
+# errors that make a failed episode lost (regenerated, or its group failed): the infrastructure's, not the model's
+_LOST_KINDS = (ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT, ErrorKind.ENV)
+
+
 def lost_reason(episode: Episode) -> str | None:
-    """Why an episode is not usable for training for an infrastructure reason (None: usable)."""
+    """Why an episode is not usable for training for an infrastructure reason (None: usable):
+    ``<kind>_error`` of its first engine or environment error, ``reward_error``, ``unscored`` or ``aborted``."""
     traj = episode.trajectory
     if traj.status is Status.FAILED:
-        for key in ("engine_error", "env_error"):
-            if key in traj.info:
-                return key
+        error = traj.error_of(*_LOST_KINDS)
+        if error is not None:
+            return f"{error.kind.value}_error"
     if traj.reward is None and traj.status is not Status.ABORTED:
-        return "reward_error" if "reward_error" in traj.info else "unscored"
+        return "reward_error" if traj.error_of(ErrorKind.REWARD) is not None else "unscored"
     if traj.status is Status.ABORTED:
         return "aborted"
     return None

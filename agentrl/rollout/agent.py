@@ -36,8 +36,14 @@ stop reason            status      when
 ``env_done``           completed   the environment ended the episode for its own reasons
 ``failed``             failed      failure policy ``end``, an environment exception, a malformed
                                    engine answer (e.g. no logprobs), an engine that could not be
-                                   reached or ran past the deadline (``info["engine_error"]``)
+                                   reached or ran past the deadline
 =====================  ==========  ==================================================================
+
+The status of each stop reason is :func:`agentrl.trajectory.status_for`. Whatever went wrong is an
+:class:`~agentrl.trajectory.EpisodeError` in ``trajectory.errors`` (kind, message, turn, component,
+tool call id): ``engine`` / ``engine_output`` / ``prompt_too_long`` from a request, ``env`` from
+``step()``, ``parse`` / ``tool`` / ``sandbox`` when the failure policy ends the episode, ``bridge``,
+``reward``.
 
 Token ids: the engine samples from the model's vocabulary, which checkpoints pad beyond the
 tokenizer (the tiny test model has 1,792 rows for 1,790 tokens; Qwen3 151,936 for 151,669). An id
@@ -74,6 +80,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import time
@@ -98,7 +105,15 @@ from agentrl.rollout.types import (
     SamplingParams,
     continuation_budget,
 )
-from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory, TrajectoryError
+from agentrl.trajectory import (
+    ErrorKind,
+    SegmentKind,
+    Status,
+    StopReason,
+    Trajectory,
+    TrajectoryError,
+    status_for,
+)
 
 # Episode lives in agentrl.episode (saving and batching it need no rollout code); re-exported here.
 __all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"]
@@ -129,17 +144,15 @@ class GenerateClient(Protocol):
                        routing_key: str | None = None) -> GenerateResult: ...
 
 
-_STATUS_OF: dict[StopReason, Status] = {
-    StopReason.NO_TOOL_CALLS: Status.COMPLETED, StopReason.ENV_DONE: Status.COMPLETED,
-    StopReason.MAX_TURNS: Status.COMPLETED, StopReason.MAX_TOOL_CALLS: Status.COMPLETED,
-    StopReason.CONTEXT_BUDGET: Status.TRUNCATED, StopReason.ENGINE_LENGTH: Status.TRUNCATED,
-    StopReason.ABORTED: Status.ABORTED, StopReason.FAILED: Status.FAILED,
-}
-
-
-def status_for(reason: StopReason) -> Status:
-    """The trajectory status a stop reason implies (table in the module doc)."""
-    return _STATUS_OF[reason]
+def record_step_failure(traj: Trajectory, step: StepResult) -> None:
+    """A step ended the episode as failed: records its error, or one saying the environment gave none."""
+    if step.error is not None:
+        turn = step.error.turn if step.error.turn is not None else traj.num_model_turns
+        traj.errors.append(dataclasses.replace(step.error, turn=turn))
+        return
+    kinds = ", ".join(k.value for k in step.failures) or "none"
+    traj.add_error(ErrorKind.ENV, f"step() ended the episode as failed without an error (failures: {kinds})",
+                   component="step")
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,7 @@ async def run_episode(env: Environment, template: ChatTemplate, client: Generate
     """Runs ``env`` to the end and returns its :class:`Episode`; always closes ``env``.
 
     Errors become values: an environment exception in ``step``, a bad engine answer or a reward
-    failure ends the episode as documented and is recorded in ``trajectory.info``. An exception in
+    failure ends the episode as documented and is recorded in ``trajectory.errors``. An exception in
     ``reset()`` or in rendering the opening propagates (there is no trajectory without a prompt). A cancelled task aborts its
     in-flight request (when the client has ``abort``) and re-raises ``CancelledError``.
     """
@@ -379,22 +392,23 @@ class EpisodeRunner:
                 await asyncio.shield(abort(rid))
             raise
         except PromptTooLongError as exc:
-            traj.info["engine_error"] = str(exc)
+            traj.add_error(ErrorKind.PROMPT_TOO_LONG, str(exc), component="generate")
             return StopReason.CONTEXT_BUDGET
         except InferenceError as exc:
-            traj.info["engine_error"] = f"{type(exc).__name__}: {exc}"
+            traj.add_error(ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", component="generate")
             return StopReason.FAILED
         if self.pacer is not None:  # many answers arrive together: take turns with the other episodes
             await self.pacer.turn()
         if len(result.output_logprobs) != len(result.output_ids):
-            traj.info["engine_error"] = (f"the engine returned {len(result.output_ids)} ids but "
-                                         f"{len(result.output_logprobs)} logprobs; nothing was appended")
+            traj.add_error(ErrorKind.ENGINE_OUTPUT, f"the engine returned {len(result.output_ids)} ids but "
+                           f"{len(result.output_logprobs)} logprobs; nothing was appended", component="generate")
             return StopReason.FAILED
         try:
             traj.append_model(result.output_ids, result.output_logprobs, weight_version=result.weight_version,
                               finish_reason=result.finish_reason.kind.value, message_index=len(traj.messages))
         except TrajectoryError as exc:  # e.g. a positive logprob or an id outside the vocabulary
-            traj.info["engine_error"] = f"the engine's answer breaks a trajectory invariant; nothing was appended: {exc}"
+            traj.add_error(ErrorKind.ENGINE_OUTPUT, f"the engine's answer breaks a trajectory invariant; nothing was "
+                           f"appended: {exc}", component="generate")
             return StopReason.FAILED
         self.metrics["generated_tokens"] += len(result.output_ids)
         if result.output_ids and max(result.output_ids) >= self.decodable:  # rare: counted only when present
@@ -404,7 +418,8 @@ class EpisodeRunner:
         if result.finish_reason.kind is FinishKind.ABORT:
             cause = result.finish_reason.cause
             if cause is not None and cause.failure:  # the engine is down or too slow: a failure with its reason
-                traj.info["engine_error"] = result.finish_reason.message or f"the request ended: {cause.value}"
+                traj.add_error(ErrorKind.ENGINE, result.finish_reason.message or f"the request ended: {cause.value}",
+                               component="generate")
                 return StopReason.FAILED
             self.abort_message = result.finish_reason.message
             self._turn_ids.extend(result.output_ids)  # resumed later from here, same turn
@@ -446,20 +461,23 @@ class EpisodeRunner:
             else:
                 step = await self.env.step(message, self._pending_failures)
         except Exception as exc:  # the environment's bug ends the episode as a value, not a crash
-            traj.info["env_error"] = f"{type(exc).__name__}: {exc}"
+            traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step")
             return StopReason.FAILED
         self._record_step(step)
         if step.done:
             if step.messages:
                 traj.info["unsent_messages"] = [m.to_dict() for m in step.messages]
+            if step.stop_reason is StopReason.FAILED:
+                record_step_failure(traj, step)
             return step.stop_reason or StopReason.ENV_DONE
         if not step.messages:
-            traj.info["env_error"] = "step() returned done=False without messages; the model would have no turn to answer"
+            traj.add_error(ErrorKind.ENV, "step() returned done=False without messages; the model would have no turn "
+                           "to answer", component="step")
             return StopReason.FAILED
         try:
             bridge = self._bridge(message, step.messages)
         except ValueError as exc:  # ChatTemplateError included: the template rejected the conversation
-            traj.info["bridge_error"] = str(exc)
+            traj.add_error(ErrorKind.BRIDGE, str(exc), component="bridge")
             return StopReason.FAILED
         return self._append(bridge, step.messages)
 
@@ -531,7 +549,7 @@ class EpisodeRunner:
         try:
             reward = await score(self.env.reward, last, timeout_s=self.config.reward_timeout_s)
         except Exception as exc:
-            last.info["reward_error"] = f"{type(exc).__name__}: {exc}"
+            last.add_error(ErrorKind.REWARD, f"{type(exc).__name__}: {exc}", component="reward")
             return
         parts = dict(reward.parts) or {"reward": reward.value}
         for name, value in self.reward_parts.items():

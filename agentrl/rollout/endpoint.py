@@ -12,7 +12,7 @@ trajectory here is *message-level* (:meth:`~agentrl.trajectory.Trajectory.from_m
 - :func:`run_message_episode`: one environment episode; the same termination as the token loop
   where it applies (``no_tool_calls``, ``max_turns``... from the environment; ``engine_length``
   when the server stopped at ``max_tokens``; ``context_budget`` when it rejected the prompt as too
-  long; ``failed`` on a server error, recorded in ``info["endpoint_error"]``).
+  long; ``failed`` on a server error, recorded in ``trajectory.errors``).
 - :func:`evaluate_endpoint`: :func:`agentrl.rollout.eval.evaluate`'s report for such episodes.
 
 Example::
@@ -38,10 +38,10 @@ from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.base import Environment
 from agentrl.episode import Episode
 from agentrl.rewards.types import score
-from agentrl.rollout.agent import status_for
+from agentrl.rollout.agent import record_step_failure
 from agentrl.rollout.eval import EvalConfig, EvalReport, _report
 from agentrl.rollout.types import SamplingParams
-from agentrl.trajectory import StopReason, Trajectory
+from agentrl.trajectory import ErrorKind, StopReason, Trajectory, status_for
 
 __all__ = ["ChatEndpoint", "Completion", "EndpointError", "evaluate_endpoint", "run_message_episode"]
 
@@ -204,7 +204,8 @@ class _MessageEpisode:
             try:
                 answer = await self.endpoint.complete(traj.messages, tools, self.sampling)
             except EndpointError as exc:
-                traj.info["endpoint_error"] = str(exc)
+                traj.add_error(ErrorKind.PROMPT_TOO_LONG if exc.prompt_too_long else ErrorKind.ENGINE, str(exc),
+                               component="endpoint")
                 return StopReason.CONTEXT_BUDGET if exc.prompt_too_long else StopReason.FAILED
             traj.messages.append(answer.message)
             self.metrics["turns"] += 1
@@ -215,7 +216,7 @@ class _MessageEpisode:
             try:
                 step = await self.env.step(answer.message, answer.failures)
             except Exception as exc:  # the environment's bug ends the episode as a value
-                traj.info["env_error"] = f"{type(exc).__name__}: {exc}"
+                traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step")
                 return StopReason.FAILED
             for kind in step.failures:
                 self.metrics[f"failures/{kind.value}"] += 1
@@ -224,9 +225,11 @@ class _MessageEpisode:
             if step.info:
                 self.env_info.append(dict(step.info))
             if step.done:
+                if step.stop_reason is StopReason.FAILED:
+                    record_step_failure(traj, step)
                 return step.stop_reason or StopReason.ENV_DONE
             if not step.messages:
-                traj.info["env_error"] = "step() returned done=False without messages"
+                traj.add_error(ErrorKind.ENV, "step() returned done=False without messages", component="step")
                 return StopReason.FAILED
             traj.messages.extend(step.messages)
 
@@ -234,7 +237,7 @@ class _MessageEpisode:
         try:
             reward = await score(self.env.reward, traj, timeout_s=timeout_s)
         except Exception as exc:
-            traj.info["reward_error"] = f"{type(exc).__name__}: {exc}"
+            traj.add_error(ErrorKind.REWARD, f"{type(exc).__name__}: {exc}", component="reward")
             return
         parts = dict(reward.parts) or {"reward": reward.value}
         for name, value in self.reward_parts.items():

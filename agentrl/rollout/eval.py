@@ -73,6 +73,7 @@ class EvalReport:
     truncation_rate: float
     failure_rate: float
     failure_kinds: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # episode errors by kind (agentrl.trajectory.ErrorKind)
     stop_reasons: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     episodes: list[Episode] = field(default_factory=list, repr=False)
@@ -128,6 +129,7 @@ def _report(cfg: EvalConfig, per_prompt: Sequence[Sequence[Episode]], wall: floa
     rewards = [float(ep.reward or 0.0) for ep in episodes]
     kinds: Counter[str] = Counter()
     stops: Counter[str] = Counter()
+    errors: Counter[str] = Counter(e.kind.value for ep in episodes for seq in ep.sequences for e in seq.errors)
     calls = []
     for ep in episodes:
         m = ep.trajectory.metrics
@@ -145,4 +147,4 @@ def _report(cfg: EvalConfig, per_prompt: Sequence[Sequence[Episode]], wall: floa
         tool_call_rate=sum(c > 0 for c in calls) / n, tool_calls_per_episode=sum(calls) / n,
         truncation_rate=sum(ep.status is Status.TRUNCATED for ep in episodes) / n,
         failure_rate=sum(ep.status is Status.FAILED for ep in episodes) / n,
-        failure_kinds=dict(kinds), stop_reasons=dict(stops), wall_s=wall, episodes=episodes)
+        failure_kinds=dict(kinds), errors=dict(errors), stop_reasons=dict(stops), wall_s=wall, episodes=episodes)

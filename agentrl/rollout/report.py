@@ -57,6 +57,7 @@ class StepReport:
     staleness: dict[int, int] = field(default_factory=dict)
     weight_versions: dict[str, int] = field(default_factory=dict)
     failure_kinds: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # episode errors by kind (agentrl.trajectory.ErrorKind)
     stop_reasons: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 

@@ -256,6 +256,7 @@ def _adopt(runner: EpisodeRunner, record: MemberRecord) -> None:
     """The recorded ids and counters (the replay's own timings and engine counts are not the episode's)."""
     for mine, saved in zip(runner.sequences, record.sequences, strict=True):
         mine.session_id, mine.info, mine.metrics = saved.session_id, dict(saved.info), dict(saved.metrics)
+        mine.errors = list(saved.errors)
     runner.metrics = Counter(record.metrics)
     runner.timings = dict(record.timings)
     runner.reward_parts = dict(record.reward_parts)

@@ -79,6 +79,7 @@ from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.report import StepReport
 from agentrl.rollout.restore import RestoreError, member_state, replay, restore_groups
+from agentrl.trajectory import ErrorKind
 
 __all__ = ["RolloutProgress", "Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
 
@@ -442,7 +443,9 @@ class Scheduler:
                     group.regenerated += 1
                     continue
                 episode = runner.finish_aborted()
-                episode.trajectory.info.setdefault("engine_error", f"aborted by the engine: {runner.abort_message}")
+                if not episode.trajectory.errors:
+                    episode.trajectory.add_error(ErrorKind.ENGINE, f"aborted by the engine: {runner.abort_message}",
+                                                 component="scheduler")
             lost = lost_reason(episode)
             step.stats.add_episode(episode, lost)
             await runner.close()

@@ -46,6 +46,7 @@ class StepStats:
     time_reward_s: float = 0.0
     lengths: list[int] = field(default_factory=list)
     failure_kinds: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
     stop_reasons: Counter[str] = field(default_factory=Counter)
     abort_rounds: int = 0
     abort_cancelled: int = 0
@@ -75,6 +76,9 @@ class StepStats:
         for key, value in m.items():
             if key.startswith("failures/"):
                 self.failure_kinds[key.removeprefix("failures/")] += int(value)
+        for seq in episode.sequences:
+            for error in seq.errors:
+                self.errors[error.kind.value] += 1
         self.truncated += last.status is Status.TRUNCATED
         self.failed += last.status is Status.FAILED
         if last.stop_reason is not None:
@@ -95,6 +99,7 @@ class StepStats:
                         versions[str(seg.weight_version)] += 1
         report.weight_versions = dict(versions)
         report.failure_kinds = dict(self.failure_kinds)
+        report.errors = dict(self.errors)
         report.stop_reasons = dict(self.stop_reasons)
         report.episodes_finished = self.episodes
         report.episodes_suspended = self.suspended

@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from agentrl._unicode import without_lone_surrogates
+
 __all__ = ["fsync_dir", "fsync_tree", "json_bytes", "temp_name", "write_atomic"]
 
 
@@ -111,11 +113,14 @@ def _find_unserialisable(value: Any, where: str) -> str | None:
 def json_bytes(value: Any, *, what: str, option: int = 0) -> bytes:
     """``orjson.dumps(value)``; a value that is not JSON raises ``TypeError`` naming its place.
 
-    Non-finite floats are written as ``null`` (orjson's rule), never an error.
+    Non-finite floats are written as ``null`` (orjson's rule), never an error; a lone surrogate in a
+    string (not Unicode, e.g. an environment's text decoded with ``surrogateescape``) as U+FFFD.
     """
     try:
         return orjson.dumps(value, option=option)
     except TypeError as exc:
+        if "surrogates not allowed" in str(exc):
+            return json_bytes(without_lone_surrogates(value), what=what, option=option)
         place = _find_unserialisable(value, what) or what
         raise TypeError(f"{place}: not JSON-serialisable ({exc}); expected dicts with str keys, lists, "
                         f"str, int, float, bool or None") from exc

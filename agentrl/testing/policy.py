@@ -2,8 +2,9 @@
 
 :class:`FakePolicyClient` has the inference client's ``generate`` / ``abort`` / ``abort_all``
 methods. Each request asks ``policy(request)`` for the reply text, encodes it once (that is the
-"sampling") and produces it at ``token_delay_s`` per token (a prompt that already ends with the
-first part of that reply, a resumed turn, gets the rest), so aborts cut a turn part way and
+"sampling"; a policy may instead return the reply's token ids, e.g. ids no text encodes to) and
+produces it at ``token_delay_s`` per token (a prompt that already ends with the first part of that
+reply, a resumed turn, gets the rest), so aborts cut a turn part way and
 return the tokens produced so far, as SGLang does. ``token_delay_s`` may be a function of the
 request (some prompts slower than others). Stop ids and ``max_new_tokens`` are honoured;
 every token gets logprob ``logprob``; every answer carries ``weight_version``.
@@ -47,7 +48,7 @@ class PolicyRequest:
         return self._text
 
 
-Policy = Callable[[PolicyRequest], str]
+Policy = Callable[[PolicyRequest], str | Sequence[int]]
 
 
 def _continued(prompt: tuple[int, ...], reply: tuple[int, ...]) -> int:
@@ -84,10 +85,13 @@ class FakePolicyClient:
             exc = self.fail(req)
             if exc is not None:
                 raise exc
-        text = self.policy(req)
-        ids = self._encoded.get(text)
-        if ids is None:
-            ids = self._encoded[text] = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        reply = self.policy(req)
+        if isinstance(reply, str):
+            ids = self._encoded.get(reply)
+            if ids is None:
+                ids = self._encoded[reply] = tuple(self.tokenizer.encode(reply, add_special_tokens=False))
+        else:  # the reply's ids, verbatim
+            ids = tuple(reply)
         ids = ids[_continued(req.input_ids, ids):]
         out, finish = self._cut(ids, sampling)
         delay = self.token_delay_s(req) if callable(self.token_delay_s) else self.token_delay_s

@@ -636,3 +636,17 @@ def test_xml_bad_function_does_not_hide_the_next_one() -> None:
     assert kinds(reply) == ["malformed_xml"] and reply.failures[0].call_id is None  # the bad header
     assert_well_formed(text, reply)
     assert len(parse_tool_calls(text, "xml", [CALC], strict=True).calls) == 1  # the good call has no defect
+
+
+@pytest.mark.parametrize(("fmt", "text"), [
+    ("json", '<tool_call>\n{"name": "search", "arguments": {"query": "\\ud800x"}}\n</tool_call>'),
+    ("json", '<tool_call>\n{"name": "search", "arguments": {"query": "a", "\\udfff": 1}}\n</tool_call>'),
+    ("xml", '<tool_call>\n<function=search>\n<parameter=query>\na\n</parameter>\n<parameter=opts>\n'
+            '{"lang": "\\ud800"}\n</parameter>\n</function>\n</tool_call>'),
+])
+def test_a_lone_surrogate_escape_is_refused_not_passed_on(fmt: CallFormat, text: str) -> None:
+    # "\ud800" is valid JSON text but no Unicode string: no UTF-8 file, tokenizer or server can carry it
+    reply = parse_tool_calls(text, fmt, TOOLS)
+    assert reply.calls == [] and len(reply.failures) == 1
+    assert "lone surrogate" in reply.failures[0].message
+    assert reply.failures[0].kind in (K.MALFORMED_JSON, K.INVALID_ARGUMENT_TYPE)

@@ -9,7 +9,8 @@ import pytest
 
 REQUIRED: dict[str, set[str]] = {
     "agentrl": {"Trajectory", "Segment", "SegmentKind", "Status", "StopReason", "TrajectoryError", "Episode",
-                "save_episodes", "load_episodes", "iter_episodes"},
+                "save_episodes", "load_episodes", "iter_episodes", "EpisodeError", "ErrorKind", "status_for"},
+    "agentrl.trajectory": {"EpisodeError", "ErrorKind", "status_for"},
     "agentrl.chat": {"ChatTemplate", "parse_tool_calls", "Message", "ToolCall", "ParsedReply", "ToolCallFailure",
                      "FailureKind", "BridgeResult", "BridgeOutcome", "validate_arguments"},
     "agentrl.rollout": {"InferenceClient", "SamplingParams", "GenerateResult", "SGLangEngine", "Router",

@@ -150,3 +150,15 @@ def test_random_episodes_keep_invariants_and_round_trip(prompt: list[int], turns
     path = tmp_path_factory.mktemp("jsonl") / "t.jsonl"
     save_jsonl(path, [t, t])
     assert load_jsonl(path) == [t, t]
+
+
+def test_a_lone_surrogate_from_an_environment_is_saved_as_the_replacement_character(tmp_path: Path) -> None:
+    t = _traj()
+    t.append_model([4], [-0.5])
+    t.info["unsent_messages"] = [{"role": "tool", "content": "bytes \udcff decoded with surrogateescape"}]
+    t.finish(Status.COMPLETED, StopReason.ENV_DONE)
+    save_jsonl(tmp_path / "t.jsonl", [t, _traj()])
+    first, second = load_jsonl(tmp_path / "t.jsonl")
+    assert first.info["unsent_messages"][0]["content"] == "bytes \ufffd decoded with surrogateescape"
+    first.info = t.info = {}
+    assert first.to_dict() == t.to_dict() and second.to_dict() == _traj().to_dict()

@@ -72,4 +72,4 @@ run_dir = "run"
         assert r["metrics"]["usage/completion_tokens"] > 0  # counted by the server, per answer
         assert r["reward"] is not None and 0.0 <= r["reward"] <= 1.0
         assert r["status"] in ("completed", "truncated")
-        assert r["info"]["message_level"] is True and "endpoint_error" not in r["info"]
+        assert r["info"]["message_level"] is True and r["errors"] == []

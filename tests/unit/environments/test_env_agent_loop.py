@@ -20,7 +20,7 @@ from agentrl.rollout.agent import AgentConfig, Episode, run_episode
 from agentrl.rollout.types import PromptTooLongError, SamplingParams
 from agentrl.testing.scripted import ScriptedClient, ScriptedTurn
 from agentrl.tools import ToolResult
-from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
+from agentrl.trajectory import EpisodeError, ErrorKind, SegmentKind, Status, StopReason, Trajectory
 
 LOGPROB = -0.25
 
@@ -259,7 +259,8 @@ async def test_prompt_too_long_from_the_engine_is_context_budget(tok: Any, qwen3
 
     ep = await run(env(), qwen3, Rejecting(tok, []))
     assert (ep.status, ep.stop_reason) == (Status.TRUNCATED, StopReason.CONTEXT_BUDGET)
-    assert "too long" in ep.trajectory.info["engine_error"]
+    [error] = ep.trajectory.errors
+    assert error.kind is ErrorKind.PROMPT_TOO_LONG and "too long" in error.message
 
 
 # -- abort and failure -----------------------------------------------------------------------------
@@ -293,7 +294,8 @@ async def test_cancellation_aborts_the_request_and_closes_the_env(tok: Any, qwen
 async def test_missing_logprobs_fail_without_appending(tok: Any, qwen3: ChatTemplate) -> None:
     ep = await run(env(), qwen3, ScriptedClient(tok, [ScriptedTurn(json_call(), drop_logprobs=True)]))
     assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED)
-    assert ep.trajectory.response_length == 0 and "logprobs" in ep.trajectory.info["engine_error"]
+    [error] = ep.trajectory.errors
+    assert ep.trajectory.response_length == 0 and error.kind is ErrorKind.ENGINE_OUTPUT and "logprobs" in error.message
 
 
 async def test_environment_exception_fails_the_episode(tok: Any, qwen3: ChatTemplate) -> None:
@@ -304,7 +306,8 @@ async def test_environment_exception_fails_the_episode(tok: Any, qwen3: ChatTemp
     e = Broken({"q": "x", "a": "1"})
     ep = await run(e, qwen3, ScriptedClient(tok, [json_call()]))
     assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED)
-    assert ep.trajectory.info["env_error"] == "RuntimeError: env bug" and e.closed == 1
+    assert ep.trajectory.errors == [EpisodeError(ErrorKind.ENV, "RuntimeError: env bug", turn=1, component="step")]
+    assert e.closed == 1
     assert_aligned(ep, tok)
 
 
@@ -432,7 +435,9 @@ async def test_sampled_text_that_re_renders_differently_is_kept_and_counted(tok:
 async def test_an_engine_answer_breaking_an_invariant_fails_without_appending(tok: Any, qwen3: ChatTemplate) -> None:
     ep = await run(env(), qwen3, ScriptedClient(tok, [ScriptedTurn(json_call(), logprob=0.5)]))
     assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED)
-    assert ep.trajectory.response_length == 0 and "logprobs[0] = 0.5" in ep.trajectory.info["engine_error"]
+    [error] = ep.trajectory.errors
+    assert ep.trajectory.response_length == 0 and "logprobs[0] = 0.5" in error.message
+    assert error.kind is ErrorKind.ENGINE_OUTPUT
 
 
 async def test_routing_key_scope(tok: Any, qwen3: ChatTemplate) -> None:

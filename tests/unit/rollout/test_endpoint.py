@@ -16,7 +16,7 @@ from agentrl.rollout.eval import EvalConfig
 from agentrl.rollout.types import SamplingParams
 from agentrl.testing.chat_server import FakeChatServer, arithmetic_chat_answer
 from agentrl.train import build_training_batch
-from agentrl.trajectory import Status, StopReason, TrajectoryError
+from agentrl.trajectory import ErrorKind, Status, StopReason, TrajectoryError
 
 ROWS = make_arithmetic_rows(3, seed=5)
 SAMPLING = SamplingParams(max_new_tokens=64, temperature=0.0)
@@ -59,26 +59,29 @@ def _answers(*replies: dict[str, Any]) -> Any:
     return lambda messages, tools: next(it)
 
 
-@pytest.mark.parametrize(("reply", "status", "reason", "info_key"), [
+@pytest.mark.parametrize(("reply", "status", "reason", "error_kind"), [
     ({"role": "assistant", "content": "The answer is", "finish_reason": "length"},
      Status.TRUNCATED, StopReason.ENGINE_LENGTH, None),
     ({"role": "assistant", "content": "This model's maximum context length is 512 tokens", "finish_reason": "error"},
-     Status.TRUNCATED, StopReason.CONTEXT_BUDGET, "endpoint_error"),
+     Status.TRUNCATED, StopReason.CONTEXT_BUDGET, ErrorKind.PROMPT_TOO_LONG),
 ])
 async def test_episode_termination(reply: dict[str, Any], status: Status, reason: StopReason,
-                                   info_key: str | None) -> None:
+                                   error_kind: ErrorKind | None) -> None:
     with FakeChatServer(_answers(reply)) as server:
         async with ChatEndpoint(server.url, model="m") as endpoint:
             episode = await run_message_episode(ToyArithmeticEnv(ROWS[0]), endpoint, SAMPLING)
     assert (episode.status, episode.stop_reason) == (status, reason)
-    if info_key:
-        assert "maximum context length" in episode.trajectory.info[info_key]
+    assert [e.kind for e in episode.trajectory.errors] == ([error_kind] if error_kind else [])
+    if error_kind:
+        assert "maximum context length" in episode.trajectory.errors[0].message
 
 
 async def test_unreachable_server_fails_the_episode_as_a_value() -> None:
     async with ChatEndpoint("http://127.0.0.1:9/v1", model="m", timeout_s=5) as endpoint:
         episode = await run_message_episode(ToyArithmeticEnv(ROWS[0]), endpoint, SAMPLING)
-    assert episode.status is Status.FAILED and "ConnectError" in episode.trajectory.info["endpoint_error"]
+    [error] = episode.trajectory.errors
+    assert episode.status is Status.FAILED and error.kind is ErrorKind.ENGINE and "ConnectError" in error.message
+    assert error.component == "endpoint"
 
 
 async def test_malformed_arguments_count_as_a_failure() -> None:

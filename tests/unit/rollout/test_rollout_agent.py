@@ -16,7 +16,7 @@ from agentrl.rollout.agent import AgentConfig, run_episode
 from agentrl.rollout.process import free_port
 from agentrl.rollout.types import AbortCause, FinishKind, FinishReason, GenerateResult, SamplingParams
 from agentrl.testing.scripted import ScriptedClient
-from agentrl.trajectory import Status, StopReason, Trajectory
+from agentrl.trajectory import ErrorKind, Status, StopReason, Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,9 @@ async def test_an_id_beyond_the_model_vocabulary_fails_without_appending(tok: An
     ep = await _run(qwen3, ExtraIdClient(tok, [ANSWER, ANSWER], bad_turn, rows), vocab_size=rows)
     assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED)
     assert len(ep.sequences) == bad_turn + 1 and ep.trajectory.response_length == 0
-    error = ep.trajectory.info["engine_error"]
-    assert "breaks a trajectory invariant" in error and str(rows) in error
+    [error] = ep.trajectory.errors
+    assert (error.kind, error.component, error.turn) == (ErrorKind.ENGINE_OUTPUT, "generate", 0)  # turns of its sequence
+    assert "breaks a trajectory invariant" in error.message and str(rows) in error.message
 
 
 async def test_a_vocabulary_smaller_than_the_tokenizer_is_refused(tok: Any, qwen3: ChatTemplate) -> None:
@@ -119,7 +120,8 @@ async def test_an_unreachable_engine_fails_the_episode_with_the_clients_reason(t
     async with InferenceClient(dead) as client:
         ep = await run_episode(FollowUpEnv({}), qwen3, client, AgentConfig(sampling=SamplingParams(max_new_tokens=8)))
     assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED)
-    assert ep.trajectory.info["engine_error"].startswith("engine unavailable after 2 attempts: ")
+    [error] = ep.trajectory.errors
+    assert error.kind is ErrorKind.ENGINE and error.message.startswith("engine unavailable after 2 attempts: ")
     assert ep.reward == 1.0  # a failed episode is still scored; the batcher decides what to train on
 
 
@@ -135,4 +137,4 @@ async def test_a_deliberate_abort_stays_aborted_with_its_reason(tok: Any, qwen3:
     ep = await _run(qwen3, Aborting(tok, [ANSWER]))
     assert (ep.status, ep.stop_reason) == (Status.ABORTED, StopReason.ABORTED)
     assert ep.trajectory.info["abort_reason"] == "paused for a weight update"
-    assert "engine_error" not in ep.trajectory.info
+    assert ep.trajectory.errors == []

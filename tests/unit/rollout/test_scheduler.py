@@ -308,6 +308,7 @@ async def test_a_dead_engine_fails_groups_with_their_reason(tok: Any, template: 
     report.check()
     assert batch.groups == [] and report.data_exhausted
     assert report.failed == {"engine_error": 8}
+    assert report.errors == {"engine": report.episodes_finished} and report.episodes_finished == 8 * 2 * 2
     assert report.members_regenerated == 8 * 2
 
 

@@ -310,3 +310,12 @@ def test_the_final_evaluation_reuses_a_set_the_last_step_just_measured(tmp_path:
     if every <= 2:
         last = next(m for m in lines if m["step"] == 2 and not m.get("final"))
         assert last["eval/held_out/mean_reward"] == final["eval/held_out/mean_reward"]
+
+
+def test_the_step_line_shows_episode_errors_by_kind_only_when_there_are_some() -> None:
+    lines = io.StringIO()
+    progress = PlainProgress(2, stream=lines)
+    progress.on_step_end(1, {"rollout/reward_mean": 0.5, "report/errors/engine": 0})
+    progress.on_step_end(2, {"rollout/reward_mean": 0.5, "report/errors/reward": 1, "report/errors/engine": 2})
+    first, second = lines.getvalue().splitlines()
+    assert "errors" not in first and "errors=engine:2,reward:1" in second

@@ -131,6 +131,16 @@ def test_trajectories_round_trip_through_gzip_with_a_header(run: RunDirectory) -
     assert not [p for p in run.trajectories_dir.iterdir() if p.name.startswith(".")]
 
 
+def test_a_lone_surrogate_in_an_episode_is_written_as_the_replacement_character(run: RunDirectory) -> None:
+    # an environment's text decoded with errors="surrogateescape": not Unicode, so orjson refuses it as it is
+    episode = make_episode(0)
+    episode.env_info.append({"stderr": "bytes \udcff here"})
+    run.write_trajectories(1, [episode])
+    [back] = run.read_trajectories(1)
+    assert back.env_info[-1] == {"stderr": "bytes \ufffd here"}
+    assert back.trajectory.to_dict() == episode.trajectory.to_dict()
+
+
 def test_trajectory_errors_name_the_file(run: RunDirectory) -> None:
     with pytest.raises(RunDirError, match=r"no trajectories for step 5; steps with trajectories: \[\]"):
         run.read_trajectories(5)
