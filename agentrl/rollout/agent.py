@@ -254,6 +254,7 @@ class EpisodeRunner:
         self.bridge_session: BridgeSession | None = None
         self.suspensions = 0
         self.abort_message: str | None = None  # the engine's or client's message of the last aborted turn
+        self.prompt_problem: str | None = None  # why the opening prompt alone fills the context (the episode failed)
         self._result: Episode | None = None
         self._closed = False
 
@@ -345,6 +346,8 @@ class EpisodeRunner:
             if budget <= 0:
                 if self._turn_ids and len(self._turn_ids) >= self.config.sampling.max_new_tokens:
                     return self._end_partial_turn()  # a resumed turn that had used its whole budget
+                if self._nothing_sampled():
+                    return self._prompt_too_long(f"the context holds {self.context}")
                 return StopReason.CONTEXT_BUDGET
             started = time.perf_counter()
             try:
@@ -379,6 +382,8 @@ class EpisodeRunner:
                 await asyncio.shield(abort(rid))
             raise
         except PromptTooLongError as exc:
+            if self._nothing_sampled():
+                return self._prompt_too_long(f"the engine refused it: {exc}")
             traj.info["engine_error"] = str(exc)
             return StopReason.CONTEXT_BUDGET
         except InferenceError as exc:
@@ -423,6 +428,19 @@ class EpisodeRunner:
             return StopReason.CONTEXT_BUDGET if cut_by_context else StopReason.ENGINE_LENGTH
         self._pending_failures = parsed.failures
         return message
+
+    def _nothing_sampled(self) -> bool:
+        """Nothing was generated in this episode yet: the only tokens are the opening prompt's."""
+        return len(self.sequences) == 1 and not self._turn_ids and not self.traj.segments_of(SegmentKind.MODEL)
+
+    def _prompt_too_long(self, detail: str) -> StopReason:
+        """The opening prompt leaves no room for a single token: there is nothing to train on, and
+        running it again cannot help. The episode fails with the reason (the scheduler does not regenerate it)."""
+        self.prompt_problem = (
+            f"sample {self.sample_id}'s opening prompt has {len(self.traj.tokens)} tokens and {detail}; expected a "
+            "prompt that leaves room for the reply (shorten the row or raise the context)")
+        self.traj.info["engine_error"] = f"prompt too long: {self.prompt_problem}"
+        return StopReason.FAILED
 
     def _end_partial_turn(self) -> StopReason:
         """A resumed turn whose earlier parts used the whole per-turn budget: it ends as if cut by length."""
