@@ -23,8 +23,8 @@ class RecordingSource(DataSource):
         return rows
 
 
-def recording_rows(rows: Sequence[dict[str, Any]], seed: int = 0) -> RecordingSource:
-    source = RecordingSource.from_rows(rows, seed=seed)
+def recording_rows(rows: Sequence[dict[str, Any]], seed: int = 0, shuffle: bool = True) -> RecordingSource:
+    source = RecordingSource.from_rows(rows, seed=seed, shuffle=shuffle)
     assert isinstance(source, RecordingSource)
     source.drawn_ids = []
     return source

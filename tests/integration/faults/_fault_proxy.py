@@ -11,8 +11,8 @@ requests of that path so far, from 0), and then:
   connection closed: the answer is lost on the way back;
 - ``STALL``: accepted and never answered, never forwarded (until the client gives up or the proxy stops).
 
-:attr:`FaultProxy.seen` counts requests per path and :attr:`FaultProxy.forwarded` those that reached
-the upstream, so a test can tell "retried" from "never retried".
+:attr:`FaultProxy.seen` counts requests per path, :attr:`FaultProxy.forwarded` those that reached
+the upstream and :attr:`FaultProxy.statuses` its answers, so a test can tell "retried" from "never retried".
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class FaultProxy:
         self.seen: Counter[str] = Counter()
         self.forwarded: Counter[str] = Counter()
         self.actions: Counter[str] = Counter()
+        self.statuses: Counter[int] = Counter()  # what the upstream answered to the forwarded requests
         self._server: asyncio.Server | None = None
         self._session: aiohttp.ClientSession | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -110,6 +111,7 @@ class FaultProxy:
             return True
         status, reply_headers, reply = await self._forward(method, target, headers, body)
         self.forwarded[path] += 1
+        self.statuses[status] += 1
         if action == CUT:
             writer.write(self._head(status, reply_headers, len(reply)) + reply[: len(reply) // 2])
             await writer.drain()
