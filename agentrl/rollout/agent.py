@@ -26,9 +26,9 @@ stop reason            status      when
 =====================  ==========  ==================================================================
 ``aborted``            aborted     ``should_abort()`` before a request, or the turn was aborted on
                                    purpose (by the engine or the client; reason in ``info``)
-``context_budget``     truncated   no room left for another token, the prompt was rejected as too
-                                   long, the turn hit a budget the context imposed, or the next env
-                                   segment would not fit
+``context_budget``     truncated   no room left for another token, a later turn's prompt was rejected
+                                   as too long, the turn hit a budget the context imposed, or the
+                                   next env segment would not fit
 ``engine_length``      truncated   the turn hit the per-turn ``max_new_tokens``
 ``no_tool_calls``      completed   the model answered without calling a tool
 ``max_tool_calls``     completed   the turn asked for more calls than the environment allows
@@ -36,7 +36,9 @@ stop reason            status      when
 ``env_done``           completed   the environment ended the episode for its own reasons
 ``failed``             failed      failure policy ``end``, an environment exception, a malformed
                                    engine answer (e.g. no logprobs), an engine that could not be
-                                   reached or ran past the deadline (``info["engine_error"]``)
+                                   reached or ran past the deadline (``info["engine_error"]``), or
+                                   an opening prompt that alone fills the context (nothing could be
+                                   sampled; ``EpisodeRunner.prompt_problem`` says why)
 =====================  ==========  ==================================================================
 
 Token ids: the engine samples from the model's vocabulary, which checkpoints pad beyond the
