@@ -97,6 +97,9 @@ class FaultProxy:
                 name, value = line.split(":", 1)
                 headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
+        if not target.startswith("/"):  # e.g. the router's HTTP/2 probe ("PRI * HTTP/2.0"): refused, as uvicorn does
+            await self._write(writer, 400, {}, b"")
+            return False
         path = target.split("?", 1)[0]
         action = self.rule(path, self.seen[path])
         self.seen[path] += 1
@@ -109,7 +112,11 @@ class FaultProxy:
             payload = orjson.dumps({"error": {"message": f"injected HTTP {action.code} by the fault proxy"}})
             await self._write(writer, action.code, {"content-type": "application/json"}, payload)
             return True
-        status, reply_headers, reply = await self._forward(method, target, headers, body)
+        try:
+            status, reply_headers, reply = await self._forward(method, target, headers, body)
+        except aiohttp.ClientError as exc:  # the upstream is gone: a gateway error, as a proxy answers
+            await self._write(writer, 502, {}, f"upstream unreachable: {exc}".encode())
+            return False
         self.forwarded[path] += 1
         self.statuses[status] += 1
         if action == CUT:

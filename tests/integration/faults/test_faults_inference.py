@@ -16,7 +16,6 @@ Every case has a deadline (``pytest.mark.timeout`` for the test, ``asyncio.wait_
 from __future__ import annotations
 
 import asyncio
-import random
 import shutil
 import time
 from pathlib import Path
@@ -74,19 +73,12 @@ async def collect(sched: Scheduler) -> StepBatch:
     return await asyncio.wait_for(sched.collect(), STEP_DEADLINE_S)
 
 
-def seeded(seed: int, faults: list[tuple[float, Any]]) -> Any:
-    """A rule for ``/generate``: each request gets a fault with its probability (seeded), else passes."""
-    rng = random.Random(seed)
+def cycle(faults: dict[int, Any], period: int = 6) -> Any:
+    """A rule for ``/generate``: request ``i`` gets ``faults[i % period]``, or passes (half of them fail
+    with ``period=6`` and three faults; a retry is a new request, so it meets the next one)."""
 
     def rule(path: str, index: int) -> Any:
-        if path != "/generate":
-            return PASS
-        x = rng.random()
-        for p, action in faults:
-            if x < p:
-                return action
-            x -= p
-        return PASS
+        return faults.get(index % period, PASS) if path == "/generate" else PASS
 
     return rule
 
@@ -99,7 +91,7 @@ async def test_router_5xx_and_dropped_connections_lose_no_prompt(shared_engine: 
                                                                  template: ChatTemplate) -> None:
     group = await EngineGroup.attach([shared_engine], RouterConfig())
     try:
-        async with FaultProxy(group.router.url, seeded(1, [(0.2, Status(503)), (0.1, RESET), (0.1, CUT)])) as proxy:
+        async with FaultProxy(group.router.url, cycle({0: Status(503), 2: RESET, 4: CUT})) as proxy:
             config = ClientConfig(base_url=proxy.url, via_router=True, max_retries=8, backoff_initial_s=0.05,
                                   backoff_max_s=0.5)
             async with InferenceClient(config, control_urls=group.engine_urls) as client:
@@ -218,7 +210,7 @@ async def test_a_weight_sync_failing_on_one_engine_takes_it_out_and_the_run_goes
         try:
             sync = DiskWeightSync(group.engines, tmp_path / "weights", WeightSyncConfig(retries=1, retry_delay_s=0.1),
                                   on_remove=group.take_out)
-            report = await asyncio.wait_for(sync.sync(1, lambda folder: shutil.copytree(seed1, folder)), 120)
+            report = await asyncio.wait_for(sync.sync(1, lambda folder: shutil.copytree(seed1, folder, dirs_exist_ok=True)), 120)
             workers = {w["url"] for w in await group.router.workers()}
             async with group.client(max_retries=4) as client:
                 source = recording_rows(make_arithmetic_rows(12, seed=6), seed=6)
