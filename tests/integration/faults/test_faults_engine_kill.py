@@ -40,7 +40,7 @@ SAMPLING = SamplingParams(max_new_tokens=48, temperature=1.0)
 @pytest_asyncio.fixture(loop_scope="module")
 async def group(shared_engine: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EngineGroup]:
     g = await EngineGroup.attach([shared_engine], RouterConfig(),
-                                 HealthConfig(check_interval_s=0.3, restart=False, http_timeout_s=10.0))
+                                 HealthConfig(check_interval_s=0.3, http_checks=False, restart=False))
     config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", dtype="float32", context_length=1024,
                           max_total_tokens=2048, random_seed=1, startup_timeout_s=600,
                           log_dir=tmp_path_factory.mktemp("victim-engine"), env={"OMP_NUM_THREADS": "1"})
