@@ -52,7 +52,13 @@ def load_config_file(path: Path | str) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raw = exc.object if isinstance(exc.object, bytes) else b""
+        line = raw[: exc.start].count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(f"{path}: not valid UTF-8 at line {line}, column {column} (byte {raw[exc.start:exc.start + 1]!r}: "
+                          f"{exc.reason}); expected a UTF-8 text file") from None
+    except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc})") from None
     suffix = path.suffix.lower()
     data = _parse_toml(path, text) if suffix == ".toml" else _parse_json(path, text) if suffix == ".json" \

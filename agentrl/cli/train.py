@@ -164,7 +164,7 @@ def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_r
          quiet: bool) -> None:
     from agentrl.cli.progress import LiveProgress, progress_callbacks
     from agentrl.runner.api import train as run_training
-    from agentrl.runner.checkpoint import CheckpointError
+    from agentrl.runner.checkpoint import CheckpointError, CheckpointWriteError
 
     typer.echo(f"run folder {config.run_dir()}", err=True)
     callbacks = progress_callbacks(config.train.steps, config.run_dir(), quiet=quiet)
@@ -173,6 +173,9 @@ def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_r
                                use_ray=use_ray, resume=resume, callbacks=callbacks)
     except CheckpointError as exc:
         fail(f"--resume: {exc}")
+    except CheckpointWriteError as exc:  # a full disk, say: the run stopped; its last checkpoint is intact
+        typer.echo(f"error: {exc}\nthe run folder {config.run_dir()} can be resumed with --resume", err=True)
+        raise typer.Exit(code=1) from None
     except (KeyboardInterrupt, asyncio.CancelledError):  # SIGINT/SIGTERM cancel the run; everything it started is stopped
         typer.echo(f"interrupted; the run folder {config.run_dir()} can be resumed with --resume", err=True)
         raise typer.Exit(code=130) from None

@@ -21,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import itertools
 import os
 import random
@@ -121,6 +123,8 @@ class DataRow:
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any, BadRow | None]]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # editors on Windows write one; it is no data
+                raw = raw[len(codecs.BOM_UTF8):]
             if not raw.strip():
                 continue
             try:
@@ -220,6 +224,25 @@ def first_rows(config: DataConfig, n: int, validate: Callable[[dict[str, Any]], 
     return read_rows(config, validate, limit=n)
 
 
+_CHUNKS = 64  # a saved cursor holds one fingerprint per chunk of rows: a change is located to its chunk
+
+
+def _chunk_bounds(n: int, i: int) -> tuple[int, int]:
+    return n * i // _CHUNKS, n * (i + 1) // _CHUNKS
+
+
+def _fingerprint(good: Sequence[tuple[int, dict[str, Any]]]) -> list[str]:
+    """One short hash per chunk of the good rows (row number and data), in file order."""
+    out = []
+    for i in range(_CHUNKS):
+        lo, hi = _chunk_bounds(len(good), i)
+        digest = hashlib.blake2b(digest_size=8)
+        for number, data in good[lo:hi]:
+            digest.update(orjson.dumps([number, data], option=orjson.OPT_SORT_KEYS, default=str))
+        out.append(digest.hexdigest())
+    return out
+
+
 class DataSource:
     """Rows of one file in a seeded order over epochs; see the module doc.
 
@@ -262,6 +285,7 @@ class DataSource:
             raise DataError(f"{name}: the dataset has no usable rows{why}")
         self._numbers = [n for n, _ in good]
         self._data = [d for _, d in good]
+        self._fingerprint = _fingerprint(good)
         self._epoch = 0
         self._position = 0
         self._order = self._permutation(0)
@@ -323,7 +347,20 @@ class DataSource:
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "position": self._position, "drawn": self.drawn, "rows": len(self),
-                "seed": self.config.seed, "shuffle": self.config.shuffle}
+                "seed": self.config.seed, "shuffle": self.config.shuffle, "fingerprint": list(self._fingerprint)}
+
+    def _changed_rows(self, saved: list[str]) -> str:
+        """The row numbers of the chunks whose fingerprints differ, as ``rows 1-64, 129-192`` (first few)."""
+        if len(saved) != len(self._fingerprint):
+            return "their fingerprint layout"
+        spans = []
+        for i, (a, b) in enumerate(zip(saved, self._fingerprint, strict=True)):
+            if a != b:
+                lo, hi = _chunk_bounds(len(self._numbers), i)
+                first, last = self._numbers[lo], self._numbers[hi - 1]
+                spans.append(f"{first}" if first == last else f"{first}-{last}")
+        shown = ", ".join(spans[:4]) + (f" and {len(spans) - 4} more ranges" if len(spans) > 4 else "")
+        return f"row{'s' if len(spans) > 1 or '-' in shown else ''} {shown}"
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a cursor saved by :meth:`state_dict`; refuses one saved for other data or order."""
@@ -332,6 +369,12 @@ class DataSource:
             if state.get(key) != mine:
                 raise DataError(f"{self.name}: the saved cursor has {key}={state.get(key)!r} but this source has "
                                 f"{mine!r}; it was saved for other data or another order")
+        saved = state.get("fingerprint")  # absent in cursors saved before it was recorded
+        if saved is not None and list(saved) != self._fingerprint:
+            raise DataError(f"{self.name}: the data changed since the cursor was saved: the same {len(self)} usable "
+                            f"rows, but {self._changed_rows(list(saved))} differ; a resumed run would train other "
+                            "prompts under the saved prompt ids. Expected the data the run started with (restore "
+                            "the file, or start a new run)")
         self._epoch = int(state["epoch"])
         self._position = int(state["position"])
         self.drawn = int(state.get("drawn", 0))

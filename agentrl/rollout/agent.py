@@ -26,9 +26,9 @@ stop reason            status      when
 =====================  ==========  ==================================================================
 ``aborted``            aborted     ``should_abort()`` before a request, or the turn was aborted on
                                    purpose (by the engine or the client; reason in ``info``)
-``context_budget``     truncated   no room left for another token, the prompt was rejected as too
-                                   long, the turn hit a budget the context imposed, or the next env
-                                   segment would not fit
+``context_budget``     truncated   no room left for another token, a later turn's prompt was rejected
+                                   as too long, the turn hit a budget the context imposed, or the
+                                   next env segment would not fit
 ``engine_length``      truncated   the turn hit the per-turn ``max_new_tokens``
 ``no_tool_calls``      completed   the model answered without calling a tool
 ``max_tool_calls``     completed   the turn asked for more calls than the environment allows
@@ -36,7 +36,9 @@ stop reason            status      when
 ``env_done``           completed   the environment ended the episode for its own reasons
 ``failed``             failed      failure policy ``end``, an environment exception, a malformed
                                    engine answer (e.g. no logprobs), an engine that could not be
-                                   reached or ran past the deadline
+                                   reached or ran past the deadline, or an opening prompt that
+                                   alone fills the context (nothing could be sampled; a
+                                   ``prompt_too_long`` error and ``EpisodeRunner.prompt_problem`` say why)
 =====================  ==========  ==================================================================
 
 The status of each stop reason is :func:`agentrl.trajectory.status_for`. Whatever went wrong is an
@@ -267,6 +269,7 @@ class EpisodeRunner:
         self.bridge_session: BridgeSession | None = None
         self.suspensions = 0
         self.abort_message: str | None = None  # the engine's or client's message of the last aborted turn
+        self.prompt_problem: str | None = None  # why the opening prompt alone fills the context (the episode failed)
         self._result: Episode | None = None
         self._closed = False
 
@@ -358,6 +361,8 @@ class EpisodeRunner:
             if budget <= 0:
                 if self._turn_ids and len(self._turn_ids) >= self.config.sampling.max_new_tokens:
                     return self._end_partial_turn()  # a resumed turn that had used its whole budget
+                if self._nothing_sampled():
+                    return self._prompt_too_long(f"the context holds {self.context}")
                 return StopReason.CONTEXT_BUDGET
             started = time.perf_counter()
             try:
@@ -392,6 +397,8 @@ class EpisodeRunner:
                 await asyncio.shield(abort(rid))
             raise
         except PromptTooLongError as exc:
+            if self._nothing_sampled():
+                return self._prompt_too_long(f"the engine refused it: {exc}")
             traj.add_error(ErrorKind.PROMPT_TOO_LONG, str(exc), component="generate")
             return StopReason.CONTEXT_BUDGET
         except InferenceError as exc:
@@ -438,6 +445,20 @@ class EpisodeRunner:
             return StopReason.CONTEXT_BUDGET if cut_by_context else StopReason.ENGINE_LENGTH
         self._pending_failures = parsed.failures
         return message
+
+    def _nothing_sampled(self) -> bool:
+        """Nothing was generated in this episode yet: the only tokens are the opening prompt's."""
+        return len(self.sequences) == 1 and not self._turn_ids and not self.traj.segments_of(SegmentKind.MODEL)
+
+    def _prompt_too_long(self, detail: str) -> StopReason:
+        """The opening prompt leaves no room for a single token: there is nothing to train on, and
+        running it again cannot help. The episode fails with the reason (the scheduler does not regenerate it)."""
+        self.prompt_problem = (
+            f"sample {self.sample_id}'s opening prompt has {len(self.traj.tokens)} tokens and {detail}; expected a "
+            "prompt that leaves room for the reply (shorten the row or raise the context)")
+        self.traj.add_error(ErrorKind.PROMPT_TOO_LONG, f"prompt too long: {self.prompt_problem}",
+                            component="generate")
+        return StopReason.FAILED
 
     def _end_partial_turn(self) -> StopReason:
         """A resumed turn whose earlier parts used the whole per-turn budget: it ends as if cut by length."""

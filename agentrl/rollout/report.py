@@ -44,6 +44,7 @@ class StepReport:
     recycled: int = 0
     stale: int = 0
     failed: dict[str, int] = field(default_factory=dict)
+    failure_examples: dict[str, str] = field(default_factory=dict)  # failed reason -> its first message
     bad_rows: int = 0
     data_exhausted: bool = False
     episodes_finished: int = 0

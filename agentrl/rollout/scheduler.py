@@ -449,6 +449,9 @@ class Scheduler:
             lost = lost_reason(episode)
             step.stats.add_episode(episode, lost)
             await runner.close()
+            if runner.prompt_problem is not None:  # the row itself: another attempt would fail the same way
+                member.episode, member.lost = episode, f"prompt_too_long: {runner.prompt_problem}"
+                return
             if lost is not None and member.retries < self.config.member_retries and not step.aborted:
                 member.runner = None
                 member.retries += 1
@@ -504,7 +507,12 @@ class Scheduler:
         report.members_lost += len(group.members) - len(kept)
         if len(kept) < self.config.min_group_size:
             reasons = Counter((m.lost or "unfinished").split(":")[0] for m in group.members if m not in kept)
-            report.count("failed", reasons.most_common(1)[0][0] if reasons else "too_few_members")
+            reason = reasons.most_common(1)[0][0] if reasons else "too_few_members"
+            report.count("failed", reason)
+            example = next((m.lost for m in group.members if m.lost and m.lost.startswith(f"{reason}: ")), None)
+            if example is not None:
+                detail = example.removeprefix(f"{reason}: ")
+                report.failure_examples.setdefault(reason, f"prompt {group.row.prompt_id}: {detail}")
             return "failed"
         rollout = self._as_rollout_group(group, kept)
         verdict = apply_filter(self.group_filter, rollout)

@@ -27,6 +27,7 @@ from ._sections import (
 )
 from .checkpoint import (
     CheckpointError,
+    CheckpointWriteError,
     LoadedCheckpoint,
     RunCheckpointer,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "BundleGroup",
     "CheckpointError",
     "CheckpointSection",
+    "CheckpointWriteError",
     "ClusterSection",
     "CpuPlan",
     "DataSection",

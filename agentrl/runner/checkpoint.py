@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -39,7 +40,7 @@ from typing import Any
 import agentrl
 from agentrl.runner._files import fsync_dir, fsync_tree, json_bytes, read_json_object, write_atomic
 
-__all__ = ["CheckpointError", "LoadedCheckpoint", "RunCheckpointer"]
+__all__ = ["CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "RunCheckpointer"]
 
 _FORMAT = 1
 _STEP_RE = re.compile(r"step_(\d{6,})")
@@ -48,6 +49,32 @@ _TMP_PREFIX = ".tmp-"
 
 class CheckpointError(RuntimeError):
     """No checkpoint where one was expected, a malformed one, or one written for another config."""
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (nothing complete was left behind). The message names the step, the
+    folder, the cause and, when the filesystem is full, says so with its free space; ``errno`` is the
+    cause's, or ``ENOSPC`` when the disk is full and the writer's own error did not say so (torch
+    reports a full disk as a zip-writer position mismatch)."""
+
+
+_FULL_BELOW = 1 << 20  # a filesystem with less than this free after a failed write counts as full
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _write_error(step: int, tmp: Path, exc: BaseException, free: int | None) -> CheckpointWriteError:
+    cause: BaseException | None = exc
+    code = None
+    while cause is not None and code is None:  # the errno of the first OSError in the chain
+        code = cause.errno if isinstance(cause, OSError) else None
+        cause = cause.__cause__ or cause.__context__
+    full = code in _FULL_ERRNOS or (free is not None and free < _FULL_BELOW)
+    message = f"checkpoint of step {step}: writing {tmp} failed: {type(exc).__name__}: {exc}"
+    if full:
+        message += (f"; the disk is full ({free if free is not None else '?'} bytes free on the filesystem of "
+                    f"{tmp.parent}); free space, then resume from the latest complete checkpoint")
+        code = code if code in _FULL_ERRNOS else errno.ENOSPC
+    return CheckpointWriteError(code, message) if code is not None else CheckpointWriteError(message)
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,13 @@ class LoadedCheckpoint:
     state: dict[str, Any]
     trainer_dir: Path
     meta: dict[str, Any]
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
 
 
 def _is_complete(path: Path) -> bool:
@@ -110,7 +144,8 @@ class RunCheckpointer:
 
     def save(self, step: int, *, write_trainer: Callable[[Path], object], state: Mapping[str, Any]) -> Path:
         """Writes checkpoint ``step`` (see the module doc) and returns its folder. If ``write_trainer``
-        or serialising ``state`` fails, nothing complete is left behind and the error propagates."""
+        or a write fails, nothing complete is left behind and :class:`CheckpointWriteError` says what
+        failed, where, and whether the disk is full (a non-JSON ``state`` raises before any write)."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"step = {step!r}; expected an int >= 0")
         self._remove_stale_temps()
@@ -130,6 +165,10 @@ class RunCheckpointer:
             if final.exists():
                 self._discard(final)
             os.rename(tmp, final)
+        except Exception as exc:
+            free = _free_bytes(self.directory)  # before the partial checkpoint is removed
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _write_error(step, tmp, exc, free) from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -613,7 +613,7 @@ def step_metrics(batch: StepBatch) -> dict[str, Any]:
             out[f"report/{key}"] = value
         elif isinstance(value, dict):
             for k, v in value.items():
-                if isinstance(v, int | float):
+                if isinstance(v, int | float) or (key == "failure_examples" and isinstance(v, str)):
                     out[f"report/{key}/{k}"] = v
     out["prompt_ids"] = [g.prompt_id for g in groups]
     return out

@@ -148,6 +148,11 @@ def test_file_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expected a table of sections at the top level, got list"):
         load_config_file(write(tmp_path, "- a\n- b\n", "run.yaml"))
     assert load_config_file(write(tmp_path, "", "empty.yaml")) == {}
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('[train]\nsteps = 2\nname = "café"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1\.toml: not valid UTF-8 at line 3, column 12 \(byte b'\\xe9': "
+                                          r"invalid continuation byte\); expected a UTF-8 text file"):
+        load_config_file(latin1)
 
 
 def test_resolved_config_round_trips() -> None:

@@ -349,3 +349,22 @@ def test_checks_and_dry_run_import_neither_torch_nor_ray(run_files: dict[str, Pa
         assert "agentrl.runner.config" in imported
         heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "ray", "sglang"))
         assert heavy == [], heavy[:5]
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_with_the_reason_and_the_resume_hint(
+        run_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from agentrl.runner import api
+    from agentrl.runner.checkpoint import CheckpointWriteError
+
+    def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise CheckpointWriteError(errno.ENOSPC, "checkpoint of step 2: writing /x/.tmp-step_000002 failed: "
+                                                 "OSError: no space; the disk is full (0 bytes free ...)")
+
+    monkeypatch.setattr(api, "train", full_disk)
+    result = invoke([str(run_files["config"])])
+    assert result.exit_code == 1, result.output
+    assert "error: [Errno 28] checkpoint of step 2: writing /x/.tmp-step_000002 failed" in result.stderr
+    assert f"the run folder {run_files['dir'] / 'run'} can be resumed with --resume" in result.stderr
+    assert "Traceback" not in result.output

@@ -47,7 +47,7 @@ REQUIRED: dict[str, set[str]] = {
                        "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
                        "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
                        "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep",
-                       "RunCheckpointer", "CheckpointError", "LoadedCheckpoint", "Runner", "RunCallback", "RunnerError", "RolloutService",
+                       "RunCheckpointer", "CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Runner", "RunCallback", "RunnerError", "RolloutService",
                        "RayRuntime", "PlacementPlan", "PlacedGroups", "ActorPlacement", "BundleGroup",
                        "PlacementError", "spawn", "TrainGroup", "TrainGroupError",
                        "DiskWeightSync", "WeightSyncConfig", "WeightSyncError", "SyncReport", "LogprobProbe",

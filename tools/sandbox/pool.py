@@ -32,6 +32,7 @@ __all__ = ["Observer", "WorkerLaunch", "WorkerPool", "process_tree_memory"]
 
 READY_TIMEOUT_S = 30.0
 GRACE_S = 5.0
+EXIT_WAIT_S = 1.0  # how long a worker whose pipe closed gets to finish exiting (its status is reported)
 
 
 @dataclass
@@ -52,6 +53,10 @@ class WorkerError(RuntimeError):
     """The worker died, hung or broke the protocol; it has been killed."""
 
 
+class _WorkerExited(WorkerError):
+    """The worker's end of the pipe closed: it exited (or is exiting) on its own."""
+
+
 class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process, launch: WorkerLaunch) -> None:
         self.proc = proc
@@ -59,6 +64,7 @@ class _Worker:
         self.calls = 0
         self.info: dict[str, Any] = {}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.stopped_by_pool = False  # kill() ended it (a timeout, a cancelled call, a retirement)
         self._stderr_task = asyncio.ensure_future(self._read_stderr())
 
     async def _read_stderr(self) -> None:
@@ -75,7 +81,7 @@ class _Worker:
             head = await self.proc.stdout.readexactly(4)
             body = await self.proc.stdout.readexactly(struct.unpack(">I", head)[0])
         except asyncio.IncompleteReadError as exc:
-            raise WorkerError("the sandbox worker exited") from exc
+            raise _WorkerExited("the sandbox worker exited") from exc
         try:
             data = json.loads(body)
         except ValueError as exc:  # a broken frame is the worker's failure, like a crash
@@ -93,16 +99,31 @@ class _Worker:
             await self.proc.stdin.drain()
             return await asyncio.wait_for(self.read_frame(), timeout_s)
         except (ConnectionError, BrokenPipeError) as exc:
-            raise WorkerError("the sandbox worker exited") from exc
+            raise _WorkerExited("the sandbox worker exited") from exc
         except asyncio.TimeoutError as exc:
             raise WorkerError(f"the sandbox worker did not answer within {timeout_s:.1f} s") from exc
 
-    def describe_failure(self) -> str:
+    def describe_failure(self, *, started: bool = False) -> str:
+        """The worker's last stderr lines. The launch hint (how to make the sandbox start) is added for a
+        worker that never started; one that started and then died says how it ended instead."""
         tail = "\n".join(self.stderr_tail)
-        return f"{tail}\n{self.launch.hint}".strip()
+        if not started:
+            return f"{tail}\n{self.launch.hint}".strip()
+        code = self.proc.returncode
+        if code is None or self.stopped_by_pool:
+            ended = "the pool stopped it"
+        elif code < 0:
+            try:
+                ended = f"it was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                ended = f"it was killed by signal {-code}"
+        else:
+            ended = f"it exited with code {code}"
+        return f"{ended} after it had started{': ' + tail if tail else ''}"
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
+            self.stopped_by_pool = True
             try:  # the worker leads its own session: this reaches it and nothing else
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -208,9 +229,12 @@ class WorkerPool:
                 result = await worker.call(payload, timeout_s + GRACE_S)
             except BaseException as exc:  # worker failure or cancellation: never reuse a half-used worker
                 self.replaced += 1
+                if isinstance(exc, _WorkerExited):  # let it finish exiting: its status says how it ended
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(worker.proc.wait()), EXIT_WAIT_S)
                 await asyncio.shield(self._discard(worker))
                 if isinstance(exc, WorkerError):
-                    raise WorkerError(f"{exc}: {worker.describe_failure()}") from exc
+                    raise WorkerError(f"{exc}: {worker.describe_failure(started=True)}") from exc
                 raise
             reason = check(result)
             if reason is not None:

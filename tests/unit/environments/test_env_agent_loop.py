@@ -252,15 +252,37 @@ async def test_engine_length_limit(tok: Any, qwen3: ChatTemplate) -> None:
     assert_aligned(ep, tok, [json_call()])
 
 
-async def test_prompt_too_long_from_the_engine_is_context_budget(tok: Any, qwen3: ChatTemplate) -> None:
+async def test_prompt_too_long_from_the_engine_is_context_budget_after_the_first_turn(tok: Any,
+                                                                                      qwen3: ChatTemplate) -> None:
+    class RejectingLater(ScriptedClient):
+        async def generate(self, input_ids: Any, sampling: Any, **kw: Any) -> Any:
+            if self.requests:
+                raise PromptTooLongError(400, "too long", "http://127.0.0.1:1/generate")
+            return await super().generate(input_ids, sampling, **kw)
+
+    ep = await run(env(), qwen3, RejectingLater(tok, [json_call(), answer("qwen3")]))
+    assert (ep.status, ep.stop_reason) == (Status.TRUNCATED, StopReason.CONTEXT_BUDGET)
+    [error] = ep.trajectory.errors
+    assert error.kind is ErrorKind.PROMPT_TOO_LONG and "too long" in error.message
+
+
+async def test_an_opening_prompt_that_cannot_fit_fails_the_episode_saying_so(tok: Any, qwen3: ChatTemplate) -> None:
     class Rejecting(ScriptedClient):
         async def generate(self, input_ids: Any, sampling: Any, **kw: Any) -> Any:
             raise PromptTooLongError(400, "too long", "http://127.0.0.1:1/generate")
 
-    ep = await run(env(), qwen3, Rejecting(tok, []))
-    assert (ep.status, ep.stop_reason) == (Status.TRUNCATED, StopReason.CONTEXT_BUDGET)
+    ep = await run(env(), qwen3, Rejecting(tok, []))  # the engine refuses it: nothing was sampled
+    assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED)
     [error] = ep.trajectory.errors
-    assert error.kind is ErrorKind.PROMPT_TOO_LONG and "too long" in error.message
+    assert error.kind is ErrorKind.PROMPT_TOO_LONG and "prompt too long" in error.message and "refused" in error.message
+    e = env()
+    prompt_len = len(qwen3.encode(await e.reset(), e.tool_specs(), add_generation_prompt=True))
+    client = ScriptedClient(tok, [answer("qwen3")])
+    ep = await run(env(), qwen3, client, context_length=prompt_len)  # the agent knows the context: no request
+    assert (ep.status, ep.stop_reason) == (Status.FAILED, StopReason.FAILED) and not client.requests
+    [error] = ep.trajectory.errors
+    assert error.kind is ErrorKind.PROMPT_TOO_LONG
+    assert f"opening prompt has {prompt_len} tokens and the context holds {prompt_len}" in error.message
 
 
 # -- abort and failure -----------------------------------------------------------------------------

@@ -3,7 +3,9 @@ check, resolve(), and writers that fail or are killed (SIGKILL) at each phase of
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import orjson
 import pytest
 
 import agentrl
-from agentrl.runner import CheckpointError, RunCheckpointer, RunDirectory
+from agentrl.runner import CheckpointError, CheckpointWriteError, RunCheckpointer, RunDirectory
 from agentrl.runner import checkpoint as checkpoint_module
 
 HASH = "f" * 64
@@ -129,9 +131,35 @@ def test_a_failing_trainer_writer_leaves_latest_at_the_previous_checkpoint(ckpt:
         (folder / "half.bin").write_bytes(b"x" * 100)
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointWriteError, match="disk full") as info:
         ckpt.save(2, write_trainer=fail, state={})
     assert ckpt.latest() == previous and os.listdir(ckpt.directory) == ["step_000001"]
+    assert str(info.value).startswith(f"checkpoint of step 2: writing {ckpt.directory}/.tmp-step_000002-")
+    assert "the disk is full" not in str(info.value)  # this disk has room: the writer's own error only
+
+
+def test_a_full_disk_is_named_even_when_the_writer_does_not_say_so(ckpt: RunCheckpointer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    previous = save(ckpt, 1)
+
+    def fail(folder: Path) -> None:  # torch.save on a full disk: a zip-writer error without an errno
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 10624 vs 10518")
+
+    usage = shutil.disk_usage(ckpt.directory)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=4096))
+    with pytest.raises(CheckpointWriteError) as info:
+        ckpt.save(2, write_trainer=fail, state={})
+    assert info.value.errno == errno.ENOSPC
+    assert "unexpected pos" in str(info.value) and "the disk is full (4096 bytes free" in str(info.value)
+    assert ckpt.latest() == previous
+
+    def enospc(folder: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.undo()
+    with pytest.raises(CheckpointWriteError, match=r"No space left on device.*the disk is full") as info:
+        ckpt.save(2, write_trainer=enospc, state={})
+    assert info.value.errno == errno.ENOSPC and ckpt.latest() == previous
 
 
 def test_a_non_json_state_fails_before_anything_is_written(ckpt: RunCheckpointer) -> None:

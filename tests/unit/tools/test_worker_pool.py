@@ -124,3 +124,40 @@ async def test_an_observer_can_amend_the_result_and_retire_the_worker() -> None:
         assert bad["pid"] not in pool.pids() and pool.retired == {"observer says no": 1}
     finally:
         await pool.close()
+
+
+# Ready, then on the first request: exit with code 3, or kill itself with SIGKILL.
+DYING_WORKER = """
+import os, signal, struct, sys
+out, inp = sys.stdout.buffer, sys.stdin.buffer
+body = b'{"ready": true}'
+out.write(struct.pack(">I", len(body)) + body); out.flush()
+inp.read(4)
+if HOW == "exit":
+    sys.exit(3)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(("how", "ended"), [("exit", "it exited with code 3"), ("kill", "it was killed by SIGKILL")])
+async def test_a_worker_dying_mid_call_says_how_it_ended_not_how_to_start_it(how: str, ended: str) -> None:
+    program = f"HOW = {how!r}\n{DYING_WORKER}"
+    pool = WorkerPool(lambda index: WorkerLaunch([sys.executable, "-I", "-c", program], hint="HOW TO START IT"),
+                      size=1, max_concurrency=1)
+    try:
+        with pytest.raises(WorkerError) as info:
+            await pool.execute({"code": "1"}, timeout_s=5)
+        assert str(info.value) == f"the sandbox worker exited: {ended} after it had started"
+        assert "HOW TO START IT" not in str(info.value) and pool.replaced == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_worker_that_never_starts_gets_the_launch_hint() -> None:
+    pool = WorkerPool(lambda index: WorkerLaunch([sys.executable, "-I", "-c", "import sys; sys.exit(1)"],
+                                                 hint="HOW TO START IT"), size=1, max_concurrency=1)
+    try:
+        with pytest.raises(SandboxUnavailableError, match=r"failed to start.*HOW TO START IT"):
+            await pool.start()
+    finally:
+        await pool.close()
