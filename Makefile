@@ -24,7 +24,7 @@ typecheck: setup
 	bash scripts/typecheck.sh
 
 unit: setup
-	$(VENV)/pytest tests/unit -q
+	$(VENV)/pytest tests/unit -q -m "not slow"
 
 test: lint typecheck
 	$(VENV)/pytest tests --durations=30
