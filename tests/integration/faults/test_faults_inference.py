@@ -44,6 +44,7 @@ from agentrl.rollout.eval import EvalConfig
 from agentrl.rollout.scheduler import StepBatch
 from agentrl.runner.weights import DiskWeightSync, WeightSyncConfig
 from agentrl.testing import build_tiny_model, build_tokenizer
+from agentrl.trajectory import ErrorKind
 from agentrl.trajectory import Status as EpisodeStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
@@ -83,8 +84,9 @@ def cycle(faults: dict[int, Any], period: int = 6) -> Any:
     return rule
 
 
-def info_text(episode: Any) -> str:
-    return " ".join(str(v) for v in episode.trajectory.info.values())
+def engine_errors(episode: Any) -> list[str]:
+    """The messages of the episode's typed engine errors."""
+    return [e.message for e in episode.trajectory.errors if e.kind is ErrorKind.ENGINE]
 
 
 async def test_router_5xx_and_dropped_connections_lose_no_prompt(shared_engine: str, engine: SGLangEngine,
@@ -155,7 +157,7 @@ async def test_an_engine_that_never_answers_ends_each_episode_with_a_deadline_fa
     assert len(report.episodes) == 6
     for ep in report.episodes:
         assert ep.status is EpisodeStatus.FAILED
-        assert "deadline of 1.5 s exceeded" in info_text(ep), ep.trajectory.info
+        assert any("deadline of 1.5 s exceeded" in m for m in engine_errors(ep)), ep.trajectory.errors
     # a whole step on an engine that never answers: every prompt is counted as failed, nothing trained
     assert batch.groups == [] and batch.report.data_exhausted
     assert sum(batch.report.failed.values()) == 4 and batch.report.members_regenerated == 4 * 2
