@@ -217,12 +217,15 @@ def test_the_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Pa
     assert json.loads((tmp_path / "models" / "demo-tiny" / "config.json").read_text())["num_hidden_layers"] == 4
     result = invoke([str(ROOT / "examples" / "demo_cpu.toml"), "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "warm-up       500 supervised steps x 32 of 64 conversations (data/demo/warmup.jsonl)" in result.stdout
+    assert "warm-up       600 supervised steps x 32 of 64 conversations (data/demo/warmup.jsonl)" in result.stdout
+    assert "held-out token accuracy >= 0.97 (data/demo/warmup_check.jsonl)" in result.stdout
     assert "per step      8 prompts x 8 samples = 64 episodes" in result.stdout
     held = [json.loads(line)["question"] for line in (tmp_path / "data/demo/held_out.jsonl").read_text().splitlines()]
     train = [json.loads(line)["question"] for line in (tmp_path / "data/demo/train.jsonl").read_text().splitlines()]
     warm = (tmp_path / "data/demo/warmup.jsonl").read_text()
     assert not set(held) & set(train) and not any(q in warm for q in held)  # the held-out questions stay unseen
+    answers = [json.loads(line)["answer"] for line in (tmp_path / "data/demo/held_out.jsonl").read_text().splitlines()]
+    assert len(answers) == 64 and all(len(a) == 6 for a in answers)  # the demo's task: six-digit products
 
 
 @pytest.mark.parametrize("recipe", sorted(GPU_RECIPES))
