@@ -37,8 +37,8 @@ stop reason            status      when
 ``failed``             failed      failure policy ``end``, an environment exception, a malformed
                                    engine answer (e.g. no logprobs), an engine that could not be
                                    reached or ran past the deadline, or an opening prompt that
-                                   alone fills the context (nothing could be sampled; a
-                                   ``prompt_too_long`` error and ``EpisodeRunner.prompt_problem`` say why)
+                                   alone fills the context (nothing could be sampled; its
+                                   ``prompt_too_long`` error says why)
 =====================  ==========  ==================================================================
 
 The status of each stop reason is :func:`agentrl.trajectory.status_for`. Whatever went wrong is an
@@ -144,6 +144,9 @@ class GenerateClient(Protocol):
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
                        routing_key: str | None = None) -> GenerateResult: ...
+
+
+PROMPT_TOO_LONG = "prompt too long: "  # how the error of an opening prompt that cannot fit begins
 
 
 def record_step_failure(traj: Trajectory, step: StepResult) -> None:
@@ -269,7 +272,6 @@ class EpisodeRunner:
         self.bridge_session: BridgeSession | None = None
         self.suspensions = 0
         self.abort_message: str | None = None  # the engine's or client's message of the last aborted turn
-        self.prompt_problem: str | None = None  # why the opening prompt alone fills the context (the episode failed)
         self._result: Episode | None = None
         self._closed = False
 
@@ -453,11 +455,10 @@ class EpisodeRunner:
     def _prompt_too_long(self, detail: str) -> StopReason:
         """The opening prompt leaves no room for a single token: there is nothing to train on, and
         running it again cannot help. The episode fails with the reason (the scheduler does not regenerate it)."""
-        self.prompt_problem = (
-            f"sample {self.sample_id}'s opening prompt has {len(self.traj.tokens)} tokens and {detail}; expected a "
-            "prompt that leaves room for the reply (shorten the row or raise the context)")
-        self.traj.add_error(ErrorKind.PROMPT_TOO_LONG, f"prompt too long: {self.prompt_problem}",
-                            component="generate")
+        self.traj.add_error(
+            ErrorKind.PROMPT_TOO_LONG,
+            f"{PROMPT_TOO_LONG}sample {self.sample_id}'s opening prompt has {len(self.traj.tokens)} tokens and {detail}; expected a "
+            "prompt that leaves room for the reply (shorten the row or raise the context)", component="generate")
         return StopReason.FAILED
 
     def _end_partial_turn(self) -> StopReason:

@@ -72,14 +72,14 @@ from agentrl.rollout._step import (
     oldest_version,
     segment_version,
 )
-from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, new_id
+from agentrl.rollout.agent import PROMPT_TOO_LONG, AgentConfig, Episode, EpisodeRunner, GenerateClient, new_id
 from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
 from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.report import StepReport
 from agentrl.rollout.restore import RestoreError, member_state, replay, restore_groups
-from agentrl.trajectory import ErrorKind
+from agentrl.trajectory import ErrorKind, Status
 
 __all__ = ["RolloutProgress", "Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
 
@@ -449,8 +449,9 @@ class Scheduler:
             lost = lost_reason(episode)
             step.stats.add_episode(episode, lost)
             await runner.close()
-            if runner.prompt_problem is not None:  # the row itself: another attempt would fail the same way
-                member.episode, member.lost = episode, f"prompt_too_long: {runner.prompt_problem}"
+            too_long = episode.trajectory.error_of(ErrorKind.PROMPT_TOO_LONG) if episode.status is Status.FAILED else None
+            if too_long is not None:  # the opening prompt itself: another attempt would fail the same way
+                member.episode, member.lost = episode, f"prompt_too_long: {too_long.message.removeprefix(PROMPT_TOO_LONG)}"
                 return
             if lost is not None and member.retries < self.config.member_retries and not step.aborted:
                 member.runner = None
