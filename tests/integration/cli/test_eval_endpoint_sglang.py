@@ -1,44 +1,27 @@
 """`agentrl eval --endpoint` against a real SGLang server's own OpenAI-compatible
 ``/v1/chat/completions`` (the tiny Qwen3 on CPU, the project's Qwen3 chat template, SGLang's qwen25
 tool-call parser): messages in, messages out, the environment's reward, a message-level report
-and conversations in the run folder. One engine for the module."""
+and conversations in the run folder. The session's shared engine, on the tiny model's weights."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agentrl.environments import make_arithmetic_rows
-from agentrl.rollout import EngineConfig, SGLangEngine
 from agentrl.testing import build_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 AGENTRL = Path(sys.executable).parent / "agentrl"
-TEMPLATE = Path(__file__).resolve().parents[3] / "templates" / "qwen3.jinja"
 
 
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    logs = tmp_path_factory.mktemp("engine-logs")
-    config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", context_length=1024,
-                          max_total_tokens=8192, random_seed=0, log_dir=logs, startup_timeout_s=300,
-                          extra_args=("--chat-template", str(TEMPLATE), "--tool-call-parser", "qwen25"))
-    engine = asyncio.run(SGLangEngine.launch(config))
-    try:
-        yield engine.url
-    finally:
-        engine.stop()
-
-
-def test_eval_endpoint_on_sglang_v1(engine_url: str, tmp_path: Path) -> None:
+def test_eval_endpoint_on_sglang_v1(tiny_engine: str, tmp_path: Path) -> None:
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(3, seed=2)))
     (tmp_path / "eval.toml").write_text(f"""
 [model]
@@ -55,7 +38,7 @@ max_new_tokens = 32
 [logging]
 run_dir = "run"
 """)
-    proc = subprocess.run([str(AGENTRL), "eval", "eval.toml", "--endpoint", f"{engine_url}/v1"], cwd=tmp_path,
+    proc = subprocess.run([str(AGENTRL), "eval", "eval.toml", "--endpoint", f"{tiny_engine}/v1"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     out = tmp_path / "run" / "evals" / "endpoint"

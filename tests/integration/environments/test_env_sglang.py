@@ -1,4 +1,5 @@
-"""The agent loop against a real CPU SGLang server serving the tiny Qwen3 model (no scripted policy).
+"""The agent loop against a real CPU SGLang server serving the tiny Qwen3 model (no scripted policy):
+the session's shared engine, given back the model's own random weights.
 
 The tiny model has random weights, so it never writes a tool call or an end-of-turn token by
 itself; stop *strings* end its turns instead, which also exercises the synthetic turn close the
@@ -18,15 +19,13 @@ import pytest_asyncio
 
 from agentrl.chat import ChatTemplate, Message
 from agentrl.environments import Environment, EnvLimits, StepResult
-from agentrl.rollout import ClientConfig, EngineConfig, InferenceClient, SamplingParams, SGLangEngine
+from agentrl.rollout import ClientConfig, InferenceClient, SamplingParams
 from agentrl.rollout.agent import AgentConfig, Episode, run_episode
-from agentrl.testing import build_tiny_model, build_tokenizer
+from agentrl.testing import build_tokenizer
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(600)]
-
-CONTEXT = 512
 
 
 class TalkEnv(Environment):
@@ -48,17 +47,9 @@ class TalkEnv(Environment):
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[InferenceClient]:
-    config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", context_length=CONTEXT,
-                          max_total_tokens=4096, random_seed=0, startup_timeout_s=300,
-                          log_dir=tmp_path_factory.mktemp("engine-logs"))
-    engine = await SGLangEngine.launch(config)
-    try:
-        async with InferenceClient(ClientConfig(base_url=engine.url)) as c:
-            yield c
-    finally:
-        engine.stop()
-        assert not engine.alive()
+async def client(tiny_engine: str) -> AsyncIterator[InferenceClient]:
+    async with InferenceClient(ClientConfig(base_url=tiny_engine)) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@ SGLang engine serving the tiny Qwen3.
 
 Two spawned gloo ranks (with the test-only megatron CPU shim) each build the run's train service
 from a :class:`RunConfig`, score probe sequences, take one GRPO step, score again and export the
-weights (rank 0 writes). The parent checks, on a real CPU SGLang engine in float32: its logprobs
+weights (rank 0 writes). The parent checks, on a real CPU SGLang engine in float32 (the session's
+shared engine, given back the tiny model's weights): its logprobs
 match the megatron trainer's before the step (same weights, different kernels: bound 1e-3 as in
 the torch backend's sync test), it loads the exported folder through :class:`DiskWeightSync`,
 and then matches the trainer's post-step logprobs, which moved far beyond the bound.
@@ -25,7 +26,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from agentrl.rollout import EngineConfig, SGLangEngine
+from agentrl.rollout import SGLangEngine
 from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.runner.probe import LogprobProbe, logprob_mismatch, probe_sequences
 from agentrl.runner.weights import DiskWeightSync, WeightSyncConfig
@@ -105,7 +106,7 @@ def _mean_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return logprob_mismatch([v for row in a for v in row[1:]], [v for row in b for v in row[1:]])["mean"]
 
 
-async def test_megatron_tp2_step_then_disk_sync_to_sglang(tmp_path: Path, tok: Any) -> None:
+async def test_megatron_tp2_step_then_disk_sync_to_sglang(tmp_path: Path, tok: Any, tiny_engine: str) -> None:
     model = build_tiny_model()
     probes = probe_sequences(tok, n=4, length=32, seed=0)
     trained = await asyncio.to_thread(_train, model, tmp_path, probes)
@@ -113,26 +114,20 @@ async def test_megatron_tp2_step_then_disk_sync_to_sglang(tmp_path: Path, tok: A
     moved = _mean_diff(trained["before"], trained["after"])
     assert moved > 20 * BOUND, moved
 
-    config = EngineConfig(model_path=str(model), device="cpu", dtype="float32", context_length=1024,
-                          max_total_tokens=8192, random_seed=0, log_dir=tmp_path / "engine-logs",
-                          startup_timeout_s=400, env={"SGLANG_CPU_OMP_THREADS_BIND": "0"})
-    engine = await SGLangEngine.launch(config)
-    try:
-        async with InferenceClient(ClientConfig(base_url=engine.url, max_retries=0)) as client:
-            probe = LogprobProbe(probes, bound=BOUND, prompt_length=1)
-            engine_before, _ = await probe.engine_logprobs(client)
-            before = logprob_mismatch([v for r in engine_before for v in r],
-                                      [v for r in trained["before"] for v in r[1:]])
-            print(f"\nengine vs megatron (TP=2) before the step: {before}")
-            assert before["mean"] <= BOUND
+    engine = await SGLangEngine.attach(tiny_engine)  # the session's float32 engine, on the tiny model's weights
+    async with InferenceClient(ClientConfig(base_url=engine.url, max_retries=0)) as client:
+        probe = LogprobProbe(probes, bound=BOUND, prompt_length=1)
+        engine_before, _ = await probe.engine_logprobs(client)
+        before = logprob_mismatch([v for r in engine_before for v in r],
+                                  [v for r in trained["before"] for v in r[1:]])
+        print(f"\nengine vs megatron (TP=2) before the step: {before}")
+        assert before["mean"] <= BOUND
 
-            sync = DiskWeightSync([engine], tmp_path / "weights", WeightSyncConfig())
-            report = await sync.sync(1, lambda folder: shutil.copytree(tmp_path / "export", folder,
-                                                                        dirs_exist_ok=True))
-            assert report.engines_updated == (engine.url,) and await engine.weight_version() == "1"
-            engine_after, version = await probe.engine_logprobs(client)
-            after = logprob_mismatch([v for r in engine_after for v in r], [v for r in trained["after"] for v in r[1:]])
-            print(f"engine vs megatron after the step and the sync: {after}; the step moved {moved:.4f}")
-            assert version == "1" and after["mean"] <= BOUND
-    finally:
-        await asyncio.to_thread(engine.stop)
+        sync = DiskWeightSync([engine], tmp_path / "weights", WeightSyncConfig())
+        report = await sync.sync(1, lambda folder: shutil.copytree(tmp_path / "export", folder,
+                                                                    dirs_exist_ok=True))
+        assert report.engines_updated == (engine.url,) and await engine.weight_version() == "1"
+        engine_after, version = await probe.engine_logprobs(client)
+        after = logprob_mismatch([v for r in engine_after for v in r], [v for r in trained["after"] for v in r[1:]])
+        print(f"engine vs megatron after the step and the sync: {after}; the step moved {moved:.4f}")
+        assert version == "1" and after["mean"] <= BOUND

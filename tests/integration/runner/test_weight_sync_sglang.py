@@ -1,4 +1,5 @@
-"""Disk weight sync and the post-sync probe on a real CPU SGLang engine serving the tiny Qwen3.
+"""Disk weight sync and the post-sync probe on a real CPU SGLang engine serving the tiny Qwen3 (the
+session's shared engine, given back the model's own weights as version "0").
 
 The trainer is :class:`TorchTrainBackend` on the same model folder, both sides in float32 (the
 engine casts the bf16 checkpoint on load). Its weights are perturbed (seeded noise) to stand for
@@ -26,7 +27,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from agentrl.rollout import EngineConfig, EngineError, GenerateResult, SamplingParams, SGLangEngine
+from agentrl.rollout import EngineError, GenerateResult, SamplingParams, SGLangEngine
 from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.runner.probe import LogprobProbe, ProbeError, backend_scorer, probe_sequences
 from agentrl.runner.weights import DiskWeightSync, WeightSyncConfig
@@ -43,15 +44,8 @@ LONG = SamplingParams(max_new_tokens=320, temperature=1.0, ignore_eos=True)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SGLangEngine]:
-    config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", dtype="float32", context_length=1024,
-                          max_total_tokens=8192, random_seed=0, log_dir=tmp_path_factory.mktemp("engine-logs"),
-                          startup_timeout_s=400, env={"SGLANG_CPU_OMP_THREADS_BIND": "0"})
-    e = await SGLangEngine.launch(config)
-    try:
-        yield e
-    finally:
-        await asyncio.to_thread(e.stop)
+async def engine(tiny_engine: str) -> SGLangEngine:
+    return await SGLangEngine.attach(tiny_engine)  # the session's float32 engine, weight version "0"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -103,7 +97,7 @@ async def test_retract_sync_keeps_requests_and_the_probe_catches_a_skipped_sync(
     assert [r.finish_reason.kind.value for r in results] == ["length"] * IN_FLIGHT
     assert all(r.completion_tokens == LONG.max_new_tokens for r in results)
     # the requests were mid-generation: their first tokens came from the old weights, the rest from v1
-    assert any([s[0] for s in r.weight_version_spans] == ["default", "1"] for r in results), describe(results)
+    assert any([s[0] for s in r.weight_version_spans] == ["0", "1"] for r in results), describe(results)
 
     passed = await probe.check(client, backend_scorer(backend), expected_version="1")
     print(f"probe after sync: {passed.describe()}")
