@@ -26,8 +26,14 @@ from agentrl.cli._errors import fail
 
 __all__ = ["CheckInputError", "check", "env_app", "load_environment_class", "load_rows"]
 
-env_app = typer.Typer(name="env", help="Check environments.", no_args_is_help=True, add_completion=False,
-                      rich_markup_mode=None)
+env_app = typer.Typer(name="env", no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="""\
+Check environments.
+
+\b
+Examples:
+  agentrl env check my_package.envs:MyEnv --data rows.jsonl
+  agentrl env check --help
+""")
 
 
 class CheckInputError(ValueError):
@@ -90,7 +96,15 @@ def check(
     rows: Annotated[int, typer.Option("--rows", min=1, help="How many rows to check.")] = 3,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every scripted episode.")] = False,
 ) -> None:
-    """Runs scripted episodes (no model) and reports every contract violation."""
+    """Runs scripted episodes (no model) and reports every contract violation.
+
+    Exit status: 0 when every check passes, 1 on violations, 2 for bad arguments.
+
+    \b
+    Examples:
+      agentrl env check agentrl.environments:RetoolMathEnv --data rows.jsonl
+      agentrl env check my_package.envs:MyEnv --data rows.jsonl --rows 10 -v
+    """
     from agentrl.environments.conformance import check_environment
 
     try:

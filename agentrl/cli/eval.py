@@ -12,7 +12,8 @@ evaluates one file instead) with the config's environment, reward, template and 
 
 Writes, per set, ``<set>.json`` (mean reward, pass@k, tool-call rate, failure kinds, truncation
 rate...) and ``<set>.episodes.jsonl`` under ``evals/<source>/`` of the run folder (the
-checkpoint's run, else ``logging.run_dir``; ``--out`` to choose), and prints a table. Examples::
+checkpoint's run, else ``logging.run_dir``; ``--out`` to choose), and prints a table. ``--print-config``
+prints the resolved config and where each value came from, and exits. Examples::
 
     agentrl eval configs/toy.toml --model models/tiny
     agentrl eval configs/toy.toml --checkpoint runs/exp1            # its latest checkpoint
@@ -31,6 +32,7 @@ import typer
 from agentrl.cli._errors import fail
 
 if TYPE_CHECKING:
+    from agentrl.cli.config_files import ResolvedConfig
     from agentrl.runner.config import RunConfig
 
 __all__ = ["eval_command", "load_config_file"]
@@ -39,13 +41,17 @@ __all__ = ["eval_command", "load_config_file"]
 def load_config_file(path: Path, overrides: list[str]) -> RunConfig:
     """The run config of ``path`` with ``key=value`` overrides, by the loader ``agentrl train`` uses;
     a user's mistake exits with status 2."""
+    config: RunConfig = _resolve(path, overrides).config
+    return config
+
+
+def _resolve(path: Path, overrides: list[str]) -> ResolvedConfig:
     from agentrl.cli.config_files import ConfigError, load_run_config
 
     try:
-        config: RunConfig = load_run_config(path, overrides).config
+        return load_run_config(path, overrides)
     except ConfigError as exc:
         fail(str(exc))
-    return config
 
 
 def _eval_sets(config: RunConfig, name: str | None, data: Path | None, limit: int | None) -> list[tuple[Any, list[Any]]]:
@@ -106,6 +112,8 @@ def eval_command(
     data: Annotated[Path | None, typer.Option("--data", help="evaluate this file instead of the config's sets")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the first N rows of each set")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="where to write the results")] = None,
+    print_config: Annotated[bool, typer.Option("--print-config", help="print the resolved config (with --model "
+                                               "applied) and each value's source, and exit")] = False,
 ) -> None:
     """Evaluate a model, a checkpoint or an endpoint on the config's eval sets.
 
@@ -116,7 +124,15 @@ def eval_command(
       agentrl eval toy.toml --checkpoint runs/exp1
 
       agentrl eval toy.toml --endpoint http://127.0.0.1:30000/v1 --data test.jsonl
+
+      agentrl eval toy.toml --model models/tiny --print-config
     """
+    if print_config:  # needs no model, checkpoint or endpoint
+        from agentrl.cli import _eval_run as run
+
+        extra = [f"model.path={run.check_model_arg(model)}"] if model is not None else []
+        typer.echo(_resolve(config_path, [*(overrides or []), *extra]).format())
+        return
     given = [n for n, v in (("--model", model), ("--checkpoint", checkpoint), ("--endpoint", endpoint)) if v is not None]
     if len(given) != 1:
         fail(f"expected exactly one of --model PATH, --checkpoint DIR, --endpoint URL; got "

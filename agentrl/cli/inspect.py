@@ -33,7 +33,14 @@ def inspect_command(
     top: Annotated[int, typer.Option("--top", min=1, help="Episodes in each of the best / worst tables.")] = 5,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Viewers written for a file (the first N).")] = 500,
 ) -> None:
-    """Write a run folder's report (or a trajectory file's index) as HTML, with a viewer per episode."""
+    """Write a run folder's report (or a trajectory file's index) as HTML, with a viewer per episode.
+
+    \b
+    Examples:
+      agentrl inspect runs/tiny_cpu --open
+      agentrl inspect runs/tiny_cpu --out report/ --top 10
+      agentrl inspect runs/tiny_cpu/trajectories/step_000002.jsonl.gz --limit 50
+    """
     from agentrl.inspect import InspectError, token_decoder, write_file_report, write_run_report
 
     if not target.exists():

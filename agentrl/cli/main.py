@@ -11,8 +11,7 @@ import typer
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(name="agentrl", help="Reinforcement learning of tool-using language models.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(name="agentrl", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   rich_markup_mode=None)
 
 
@@ -27,7 +26,18 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the agentrl version and exit.")) -> None:
-    """agentrl: render conversations, train, evaluate and inspect tool-using models."""
+    """agentrl: render conversations, train, evaluate and inspect tool-using models.
+
+    Each command has its own --help with examples.
+
+    \b
+    Examples:
+      agentrl doctor --quick
+      agentrl train examples/tiny_cpu.toml --dry-run
+      agentrl train examples/tiny_cpu.toml
+      agentrl eval examples/demo_cpu.toml --checkpoint runs/demo_cpu
+      agentrl inspect runs/tiny_cpu --open
+    """
 
 
 def _register() -> None:

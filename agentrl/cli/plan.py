@@ -10,8 +10,12 @@ samples per step, objective, eval sets, token budget) and the problems found, sp
 - ``problems``: the config cannot run anywhere as written (a missing model folder, a bad data
   row, an unknown environment) -- always an error;
 - ``machine``: this machine lacks what the config asks for (CUDA for ``cluster.accelerator='gpu'``,
-  enough cores for the CPU engines) -- an error for a real run, reported but not fatal under
-  ``--dry-run`` (a GPU recipe can be dry-run on a laptop).
+  enough cores for the CPU engines, the ``sglang`` and ``sglang_router`` packages that start the
+  engines and the router, megatron-core for ``train.backend='megatron'``) -- an error for a real
+  run, reported but not fatal under ``--dry-run`` (a GPU recipe can be dry-run on a laptop).
+
+Engines given by ``rollout.engines.urls`` must answer ``GET /server_info`` within
+:data:`URL_TIMEOUT_S` (a problem naming the URL otherwise). Packages are looked up, not imported.
 
 Torch is imported only when the config asks for an accelerator or the megatron backend.
 """
@@ -27,10 +31,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agentrl.runner.config import RunConfig
 
-__all__ = ["HEAD_ROWS", "Plan", "preflight"]
+__all__ = ["HEAD_ROWS", "URL_TIMEOUT_S", "Plan", "preflight"]
 
 HEAD_ROWS = 8
 """How many rows of the training data the pre-flight validates."""
+
+URL_TIMEOUT_S = 2.0
+"""How long the pre-flight waits for each engine of ``rollout.engines.urls`` to answer."""
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -205,6 +212,65 @@ def _sinks(cfg: RunConfig, plan: Plan) -> None:
                                  f"pip install 'agentrl[logging]' (or pip install {module}), or logging.{key}=false")
 
 
+def _has_module(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it (a dotted name imports its parents)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _packages(cfg: RunConfig, plan: Plan) -> None:
+    """The packages that start what the config asks for: SGLang for engines the run launches, the
+    router (always started, also over ``rollout.engines.urls``), megatron-core for its backend."""
+    urls = cfg.rollout.engines.urls
+    needs = [] if urls else [("sglang", "sglang", f"rollout.engines.count={cfg.rollout.engines.count}: the run "
+                                                  "starts its SGLang engines (python -m sglang.launch_server)")]
+    needs.append(("sglang_router", "sglang-router", "the run starts sglang-router in front of its engines"))
+    if cfg.train.backend == "megatron":
+        needs.append(("megatron.core", "megatron-core", "train.backend='megatron' trains with megatron-core"))
+    for module, dist, why in needs:
+        if not _has_module(module):
+            plan.machine.append(f"{why}, but the {dist} package is not installed here (no module {module!r}); "
+                                f"expected it installed (scripts/setup.sh installs it; `agentrl doctor` checks it)")
+
+
+def _probe(url: str) -> str | None:
+    """Why ``GET url/server_info`` did not answer with a JSON object, or ``None`` when it did."""
+    import urllib.error
+    import urllib.request
+
+    target = url.rstrip("/") + "/server_info"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the rollout's client: no proxy
+    try:
+        with opener.open(target, timeout=URL_TIMEOUT_S) as resp:
+            info = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return f"GET {target} -> HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, TimeoutError):
+            return f"GET {target}: no answer within {URL_TIMEOUT_S:g} s"
+        return f"GET {target} failed ({type(reason).__name__}: {reason})"
+    return None if isinstance(info, dict) else f"GET {target} answered {info!r:.100}, not a JSON object"
+
+
+def _engine_urls(cfg: RunConfig, plan: Plan) -> None:
+    urls = cfg.rollout.engines.urls
+    if not urls:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+        answers = list(pool.map(_probe, urls))
+    for i, (url, why) in enumerate(zip(urls, answers, strict=True)):
+        if why is not None:
+            plan.problems.append(f"rollout.engines.urls[{i}]={url!r}: no SGLang engine answers there: {why}; "
+                                 "expected a running engine (python -m sglang.launch_server) at that URL")
+
+
 def _heads(cfg: RunConfig, plan: Plan, meta: dict[str, Any]) -> None:
     """Tensor parallelism splits attention heads: each engine rank needs whole heads. The megatron
     backend's own check (which architectures it converts, and the TP/PP split of heads, KV groups,
@@ -292,6 +358,8 @@ def preflight(cfg: RunConfig, *, environment: Any = None) -> Plan:
     plan.environment = _environment(cfg, plan, environment)
     rows = _data(cfg, plan, plan.environment)
     _machine(cfg, plan)
+    _packages(cfg, plan)
+    _engine_urls(cfg, plan)
     _sinks(cfg, plan)
     _shape(cfg, plan, meta, rows)
     _warmup(cfg, plan)

@@ -113,7 +113,15 @@ def render(
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="Local Hugging Face tokenizer folder for --tokens.")] = None,
 ) -> None:
-    """Render a conversation with a chat template, exactly as Hugging Face apply_chat_template would."""
+    """Render a conversation with a chat template, exactly as Hugging Face apply_chat_template would.
+
+    \b
+    Examples:
+      agentrl render examples/conversation.json
+      agentrl render examples/conversation.json --template qwen3_5 --no-thinking
+      agentrl render examples/conversation.json --generation-prompt
+      agentrl render examples/conversation.json --tokens --tokenizer models/tiny
+    """
     if template not in TEMPLATE_NAMES:
         fail(f"--template: unknown template {template!r}; expected one of {', '.join(TEMPLATE_NAMES)}")
     try:

@@ -41,7 +41,11 @@ def sft(
     """Fine-tunes a model on conversations (JSONL of {"messages": [...], "tools": [...]}): only assistant
     tokens are trained, laid out exactly as the agent loop lays them out. Writes a Hugging Face folder.
 
-    Example: agentrl sft examples/sft_tiny_arithmetic.toml train.steps=40 output=models/tiny-sft
+    \b
+    Examples:
+      agentrl sft examples/sft_tiny_arithmetic.toml
+      agentrl sft examples/sft_tiny_arithmetic.toml train.steps=40 output=out/
+      agentrl sft examples/sft_tiny_arithmetic.toml --print-config
     """
     from agentrl.cli.config_files import ConfigError
     from agentrl.model_folder import ModelFolderError

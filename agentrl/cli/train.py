@@ -14,7 +14,9 @@ changing anything that enters the config hash is refused). ``environment.name`` 
 installed package's entry point (group ``agentrl.environments``) or ``module:attr``; ``--reward``
 and ``--group-filter`` name a reward ``(trajectory, task) -> float`` and a group filter the same
 way (entry-point groups ``agentrl.rewards`` and ``agentrl.group_filters``; built-in filter
-``drop_uniform_rewards``). They are not part of the config: pass them again on ``--resume``.
+``drop_uniform_rewards``). They are not part of the config (nor of its hash): the names given are
+recorded in the run folder's ``components.json``, and ``--resume`` reuses them when none are
+given and refuses different ones (a resumed run trains with the reward it started with).
 
 Every check (config, environment, template, model folder, first data rows, accelerators and cores)
 runs before Ray or any engine starts; a problem is ``error: ...`` on stderr with exit status 2.
@@ -34,7 +36,12 @@ from agentrl.cli._errors import fail
 if TYPE_CHECKING:
     from agentrl.cli.config_files import ResolvedConfig
 
-__all__ = ["resolve_target", "train"]
+__all__ = ["COMPONENTS_FILE", "resolve_target", "train"]
+
+COMPONENTS_FILE = "components.json"
+"""The run folder's record of the names given to ``--reward`` and ``--group-filter`` (``null``: none)."""
+
+_FLAGS = {"reward": "--reward", "group_filter": "--group-filter"}
 
 def _run_folder_config(folder: Path) -> dict[str, Any]:
     record_path = folder / "config.json"
@@ -98,6 +105,46 @@ def _check_resume(resolved: ResolvedConfig) -> str:
     return str(folder)
 
 
+def _recorded_components(folder: Path) -> dict[str, str | None] | None:
+    """The names a run folder records (``None`` for a folder written before they were recorded)."""
+    import json
+
+    path = folder / COMPONENTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        fail(f"--resume: {path}: cannot read it ({exc}); expected {{\"reward\": ..., \"group_filter\": ...}}")
+    if not isinstance(record, dict) or any(not isinstance(record.get(k), (str, type(None))) for k in _FLAGS):
+        fail(f"--resume: {path}: expected {{\"reward\": name or null, \"group_filter\": name or null}}, "
+             f"got {record!r:.200}")
+    return {k: record.get(k) for k in _FLAGS}
+
+
+def _component_names(given: dict[str, str | None], resume_from: str | None) -> dict[str, str | None]:
+    """The ``--reward`` / ``--group-filter`` names a run uses: ``given``, or on ``--resume`` the
+    run folder's recorded ones, which a different name given cannot replace."""
+    recorded = _recorded_components(Path(resume_from)) if resume_from is not None else None
+    if recorded is None:
+        return dict(given)
+    names = dict(recorded)
+    for kind, name in given.items():
+        if name is not None and name != recorded[kind]:
+            was = f"{_FLAGS[kind]} {recorded[kind]!r}" if recorded[kind] is not None else f"no {_FLAGS[kind]}"
+            fail(f"{_FLAGS[kind]} {name!r}: the run in {resume_from} was trained with {was} "
+                 f"({COMPONENTS_FILE}); expected the same, or leave {_FLAGS[kind]} out to reuse it")
+    return names
+
+
+def _write_components(config: Any, names: dict[str, str | None]) -> None:
+    import json
+
+    folder = config.run_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / COMPONENTS_FILE).write_text(json.dumps(names, indent=2) + "\n", encoding="utf-8")
+
+
 def _component(kind: Any, name: str | None) -> Any:
     if name is None:
         return None
@@ -119,14 +166,18 @@ def train(
                                                help="Print the resolved config and each value's source.")] = False,
     no_ray: Annotated[bool, typer.Option("--no-ray", help="Run the rollout and trainer sides in this process.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Plain line logs instead of the live display.")] = False,
-    reward: Annotated[str | None, typer.Option("--reward", help="A reward by name or module:attr.")] = None,
-    group_filter: Annotated[str | None, typer.Option("--group-filter",
-                                                     help="A group filter by name or module:attr.")] = None,
+    reward: Annotated[str | None, typer.Option("--reward", help="A reward by name or module:attr (recorded in the "
+                                               "run folder; --resume reuses it).")] = None,
+    group_filter: Annotated[str | None, typer.Option("--group-filter", help="A group filter by name or module:attr "
+                                                     "(recorded like --reward).")] = None,
 ) -> None:
     """Trains a policy as CONFIG describes (see the examples/ folder and docs/training.md).
 
     Overrides are KEY=VALUE with dotted keys typed by the config schema, e.g. train.steps=4,
     rollout.sampling.temperature=0.7, train.optimizer.betas=0.9,0.95, logging.run_dir=none.
+
+    --reward and --group-filter are recorded in the run folder (components.json): --resume
+    reuses them when left out and refuses different ones.
 
     \b
     Examples:
@@ -143,7 +194,8 @@ def train(
         typer.echo(resolved.format())
         if not dry_run:
             return
-    reward_fn, filter_fn = _component("reward", reward), _component("group_filter", group_filter)
+    for kind, name in (("reward", reward), ("group_filter", group_filter)):
+        _component(kind, name)  # an unknown name is reported before the pre-flight
     plan = preflight(config)
     if plan.problems:
         fail(plan.problems[0] if len(plan.problems) == 1 else
@@ -151,12 +203,17 @@ def train(
     if plan.machine and not dry_run:
         fail("; ".join(plan.machine))
     resume_from = _check_resume(resolved) if resume else None
+    names = _component_names({"reward": reward, "group_filter": group_filter}, resume_from)
+    reward_fn, filter_fn = _component("reward", names["reward"]), _component("group_filter", names["group_filter"])
     if dry_run:
         typer.echo(plan.format())
         if resume_from is not None:
             typer.echo(f"resume from  {resume_from}")
+        if any(names.values()):
+            typer.echo("components   " + ", ".join(f"{_FLAGS[k]} {v}" for k, v in names.items() if v is not None))
         typer.echo("dry run: nothing started")
         return
+    _write_components(config, names)
     _run(config, plan.environment, reward_fn, filter_fn, use_ray=not no_ray, resume=resume_from, quiet=quiet)
 
 

@@ -18,88 +18,9 @@
   :class:`ChatEndpoint` / :func:`evaluate_endpoint`: message-level episodes against an OpenAI-compatible server.
 """
 
-from agentrl.model_folder import ModelFolderError, check_model_folder, model_vocab_size
-from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient, run_episode
-from agentrl.rollout.client import ClientConfig, InferenceClient, parse_generate_response
-from agentrl.rollout.endpoint import ChatEndpoint, EndpointError, evaluate_endpoint, run_message_episode
-from agentrl.rollout.engine import EngineConfig, EngineError, SGLangEngine, default_shim_dir, detect_device
-from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate, pass_at_k
-from agentrl.rollout.groups import FilterResult, GroupFilter, RolloutGroup, drop_uniform_rewards
-from agentrl.rollout.health import EngineGroup, HealthConfig, HealthEvent
-from agentrl.rollout.opening import OpeningCache
-from agentrl.rollout.pacing import Pacer, tune_gc
-from agentrl.rollout.report import AccountingError, StepReport
-from agentrl.rollout.restore import RestoreError
-from agentrl.rollout.router import Router, RouterConfig, RouterError, RouterPolicy
-from agentrl.rollout.scheduler import RolloutProgress, Scheduler, SchedulerConfig, SchedulerError, StepBatch
-from agentrl.rollout.types import (
-    AbortCause,
-    FinishKind,
-    FinishReason,
-    GenerateResult,
-    InferenceError,
-    PromptTooLongError,
-    ProtocolError,
-    RequestRejectedError,
-    SamplingParams,
-    continuation_budget,
-)
+import lazy_loader
 
-__all__ = [
-    "AbortCause",
-    "AccountingError",
-    "AgentConfig",
-    "ChatEndpoint",
-    "ClientConfig",
-    "EndpointError",
-    "EngineConfig",
-    "EngineError",
-    "EngineGroup",
-    "Episode",
-    "EpisodeRunner",
-    "EvalConfig",
-    "EvalReport",
-    "FilterResult",
-    "FinishKind",
-    "FinishReason",
-    "GenerateClient",
-    "GenerateResult",
-    "GroupFilter",
-    "HealthConfig",
-    "HealthEvent",
-    "InferenceClient",
-    "InferenceError",
-    "ModelFolderError",
-    "OpeningCache",
-    "Pacer",
-    "PromptTooLongError",
-    "ProtocolError",
-    "RequestRejectedError",
-    "RestoreError",
-    "RolloutGroup",
-    "RolloutProgress",
-    "Router",
-    "RouterConfig",
-    "RouterError",
-    "RouterPolicy",
-    "SGLangEngine",
-    "SamplingParams",
-    "Scheduler",
-    "SchedulerConfig",
-    "SchedulerError",
-    "StepBatch",
-    "StepReport",
-    "check_model_folder",
-    "continuation_budget",
-    "default_shim_dir",
-    "detect_device",
-    "drop_uniform_rewards",
-    "evaluate",
-    "evaluate_endpoint",
-    "model_vocab_size",
-    "parse_generate_response",
-    "pass_at_k",
-    "run_episode",
-    "run_message_episode",
-    "tune_gc",
-]
+# The names are listed in __init__.pyi; each submodule is imported on first use, so importing a
+# config module (the run config's engine, router and scheduler sections) does not pull in the
+# HTTP clients.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

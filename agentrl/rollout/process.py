@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psutil
 
 __all__ = ["ManagedProcess", "default_log_dir", "free_port", "request_json", "stop_all", "stop_all_on_exit",
@@ -240,6 +239,8 @@ async def request_json(method: str, url: str, body: Any = None, *, timeout_s: fl
     a timeout, or an answer that is not JSON (with ``text_fallback``, that answer's text is returned
     instead).
     """
+    import aiohttp  # here, not at the top: the run config imports this module and must stay light
+
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             async with session.request(method, url, json=body) as resp:

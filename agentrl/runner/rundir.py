@@ -11,6 +11,7 @@ Layout (created on construction)::
       logs/                        engine and router logs
       checkpoints/                 see agentrl.runner.checkpoint
       summary.json                 written at the end
+      components.json              the --reward / --group-filter names (written by `agentrl train`)
 
 Durability: ``config.json``, ``summary.json`` and each trajectory file are written to a temporary
 name, fsync-ed and renamed, so a killed run leaves the old file or the new one. ``metrics.jsonl``

@@ -71,11 +71,10 @@ class TrainService:
         if config.train.backend == "megatron":
             backend = MegatronTrainBackend.from_pretrained(
                 config.model.path, config.megatron_backend_config(), with_ref_model=config.algorithm.kl_coef > 0)
-            return cls(backend, config.train.optimizer, total_steps=config.train.steps,
-                       score_after_step=config.train.score_after_step)
-        backend = TorchTrainBackend.from_pretrained(
-            config.model.path, config.torch_backend_config(),
-            with_ref_model=config.algorithm.kl_coef > 0)
+        else:
+            backend = TorchTrainBackend.from_pretrained(
+                config.model.path, config.torch_backend_config(),
+                with_ref_model=config.algorithm.kl_coef > 0)
         service = cls(backend, config.train.optimizer, total_steps=config.train.steps,
                       score_after_step=config.train.score_after_step)
         service.warmup_section, service.model_section = config.warmup, config.model

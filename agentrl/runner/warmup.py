@@ -2,7 +2,8 @@
 
 :func:`run_warmup` lays the conversations out with :class:`~agentrl.sft.TranscriptBuilder` (the
 agent loop's exact tokens; only assistant tokens trained), runs ``warmup.steps`` supervised steps
-of the torch backend, and with ``warmup.check`` measures, every ``check.every_steps`` steps, the
+of the run's train backend (torch or megatron: ``sft_step``), and with ``warmup.check`` measures,
+every ``check.every_steps`` steps, the
 share of trained tokens of held-out conversations that the model predicts with probability ≥ 0.5
 (so they are its greedy choice). The warm-up ends early once that share reaches
 ``check.min_token_accuracy`` (after ``min_steps``); if it never does, :class:`WarmupError` says so
@@ -136,6 +137,10 @@ def run_warmup(backend: Any, section: WarmupSection, builder: Any, *, run_dir: s
 
 
 def _reset_optimizer(backend: Any) -> None:
-    """Fresh Adam moments and step counter for RL (the warm-up's are for another objective and lr)."""
-    backend.optimizer.state.clear()
+    """Fresh Adam moments and step counter for RL (the warm-up's are for another objective and lr).
+    Megatron's ``ChainedOptimizer`` shows its optimizers' states through a proxy that cannot be
+    cleared, so each chained optimizer's own state is (the torch backend has one plain optimizer)."""
+    optimizer = backend.optimizer
+    for inner in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner.state.clear()
     backend.step = 0

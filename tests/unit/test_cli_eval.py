@@ -125,3 +125,21 @@ def test_eval_missing_config(tmp_path: Path) -> None:
 def test_eval_help_has_examples(tmp_path: Path) -> None:
     proc = _agentrl("eval", "--help", cwd=tmp_path)
     assert proc.returncode == 0 and "agentrl eval toy.toml --checkpoint runs/exp1" in proc.stdout
+
+
+def test_eval_print_config_shows_each_value_and_its_source(tmp_path: Path) -> None:
+    """--print-config needs no model source; --model shows up as an override of model.path."""
+    config = _write(tmp_path, CONFIG)
+    other = tmp_path / "other-model"
+    other.symlink_to(build_tiny_model())
+    proc = _agentrl("eval", str(config), "rollout.sampling.temperature=0.5", "--model", str(other), "--print-config",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split(" = ")[0]: line for line in proc.stdout.splitlines()[1:]}
+    assert proc.stdout.startswith(f"# resolved config from {config}")
+    assert lines["rollout.sampling.temperature"].endswith("# override") and " = 0.5 " in lines["rollout.sampling.temperature"]
+    assert lines["model.path"].endswith("# override") and str(other) in lines["model.path"]
+    assert lines["environment.name"].endswith("# file") and lines["rollout.router.policy"].endswith("# default")
+    assert not (tmp_path / "run").exists()
+    proc = _agentrl("eval", str(config), "rollout.sampling.temprature=0.5", "--print-config", cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown key 'temprature'" in proc.stderr

@@ -102,7 +102,7 @@ def test_version_and_help_that_fits_80_columns() -> None:
 
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output == f"agentrl {__version__}\n"
-    for command in ([], ["render"], ["doctor"], ["env"], ["env", "check"]):
+    for command in ([], ["render"], ["doctor"], ["env"], ["env", "check"], ["inspect"], ["sft"], ["train"], ["eval"]):
         result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
         assert result.exit_code == 0, result.output
         for line in result.output.splitlines():

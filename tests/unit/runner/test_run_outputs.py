@@ -177,6 +177,45 @@ def test_sinks_from_config_follow_logging_section(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "tensorboard").is_dir()
 
 
+def test_sinks_from_config_start_an_offline_wandb_run_in_the_run_folder(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """logging.wandb=true: a W&B run under the run folder, named after it, in logging.wandb_project,
+    holding the run config; the step logged through the sink is read back from its .wandb file."""
+    if not _has_wandb():
+        pytest.skip("wandb is not installed (pip install 'agentrl[logging]')")
+    from wandb.proto import wandb_internal_pb2
+
+    from agentrl.runner.config import RunConfig
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # the run folder, as the sink asks for
+    run_dir = tmp_path / "exp7"
+    config = RunConfig.from_dict({"model": {"path": "m"}, "data": {"train": {"path": "d.jsonl"}},
+                                  "environment": {"name": "toy_arithmetic"},
+                                  "logging": {"run_dir": str(run_dir), "wandb": True,
+                                              "wandb_project": "agentrl-sinks-test"}})
+    sinks = sinks_from_config(config)
+    assert [type(s) for s in sinks] == [WandbSink]
+    sink = sinks[0]
+    assert isinstance(sink, WandbSink)
+    assert sink.run.project == "agentrl-sinks-test" and sink.run.name == "exp7"
+    assert dict(sink.run.config)["environment"]["name"] == "toy_arithmetic"
+    sink.on_step_end(1, {"rollout/reward_mean": 0.75, "note": "not a scalar"})
+    sink.close()
+    files = list(run_dir.rglob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, sorted(run_dir.rglob("*"))
+    history = []
+    for data in _wandb_records(files[0].read_bytes()):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item})
+    assert [(h["_step"], h["rollout/reward_mean"]) for h in history] == [(1, 0.75)]
+    assert all("note" not in h for h in history)
+
+
 class _ProgressRecorder:
     def __init__(self) -> None:
         self.seen: list[tuple[int, Any]] = []

@@ -1,0 +1,147 @@
+"""Type stub: the public names of agentrl.rollout (imported lazily at runtime, see __init__.py)."""
+
+from ._model_folder import (
+    ModelFolderError,
+    check_model_folder,
+    model_vocab_size,
+)
+from .agent import (
+    AgentConfig,
+    Episode,
+    EpisodeRunner,
+    GenerateClient,
+    run_episode,
+)
+from .client import (
+    ClientConfig,
+    InferenceClient,
+    parse_generate_response,
+)
+from .endpoint import (
+    ChatEndpoint,
+    EndpointError,
+    evaluate_endpoint,
+    run_message_episode,
+)
+from .engine import (
+    EngineConfig,
+    EngineError,
+    SGLangEngine,
+    default_shim_dir,
+    detect_device,
+)
+from .eval import (
+    EvalConfig,
+    EvalReport,
+    evaluate,
+    pass_at_k,
+)
+from .groups import (
+    FilterResult,
+    GroupFilter,
+    RolloutGroup,
+    drop_uniform_rewards,
+)
+from .health import (
+    EngineGroup,
+    HealthConfig,
+    HealthEvent,
+)
+from .opening import (
+    OpeningCache,
+)
+from .pacing import (
+    Pacer,
+    tune_gc,
+)
+from .report import (
+    AccountingError,
+    StepReport,
+)
+from .restore import (
+    RestoreError,
+)
+from .router import (
+    Router,
+    RouterConfig,
+    RouterError,
+    RouterPolicy,
+)
+from .scheduler import (
+    RolloutProgress,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerError,
+    StepBatch,
+)
+from .types import (
+    AbortCause,
+    FinishKind,
+    FinishReason,
+    GenerateResult,
+    InferenceError,
+    PromptTooLongError,
+    ProtocolError,
+    RequestRejectedError,
+    SamplingParams,
+    continuation_budget,
+)
+
+__all__ = [
+    "AbortCause",
+    "AccountingError",
+    "AgentConfig",
+    "ChatEndpoint",
+    "ClientConfig",
+    "EndpointError",
+    "EngineConfig",
+    "EngineError",
+    "EngineGroup",
+    "Episode",
+    "EpisodeRunner",
+    "EvalConfig",
+    "EvalReport",
+    "FilterResult",
+    "FinishKind",
+    "FinishReason",
+    "GenerateClient",
+    "GenerateResult",
+    "GroupFilter",
+    "HealthConfig",
+    "HealthEvent",
+    "InferenceClient",
+    "InferenceError",
+    "ModelFolderError",
+    "OpeningCache",
+    "Pacer",
+    "PromptTooLongError",
+    "ProtocolError",
+    "RequestRejectedError",
+    "RestoreError",
+    "RolloutGroup",
+    "RolloutProgress",
+    "Router",
+    "RouterConfig",
+    "RouterError",
+    "RouterPolicy",
+    "SGLangEngine",
+    "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerError",
+    "StepBatch",
+    "StepReport",
+    "check_model_folder",
+    "continuation_budget",
+    "default_shim_dir",
+    "detect_device",
+    "drop_uniform_rewards",
+    "evaluate",
+    "evaluate_endpoint",
+    "model_vocab_size",
+    "parse_generate_response",
+    "pass_at_k",
+    "run_episode",
+    "run_message_episode",
+    "tune_gc",
+]
