@@ -9,7 +9,7 @@ rollout, so runs do not see each other's updates, and none stops it. Its OpenAI-
 
 ``tiny_engine`` is that engine given back the tiny model's own weights (weight version ``"0"``), with
 no request running on it: for the module that talks to a randomly initialised model directly (the
-scheduler, the agent loop, a sync test) and would otherwise boot an engine of its own for it. Booting
+agent loop, the weight-sync tests, the eval endpoint) and would otherwise boot an engine of its own for it. Booting
 one costs 40-90 s on two cores; reloading the weights costs well under a second.
 
 ``docker_daemon`` uses a daemon that already answers (``DOCKER_HOST`` or the default socket); else
