@@ -77,20 +77,26 @@ def test_tensorboard_events_read_back(run: dict[str, Any]) -> None:
 def test_wandb_offline_run_holds_the_steps(run: dict[str, Any]) -> None:
     if not _has_wandb():
         pytest.skip("wandb is not installed (pip install 'agentrl[logging]')")
-    from wandb.proto import wandb_internal_pb2
-
     files = list(Path(run["wandb_dir"]).rglob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
+    history = _wandb_history(files[0])
+    steps = [h["_step"] for h in history]
+    assert steps == list(range(1, STEPS + 1))
+    assert [h["rollout/reward_mean"] for h in history] == pytest.approx([m["rollout/reward_mean"] for m in run["metrics"]])
+
+
+def _wandb_history(path: Path) -> list[dict[str, Any]]:
+    """The history rows (one per logged step) of an offline W&B run's ``.wandb`` file."""
+    from wandb.proto import wandb_internal_pb2
+
     history: list[dict[str, Any]] = []
-    for data in _wandb_records(files[0].read_bytes()):
+    for data in _wandb_records(path.read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                             for item in record.history.item})
-    steps = [h["_step"] for h in history]
-    assert steps == list(range(1, STEPS + 1))
-    assert [h["rollout/reward_mean"] for h in history] == pytest.approx([m["rollout/reward_mean"] for m in run["metrics"]])
+    return history
 
 
 def _wandb_records(raw: bytes) -> list[bytes]:
@@ -183,8 +189,6 @@ def test_sinks_from_config_start_an_offline_wandb_run_in_the_run_folder(tmp_path
     holding the run config; the step logged through the sink is read back from its .wandb file."""
     if not _has_wandb():
         pytest.skip("wandb is not installed (pip install 'agentrl[logging]')")
-    from wandb.proto import wandb_internal_pb2
-
     from agentrl.runner.config import RunConfig
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -205,13 +209,7 @@ def test_sinks_from_config_start_an_offline_wandb_run_in_the_run_folder(tmp_path
     sink.close()
     files = list(run_dir.rglob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, sorted(run_dir.rglob("*"))
-    history = []
-    for data in _wandb_records(files[0].read_bytes()):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        if record.WhichOneof("record_type") == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                            for item in record.history.item})
+    history = _wandb_history(files[0])
     assert [(h["_step"], h["rollout/reward_mean"]) for h in history] == [(1, 0.75)]
     assert all("note" not in h for h in history)
 
