@@ -204,10 +204,8 @@ def _machine(cfg: RunConfig, plan: Plan) -> None:
 
 def _sinks(cfg: RunConfig, plan: Plan) -> None:
     """The metric sinks asked for are installed (looked up, not imported: tensorboard pulls in torch)."""
-    import importlib.util
-
     for key, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
-        if getattr(cfg.logging, key) and importlib.util.find_spec(module) is None:
+        if getattr(cfg.logging, key) and not _has_module(module):
             plan.problems.append(f"logging.{key}=true: the {module} package is not installed; expected "
                                  f"pip install 'agentrl[logging]' (or pip install {module}), or logging.{key}=false")
 
