@@ -121,6 +121,10 @@ from agentrl.trajectory import (
 __all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"]
 
 
+def _never() -> bool:
+    return False
+
+
 def new_id() -> str:
     """A random 128-bit hex id (request, rollout and session ids): ``uuid4().hex`` without the UUID object."""
     return os.urandom(16).hex()
@@ -246,7 +250,7 @@ class EpisodeRunner:
         config = config or AgentConfig()
         self.env, self.template, self.client, self.config = env, template, client, config
         self.group_id, self.rollout_id, self.sample_id = group_id, rollout_id or new_id(), sample_id
-        self.should_abort: Callable[[], bool] = lambda: False
+        self.should_abort: Callable[[], bool] = _never
         self.tool_slots = tool_slots
         self.opening_cache = opening_cache
         self.pacer = pacer
@@ -306,7 +310,15 @@ class EpisodeRunner:
             return self._result
         if self._closed:
             raise RuntimeError("EpisodeRunner.advance: the runner is closed")
-        self.should_abort = should_abort or (lambda: False)
+        self.should_abort = should_abort or _never
+        try:
+            return await self._advance()
+        finally:
+            # the caller's check often holds what holds this runner (a scheduler's member): keeping it
+            # would make every finished episode a reference cycle, left to the cyclic collector
+            self.should_abort = _never
+
+    async def _advance(self) -> Episode | None:
         if not self.sequences:
             if self.pacer is not None:
                 await self.pacer.turn()
