@@ -43,6 +43,7 @@ import aiohttp
 import orjson
 
 from agentrl.rollout._http import HttpPool
+from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.types import (
     AbortCause,
     FinishKind,
@@ -219,6 +220,9 @@ class InferenceClient:
         self._background: set[asyncio.Future[int]] = set()
         self._client_aborted: set[str] = set()
         self._pool: HttpPool | None = None  # the /generate data path (plain http); aiohttp for the rest
+        # answers arrive in bursts (an engine finishes a batch): each is parsed in its turn, so one loop pass
+        # never parses a thousand of them back to back; a scheduler on this client shares this pacer
+        self.pacer = Pacer()
 
     async def __aenter__(self) -> InferenceClient:
         self._ensure_session()
@@ -392,6 +396,7 @@ class InferenceClient:
                     status = resp.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise _Retryable(f"{type(err).__name__}: {err}") from err
+        await self.pacer.turn()
         if status == 200:
             try:
                 return orjson.loads(raw)

@@ -187,7 +187,8 @@ class Scheduler:
         self._slots = asyncio.Semaphore(self.config.max_requests_per_engine * max(engines, 1))
         self._tool_slots = asyncio.Semaphore(self.config.max_tool_concurrency)
         self.opening_cache = OpeningCache(template)
-        self.pacer = Pacer()
+        shared = getattr(client, "pacer", None)  # one pacer per loop: the client's, when it paces its answers
+        self.pacer = shared if isinstance(shared, Pacer) else Pacer()
         self._buffer: deque[PendingGroup] = deque()
         self._closing: set[asyncio.Task[None]] = set()
         self._current: Step | None = None

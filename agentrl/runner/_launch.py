@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataSource, read_rows
 from agentrl.rollout.health import EngineGroup
+from agentrl.rollout.pacing import tune_gc
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
 from agentrl.runner.weights import DiskWeightSync
 
@@ -116,4 +117,7 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
 
     service = cls(scheduler, weights, scoring=client, eval_sets=evals, on_shutdown=stop)
     service.group = group
+    # this process drives the rollouts: freeze what was built (tokenizer, template, data) and collect the
+    # young generation less often; with CPython's defaults the collector took ~0.35 ms per episode
+    tune_gc()
     return service

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,25 @@ def test_answer_line_is_accepted_only_when_asked_and_only_without_a_box() -> Non
     assert MathReward()(text, "34").value == 0.0
     assert MathReward(answer_line=True)(text, "34").value == 1.0
     assert MathReward(answer_line=True)("Answer: 34\nso \\boxed{35}", "34").value == 0.0  # the box wins
+
+
+def test_math_equal_decides_a_pair_once_and_same_strings_without_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import math_verify
+
+    from agentrl.rewards import math as math_module
+
+    calls: list[str] = []
+    real_parse = math_verify.parse
+
+    def counting_parse(text: str, **kw: Any) -> Any:
+        calls.append(text)
+        return real_parse(text, **kw)
+
+    monkeypatch.setattr(math_verify, "parse", counting_parse)
+    math_module._math_equal.cache_clear()
+    assert math_module.math_equal("0.25", r"\frac{1}{4}") and math_module.math_equal("0.25", r"\frac{1}{4}")
+    assert len(calls) == 2  # gold and prediction, parsed for the first call only
+    assert not math_module.math_equal("0.26", r"\frac{1}{4}")
+    assert len(calls) == 4
+    assert math_module.math_equal(" 42 ", "42") and not math_module.math_equal("", " ")
+    assert len(calls) == 4  # the same string: equal without parsing; empty never matches
