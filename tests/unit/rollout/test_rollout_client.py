@@ -190,3 +190,33 @@ async def test_abort_of_a_waiting_request_and_duplicate_rids(cluster: FakeCluste
         done_waiting.finish_reason.message or "")
     assert done_waiting.finish_reason.cause is AbortCause.CLIENT
     assert [r["rid"] for w in cluster.workers for r in w.state.requests] == ["first"]
+
+
+async def test_a_burst_of_answers_is_parsed_in_paced_turns(tok: object) -> None:
+    """Answers arriving together are parsed in turns of the client's pacer, which a scheduler on this
+    client shares (one pacer per loop): with a budget too small for two answers, most of a burst waits
+    for later loop passes, and every answer still comes back whole."""
+    import asyncio
+
+    from agentrl.chat import ChatTemplate
+    from agentrl.data import DataSource
+    from agentrl.environments import ToyArithmeticEnv, make_arithmetic_rows
+    from agentrl.rollout import Scheduler, SchedulerConfig
+    from agentrl.rollout.pacing import Pacer
+    from agentrl.testing.fake_worker import FakeWorker
+
+    worker = FakeWorker()
+    url = worker.start()
+    try:
+        async with InferenceClient(ClientConfig(base_url=url)) as client:
+            client.pacer = Pacer(budget_s=1e-9)
+            results = await asyncio.gather(*(client.generate([10 + i], SamplingParams(max_new_tokens=4), rid=f"b{i}")
+                                             for i in range(64)))
+            assert [r.output_ids for r in results] == [tuple(range(11 + i, 15 + i)) for i in range(64)]
+            assert client.pacer.queued >= 32
+            template = ChatTemplate.from_name("qwen3", tokenizer=tok)
+            sched = Scheduler(ToyArithmeticEnv, template, client, DataSource.from_rows(make_arithmetic_rows(4)),
+                              SchedulerConfig(groups_per_step=1, group_size=2))
+            assert sched.pacer is client.pacer
+    finally:
+        worker.stop()
