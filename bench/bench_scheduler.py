@@ -14,7 +14,9 @@ process) over ``--rollouts`` steps after a warm-up, and the first rollout's wall
 scheduler, empty caches). For the scheduler it also reports the event-loop lag p99 with 1,024
 episodes in flight and the memory per in-flight episode beyond its tokens (tracemalloc, while
 1,024 episodes wait on a slow worker). With ``--tool`` (default on) a second part runs
-``RetoolMathEnv`` episodes that make one real bubblewrap ``print(1)`` call and then answer: turns/s.
+``RetoolMathEnv`` episodes that make one real bubblewrap ``print(1)`` call and then answer: turns/s,
+next to the sandbox's own rate without any episode (``print(1)`` 64 at a time: executions/s and the
+machine's CPU per execution), which bounds turns/s at twice that rate.
 
 Targets (2-core machine): ≥ 2,500 samples/s, ≤ 0.4 ms driver CPU per sample, first rollout ≤ 1 s,
 loop lag p99 ≤ 50 ms, ≤ 64 KB per in-flight episode beyond its tokens, ≥ 310 turns/s with the tool.
@@ -217,6 +219,8 @@ async def bench_tool(template: ChatTemplate, args: argparse.Namespace) -> dict[s
     cfg = agent(args.tokens)
     sandbox = create_sandbox("bwrap", pool_size=2)
     try:
+        ceiling = await sandbox_ceiling(sandbox, n)
+
         def factory(row: dict[str, Any]) -> RetoolMathEnv:
             return RetoolMathEnv(row, sandbox=sandbox)
 
@@ -246,8 +250,35 @@ async def bench_tool(template: ChatTemplate, args: argparse.Namespace) -> dict[s
         worker.stop()
         os.unlink(script)
     print(f"   tool: baseline {base_tps:6.0f} turns/s | scheduler {tps:6.0f} turns/s (x{tps / base_tps:.2f}), "
-          f"{cpu:.2f} ms CPU per turn; one bwrap print(1) per episode", flush=True)
-    return {"tool_baseline_turns_per_s": base_tps, "tool_turns_per_s": tps, "tool_cpu_ms_per_turn": cpu}
+          f"{cpu:.2f} ms CPU per turn; one bwrap print(1) per episode | the sandbox alone: "
+          f"{ceiling['sandbox_execs_per_s']:.0f} execs/s ({2 * ceiling['sandbox_execs_per_s']:.0f} turns/s at most), "
+          f"{ceiling['sandbox_machine_cpu_ms_per_exec']:.1f} ms machine CPU per exec", flush=True)
+    return {"tool_baseline_turns_per_s": base_tps, "tool_turns_per_s": tps, "tool_cpu_ms_per_turn": cpu,
+            **ceiling, "tool_turns_ceiling_per_s": 2 * ceiling["sandbox_execs_per_s"]}
+
+
+def _machine_cpu_s() -> float:
+    """CPU seconds the whole machine spent busy so far (``/proc/stat``: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+async def sandbox_ceiling(sandbox: Any, n: int) -> dict[str, float]:
+    """The sandbox alone, no episodes: ``n`` ``print(1)`` executions, 64 at a time. An episode of the tool
+    part is two turns around one execution, so twice this rate bounds its turns/s on this machine."""
+    await sandbox.run("print(1)")
+    limit = asyncio.Semaphore(64)
+
+    async def one() -> None:
+        async with limit:
+            result = await sandbox.run("print(1)")
+            assert result.exit_code == 0, result
+
+    wall0, cpu0 = time.perf_counter(), _machine_cpu_s()
+    await asyncio.gather(*(one() for _ in range(n)))
+    wall, cpu = time.perf_counter() - wall0, _machine_cpu_s() - cpu0
+    return {"sandbox_execs_per_s": n / wall, "sandbox_machine_cpu_ms_per_exec": 1000 * cpu / n}
 
 
 async def main() -> None:
