@@ -128,6 +128,18 @@ class _CallOutcome:
     duration_s: float = 0.0
 
 
+_ATOMS = (str, int, float, bool, bytes, type(None))
+
+
+def _own_copy(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a row that its environment may change freely: shallow when every value is immutable
+    (a deep copy costs ~20 µs a row, paid by every member of every group), deep otherwise."""
+    row = dict(task)
+    if all(type(v) in _ATOMS for v in row.values()):
+        return row
+    return copy.deepcopy(row)
+
+
 class Environment(ABC):
     """Base class for environments; see the module doc for the contract."""
 
@@ -158,13 +170,13 @@ class Environment(ABC):
                 return task.model_copy(deep=True)
             if not isinstance(task, Mapping):
                 raise TypeError(f"{cls.__name__}(task=...): expected a row mapping, got {type(task).__name__}")
-            return copy.deepcopy(dict(task))
+            return _own_copy(task)
         if isinstance(task, cls.task_type):
             return task.model_copy(deep=True)
         if isinstance(task, BaseModel):
             task = task.model_dump()
         try:
-            return cls.task_type.model_validate(copy.deepcopy(dict(task)))
+            return cls.task_type.model_validate(_own_copy(task))
         except ValidationError as exc:
             problems = "; ".join(f"field {'.'.join(map(str, e['loc'])) or '<row>'}: {e['msg']} "
                                  f"(got {e.get('input')!r:.80})" for e in exc.errors())

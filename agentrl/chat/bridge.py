@@ -30,6 +30,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl._enum import NamedEnum
+from agentrl._ids import CheckedIds
 from agentrl.chat._jinja import normalize_messages, normalize_tools
 
 if TYPE_CHECKING:
@@ -224,7 +225,8 @@ class BridgeSession:
         session.template_kwargs = template_kwargs
         session.messages = list(messages)
         session._text = text
-        session.prompt_ids = list(prompt_ids)
+        # checked ids are an immutable tuple: shared as they are; anything else is copied
+        session.prompt_ids = prompt_ids if type(prompt_ids) is CheckedIds else list(prompt_ids)  # type: ignore[assignment]
         session.closed = False
         return session
 

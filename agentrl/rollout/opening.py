@@ -29,6 +29,7 @@ import orjson
 from agentrl.chat._jinja import normalize_messages, normalize_tools
 from agentrl.chat.bridge import BridgeSession
 from agentrl.chat.template import ChatTemplate
+from agentrl.trajectory import CheckedIds
 
 __all__ = ["OpeningCache"]
 
@@ -39,7 +40,7 @@ class _Opening:
     (sessions never mutate them: each step builds new lists)."""
 
     text: str
-    ids: tuple[int, ...]
+    ids: CheckedIds  # checked once here, trusted by every member's Trajectory.from_prompt
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
 
@@ -75,7 +76,7 @@ class OpeningCache:
             norm = normalize_messages(messages)
             norm_tools = normalize_tools(tools)
             text = self.template.render_normalized(norm, norm_tools, add_generation_prompt=True, **template_kwargs)
-            entry = self._entries[key] = _Opening(text, tuple(self._tokenize(text)), norm, norm_tools)
+            entry = self._entries[key] = _Opening(text, CheckedIds(self._tokenize(text)), norm, norm_tools)
             if len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         else:

@@ -162,3 +162,20 @@ def test_a_lone_surrogate_from_an_environment_is_saved_as_the_replacement_charac
     assert first.info["unsent_messages"][0]["content"] == "bytes \ufffd decoded with surrogateescape"
     first.info = t.info = {}
     assert first.to_dict() == t.to_dict() and second.to_dict() == _traj().to_dict()
+
+
+def test_checked_ids_are_checked_once_and_trusted_by_from_prompt() -> None:
+    from agentrl.trajectory import CheckedIds
+
+    ids = CheckedIds([5, 0, 9])
+    assert ids == (5, 0, 9) and ids.max_id == 9 and CheckedIds([]).max_id == -1
+    with pytest.raises(ValueError, match=r"ids\[1\] = -1; expected a plain int >= 0"):
+        CheckedIds([3, -1])
+    with pytest.raises(ValueError, match=r"ids\[0\] = 2.0"):
+        CheckedIds([2.0])  # type: ignore[list-item]
+    traj = Trajectory.from_prompt(ids, vocab_size=10)
+    assert traj.tokens == [5, 0, 9] and type(traj.tokens) is list
+    traj.tokens.append(1)  # the trajectory owns its list; the shared ids are untouched
+    assert ids == (5, 0, 9)
+    with pytest.raises(TrajectoryError, match=r"prompt_ids\[2\] = 9; expected an id in \[0, 9\)"):
+        Trajectory.from_prompt(ids, vocab_size=9)  # the vocabulary bound is still checked

@@ -261,3 +261,17 @@ async def test_group_members_are_independent_and_picklable() -> None:
     shared = Env(row)
     with pytest.raises(ValueError, match="shared instances"):
         make_group(lambda r: shared, row, 2)
+
+
+def test_an_environment_owns_its_row_copy_shallow_or_deep() -> None:
+    """Rows of immutable values are copied shallowly (cheap: every member of every group builds one);
+    a row with a nested value is deep-copied, so no environment changes another's row."""
+    from agentrl.environments.base import _own_copy
+
+    flat = {"question": "What is 2 * 3?", "answer": "6", "n": 2}
+    copied = _own_copy(flat)
+    assert copied == flat and copied is not flat
+    nested = {"question": "q", "hints": ["a", "b"]}
+    deep = _own_copy(nested)
+    deep["hints"].append("c")
+    assert nested["hints"] == ["a", "b"]
