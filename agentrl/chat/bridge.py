@@ -207,7 +207,7 @@ class BridgeSession:
         self.messages: list[dict[str, Any]] = normalize_messages(messages)
         self._text = template.render_normalized(self.messages, self.tools, add_generation_prompt=True,
                                                 **template_kwargs)
-        self.prompt_ids: list[int] = template.tokenize(self._text)
+        self.prompt_ids: Sequence[int] = template.tokenize(self._text)  # read-only: a cached opening's ids are shared
         self.closed = False
 
     @classmethod
@@ -226,7 +226,7 @@ class BridgeSession:
         session.messages = list(messages)
         session._text = text
         # checked ids are an immutable tuple: shared as they are; anything else is copied
-        session.prompt_ids = prompt_ids if type(prompt_ids) is CheckedIds else list(prompt_ids)  # type: ignore[assignment]
+        session.prompt_ids = prompt_ids if type(prompt_ids) is CheckedIds else list(prompt_ids)
         session.closed = False
         return session
 

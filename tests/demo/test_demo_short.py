@@ -17,9 +17,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from agentrl._runfiles import parse_metrics_lines
 
 pytestmark = [pytest.mark.demo, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -53,8 +54,7 @@ def _evals(metrics: Path, name: str) -> list[tuple[int, dict[str, float]]]:
     """Every held-out evaluation ``name`` the run logged, as (step, {metric: value})."""
     prefix = f"eval/{name}/"
     found = []
-    for line in metrics.read_text(encoding="utf-8").splitlines():
-        record: dict[str, Any] = json.loads(line)
+    for record in parse_metrics_lines(metrics.read_bytes(), str(metrics), AssertionError):
         values = {k[len(prefix):]: float(v) for k, v in record.items() if k.startswith(prefix)}
         if values:
             found.append((int(record["step"]), values))
