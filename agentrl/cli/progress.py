@@ -8,6 +8,8 @@
   ``step 3/10 reward=0.500 accuracy=0.250 tokens/s=1234 step_s=2.10 eta=0:00:14`` (and
   ``errors=engine:2,reward:1`` when episodes of the step had errors), and during a
   long rollout phase a line every 10 s: ``step 3 collect_rollouts: 5/8 groups, 3 running, ...``;
+  during the warm-up, a line every 10 s from what it logs: ``warm-up step 150/600: loss 0.0412,
+  token accuracy 0.953`` (the live display shows the same as a bar);
 - :class:`RunEndSummary`: one screen at the end: the run folder's path and what is in it, why the
   run stopped, the last figures and the final evaluations.
 
@@ -17,6 +19,7 @@ can pass them too.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -26,7 +29,7 @@ from typing import IO, Any
 from agentrl.rollout.scheduler import RolloutProgress
 from agentrl.runner.loop import RunCallback, RunSummary
 
-__all__ = ["LiveProgress", "PlainProgress", "RunEndSummary", "StepFigures", "progress_callbacks", "rollout_line"]
+__all__ = ["LiveProgress", "PlainProgress", "RunEndSummary", "StepFigures", "progress_callbacks", "rollout_line", "warmup_line"]
 
 # (label, metrics key, format) of the figures shown per step
 _FIGURES: tuple[tuple[str, str, str], ...] = (
@@ -95,10 +98,18 @@ def rollout_line(progress: RolloutProgress) -> str:
     return f"{text}, {progress.elapsed_s:.0f} s"
 
 
+def warmup_line(figures: Mapping[str, float]) -> str:
+    """``loss 0.412, token accuracy 0.912``: the warm-up's last loss and last check (when it had one)."""
+    parts = [f"loss {figures['loss']:.4f}"] if "loss" in figures else []
+    if "token_accuracy" in figures:
+        parts.append(f"token accuracy {figures['token_accuracy']:.3f}")
+    return ", ".join(parts) or "started"
+
+
 class PlainProgress(RunCallback):
     """One line per step on ``stream`` (default stdout), flushed; ``phases``: a line per phase too.
-    While a step collects its rollouts, a line at most every ``rollout_every_s`` seconds says how far
-    it got (``None``: no such lines)."""
+    While a step collects its rollouts, and while the warm-up runs, a line at most every
+    ``rollout_every_s`` seconds says how far it got (``None``: no such lines)."""
 
     def __init__(self, total_steps: int | None, *, stream: IO[str] | None = None, phases: bool = False,
                  rollout_every_s: float | None = 10.0) -> None:
@@ -107,6 +118,8 @@ class PlainProgress(RunCallback):
         self.phases = phases
         self.rollout_every_s = rollout_every_s
         self._last_rollout_line = time.monotonic()
+        self._last_warmup_line = -math.inf  # the warm-up's first line is printed at once
+        self._warmup: dict[str, float] = {}  # its figures so far (a check's accuracy stays until the next)
 
     def on_rollout_progress(self, step: int, progress: RolloutProgress) -> None:
         now = time.monotonic()
@@ -114,6 +127,14 @@ class PlainProgress(RunCallback):
             return
         self._last_rollout_line = now
         print(f"step {step} collect_rollouts: {rollout_line(progress)}", file=self.stream, flush=True)
+
+    def on_warmup_progress(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
+        self._warmup.update(metrics)
+        now = time.monotonic()
+        if self.rollout_every_s is None or now - self._last_warmup_line < self.rollout_every_s:
+            return
+        self._last_warmup_line = now
+        print(f"warm-up step {step}/{total_steps}: {warmup_line(self._warmup)}", file=self.stream, flush=True)
 
     def on_phase(self, phase: str, step: int) -> None:
         self.figures.begin(step)
@@ -147,6 +168,7 @@ class LiveProgress(RunCallback):
                                  console=self.console)
         self.steps = self.progress.add_task("steps", total=total_steps, eta="?")
         self.phase = self.progress.add_task("starting", total=None, eta="")
+        self._warmup: dict[str, float] = {}
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False,
                          get_renderable=self._render)
         self.live.start()
@@ -168,6 +190,11 @@ class LiveProgress(RunCallback):
     def on_phase(self, phase: str, step: int) -> None:
         self.figures.begin(step)
         self.progress.reset(self.phase, description=f"step {step}: {phase}", total=None)
+
+    def on_warmup_progress(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
+        self._warmup.update(metrics)
+        self.progress.update(self.phase, description=f"warm-up ({warmup_line(self._warmup)})",
+                             total=total_steps, completed=step)
 
     def on_rollout_progress(self, step: int, progress: RolloutProgress) -> None:
         self.progress.update(self.phase, description=f"step {step}: collect_rollouts ({rollout_line(progress)})",

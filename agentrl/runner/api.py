@@ -29,8 +29,10 @@ import signal
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from agentrl.runner._warmup_watch import warmup_watchers, watch_warmup
 from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.config import RunConfig
+from agentrl.runner.cpu import CpuPlan, plan_cpu
 from agentrl.runner.envs import BUILTIN_ENVIRONMENTS, environment_factory
 from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunSummary
 from agentrl.runner.rundir import RunDirectory
@@ -71,10 +73,6 @@ async def train_async(config: RunConfig, *, environment: Any = None, reward: Cal
 async def _run(config: RunConfig, factory: Any, run_dir: RunDirectory, *, group_filter: Any,
                callbacks: Sequence[RunCallback], use_ray: bool, resume: str | None,
                rollout_only: bool) -> RunSummary:
-    from agentrl.runner.cpu import plan_cpu
-    from agentrl.runner.rollout_service import RolloutService
-    from agentrl.runner.trainer import TrainService
-
     checkpointer = RunCheckpointer(run_dir.checkpoints_dir, keep_last=config.checkpoint.keep_last,
                                    config_hash=config.hash())
     resume = resume if resume is not None else config.checkpoint.resume
@@ -83,9 +81,30 @@ async def _run(config: RunConfig, factory: Any, run_dir: RunDirectory, *, group_
     cpu = plan_cpu(engines=config.rollout.engines.count) if config.cluster.accelerator == "cpu" else None
     # the warm-up runs on the trainer while the engines boot (a resumed run's checkpoint holds it)
     warm_dir = str(run_dir.root) if config.warmup is not None and resume is None and not rollout_only else None
+    watching: asyncio.Future[None] | None = None
     if warm_dir is not None:
         for cb in callbacks:
             cb.on_phase("warmup", 0)
+        watchers = warmup_watchers(callbacks)
+        if watchers and config.warmup is not None:
+            watching = asyncio.ensure_future(watch_warmup(warm_dir, config.warmup.steps, watchers))
+    try:
+        return await _run_sides(config, factory, run_dir, settings, checkpointer, cpu, warm_dir,
+                                group_filter=group_filter, callbacks=callbacks, use_ray=use_ray, resume=resume,
+                                rollout_only=rollout_only)
+    finally:
+        if watching is not None:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+
+
+async def _run_sides(config: RunConfig, factory: Any, run_dir: RunDirectory, settings: LoopSettings,
+                     checkpointer: RunCheckpointer, cpu: CpuPlan | None, warm_dir: str | None, *, group_filter: Any,
+                     callbacks: Sequence[RunCallback], use_ray: bool, resume: str | None,
+                     rollout_only: bool) -> RunSummary:
+    from agentrl.runner.rollout_service import RolloutService
+    from agentrl.runner.trainer import TrainService
+
     if use_ray:
         from agentrl.runner.ray_run import run_on_ray
 

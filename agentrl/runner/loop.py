@@ -68,6 +68,13 @@ class RunCallback:
         accepted so far of the step's target, those running, the requests on the engines. Called only
         for callbacks that override it (the runner polls the rollout side for them)."""
 
+    def on_warmup_progress(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
+        """While the warm-up runs: each line it logs to ``warmup_metrics.jsonl`` (every
+        ``warmup.log_every`` steps and at each check; ``metrics`` has ``loss``, ``lr`` and, at a
+        check, ``token_accuracy``). ``total_steps`` is ``warmup.steps``, which a passed check may cut
+        short. Called only for callbacks that override it, and only where the driver sees the
+        trainer's run folder (one machine)."""
+
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> Any:
         """After step ``step`` (1-based) was trained, synced and recorded; may be ``async``."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,11 @@ def test_shortened_demo_improves_on_the_warmed_up_model(tmp_path: Path) -> None:
     assert summary["steps"] == RL_STEPS, summary["stopped_because"]
     warmup = json.loads((run / "warmup.json").read_text(encoding="utf-8"))
     print(f"warm-up: {json.dumps(warmup)[:400]}")
+    # off a terminal the minutes of warm-up are not silent: its progress lines, steps rising
+    shown = re.findall(r"^warm-up step (\d+)/\d+: loss \d+\.\d+(, token accuracy \d\.\d+)?$",
+                       log.read_text(encoding="utf-8"), re.M)
+    steps = [int(step) for step, _ in shown]
+    assert len(steps) >= 3 and steps == sorted(steps) and any(acc for _, acc in shown), shown
 
     greedy = _evals(run / "metrics.jsonl", "greedy")
     t1 = _evals(run / "metrics.jsonl", "t1")

@@ -131,6 +131,8 @@ def test_sigterm_during_the_warmup_stops_everything_the_run_started(tmp_path: Pa
     """A signal while the train actor warms up (before any training step): the command says how to
     resume and exits 130, and every process it started (Ray's, the actors') is gone."""
     import os
+    import re
+    import select
     import signal
     import time
 
@@ -145,16 +147,21 @@ def test_sigterm_during_the_warmup_stops_everything_the_run_started(tmp_path: Pa
     exe = Path(sys.executable).with_name("agentrl")
     proc = subprocess.Popen([str(exe), "train", str(config), f"rollout.engines.urls={shared_engine}",
                              f"warmup.data={warm}", "warmup.steps=100000", "warmup.batch_size=2", "warmup.log_every=1",
-                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 300
-        while not (run / "warmup_metrics.jsonl").is_file():  # the warm-up runs in the Ray train actor
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.5)
+        # the warm-up runs in the Ray train actor; its progress lines reach the command's stdout
+        deadline, shown = time.monotonic() + 300, b""
+        assert proc.stdout is not None
+        while b"warm-up step " not in shown or not shown.endswith(b"\n"):
+            assert proc.poll() is None and time.monotonic() < deadline, (shown, proc.communicate()[1][-3000:])
+            if select.select([proc.stdout], [], [], 0.5)[0]:
+                shown += os.read(proc.stdout.fileno(), 1 << 16)
+        assert (run / "warmup_metrics.jsonl").is_file()
+        assert re.search(rb"^warm-up step \d+/100000: loss \d+\.\d{4}$", shown, re.M), shown
         started = psutil.Process(proc.pid).children(recursive=True)
         assert started, "the run started no process"
         os.kill(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        err = proc.communicate(timeout=120)[1].decode(errors="replace")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -121,3 +121,81 @@ def test_the_runner_loads_the_warmed_up_model_and_evaluates_it_before_step_one(t
     assert runner.rollout.weights.loaded == [0, 1]
     # the step-1 trajectories were sampled by version 0, the warmed-up model
     assert runner.summary.steps == 1
+
+
+def test_the_driver_hands_each_new_warmup_line_to_the_callbacks_once(tmp_path: Path) -> None:
+    """``watch_warmup`` tails ``warmup_metrics.jsonl``: lines of an earlier run in the folder, a line
+    still being written, a damaged line and a raising callback do not disturb it; it ends by itself
+    once the warm-up writes its report."""
+    from agentrl.runner._warmup_watch import warmup_watchers, watch_warmup
+    from agentrl.runner.loop import RunCallback
+
+    log, report = tmp_path / "warmup_metrics.jsonl", tmp_path / "warmup.json"
+    log.write_text(json.dumps({"step": 5, "loss": 9.0}) + "\n")  # an earlier run's
+    report.write_text("{}")
+    seen: list[tuple[int, int, dict[str, float]]] = []
+
+    class Recorder(RunCallback):
+        def on_warmup_progress(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
+            seen.append((step, total_steps, metrics))
+
+    class Broken(RunCallback):
+        def on_warmup_progress(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
+            raise RuntimeError("a display bug")
+
+    callbacks = [Broken(), RunCallback(), Recorder()]
+    assert [type(cb) for cb in warmup_watchers(callbacks)] == [Broken, Recorder]
+
+    async def scenario() -> None:
+        watching = asyncio.ensure_future(watch_warmup(tmp_path, 600, warmup_watchers(callbacks), interval_s=0.01))
+        with log.open("a") as f:
+            f.write(json.dumps({"step": 10, "loss": 1.5, "lr": 1e-3}) + "\n")
+            f.flush()
+            await asyncio.sleep(0.05)
+            f.write('{"step": 20, "loss": 0.')  # half a line: waits for its end
+            f.flush()
+            await asyncio.sleep(0.05)
+            assert [s for s, _, _ in seen] == [10]
+            f.write('5, "token_accuracy": 0.9}\nnot json\n{"loss": 1.0}\n[1, 2]\n')
+            f.flush()
+        await asyncio.sleep(0.05)
+        assert not watching.done()
+        with log.open("a") as f:
+            f.write(json.dumps({"step": 30, "loss": 0.25, "token_accuracy": 1}) + "\n")
+        report.write_text('{"steps": 30}')  # the warm-up's end: a last read, then the watcher stops
+        await asyncio.wait_for(watching, timeout=5)
+
+    asyncio.run(scenario())
+    assert seen == [(10, 600, {"loss": 1.5, "lr": 1e-3}), (20, 600, {"loss": 0.5, "token_accuracy": 0.9}),
+                    (30, 600, {"loss": 0.25, "token_accuracy": 1.0})]
+
+
+def test_the_warmup_progress_lines_and_bar() -> None:
+    import io
+
+    from rich.console import Console
+
+    from agentrl.cli.progress import LiveProgress, PlainProgress
+
+    out = io.StringIO()
+    plain = PlainProgress(12, stream=out, rollout_every_s=3600.0)
+    plain.on_warmup_progress(25, 600, {"loss": 0.41234, "lr": 1e-3})
+    plain.on_warmup_progress(50, 600, {"loss": 0.2, "token_accuracy": 0.95})  # within the interval: no line
+    assert out.getvalue() == "warm-up step 25/600: loss 0.4123\n"
+    plain.rollout_every_s = 0.0
+    plain.on_warmup_progress(75, 600, {"loss": 0.1})  # the last check's accuracy stays on the line
+    assert out.getvalue().splitlines()[-1] == "warm-up step 75/600: loss 0.1000, token accuracy 0.950"
+    quiet = io.StringIO()
+    PlainProgress(12, stream=quiet, rollout_every_s=None).on_warmup_progress(1, 10, {"loss": 1.0})
+    assert quiet.getvalue() == ""
+
+    screen = io.StringIO()
+    live = LiveProgress(12, console=Console(file=screen, force_terminal=True, width=160))
+    try:
+        live.on_phase("warmup", 0)
+        live.on_warmup_progress(150, 600, {"loss": 0.05, "token_accuracy": 0.97})
+        live.live.refresh()
+    finally:
+        live.close()
+    assert "warm-up (loss 0.0500, token accuracy 0.970)" in screen.getvalue()
+    assert "150/600" in screen.getvalue()
