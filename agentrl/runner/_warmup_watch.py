@@ -4,7 +4,7 @@ The warm-up runs on the trainer (a thread, or a Ray actor) and logs a line every
 ``warmup.log_every`` steps and at each check. :func:`watch_warmup` reads that file while the
 warm-up runs and hands each new line to the callbacks' ``on_warmup_progress``; it ends once the
 warm-up (re)wrote ``warmup.json`` (its report) or when cancelled, after a last read either way. It
-reads only whole lines and skips one that is not a JSON object with an integer ``step``, so a
+reads only whole lines and skips one that is not a JSON object with a whole-number ``step``, so a
 line being written or a damaged file never stops a run. A trainer on another node writes where
 the driver cannot see: then no line comes, and the run goes on as before.
 """
@@ -58,8 +58,9 @@ class WarmupTail:
                 row = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                rows.append(row)
+            step = row.get("step") if isinstance(row, dict) else None
+            if isinstance(step, int | float) and not isinstance(step, bool) and float(step).is_integer():
+                rows.append({**row, "step": int(step)})
         return rows
 
 

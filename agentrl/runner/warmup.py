@@ -111,7 +111,7 @@ def run_warmup(backend: Any, section: WarmupSection, builder: Any, *, run_dir: s
             report.checks.append((step, metrics["token_accuracy"]))
         if log is not None and (checking or step % section.log_every == 0 or step == len(batches)):
             with log.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
+                f.write(json.dumps({**metrics, "step": step}) + "\n")  # the warm-up's own step number
         if on_step is not None:
             on_step(step, metrics)
         if checking and section.check is not None and step >= section.min_steps and \

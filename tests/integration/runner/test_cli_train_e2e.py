@@ -153,7 +153,9 @@ def test_sigterm_during_the_warmup_stops_everything_the_run_started(tmp_path: Pa
         deadline, shown = time.monotonic() + 300, b""
         assert proc.stdout is not None
         while b"warm-up step " not in shown or not shown.endswith(b"\n"):
-            assert proc.poll() is None and time.monotonic() < deadline, (shown, proc.communicate()[1][-3000:])
+            if proc.poll() is not None or time.monotonic() >= deadline:
+                proc.kill()
+                pytest.fail(f"no warm-up line on stdout: {shown[-2000:]!r}\n{proc.communicate()[1][-3000:]!r}")
             if select.select([proc.stdout], [], [], 0.5)[0]:
                 shown += os.read(proc.stdout.fileno(), 1 << 16)
         assert (run / "warmup_metrics.jsonl").is_file()

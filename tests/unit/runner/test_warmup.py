@@ -58,6 +58,7 @@ def test_the_check_stops_the_warmup_once_it_passes_and_rl_starts_fresh(tmp_path:
     assert json.loads((run / "warmup.json").read_text())["steps"] == report["steps"]
     lines = [json.loads(x) for x in (run / "warmup_metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(5, report["steps"] + 1, 5))
+    assert all(type(m["step"]) is int for m in lines)  # the warm-up's step, not the backend's float counter
     assert all("token_accuracy" in m for m in lines)
     assert service.backend.optimizer.state == {} and service.backend.step == 0  # fresh for RL
 
@@ -156,7 +157,8 @@ def test_the_driver_hands_each_new_warmup_line_to_the_callbacks_once(tmp_path: P
             f.flush()
             await asyncio.sleep(0.05)
             assert [s for s, _, _ in seen] == [10]
-            f.write('5, "token_accuracy": 0.9}\nnot json\n{"loss": 1.0}\n[1, 2]\n')
+            f.write('5, "token_accuracy": 0.9}\nnot json\n{"loss": 1.0}\n[1, 2]\n{"step": 2.5}\n{"step": true}\n'
+                    '{"step": 25.0, "loss": 0.75}\n')  # a whole float is a step number
             f.flush()
         await asyncio.sleep(0.05)
         assert not watching.done()
@@ -167,7 +169,7 @@ def test_the_driver_hands_each_new_warmup_line_to_the_callbacks_once(tmp_path: P
 
     asyncio.run(scenario())
     assert seen == [(10, 600, {"loss": 1.5, "lr": 1e-3}), (20, 600, {"loss": 0.5, "token_accuracy": 0.9}),
-                    (30, 600, {"loss": 0.25, "token_accuracy": 1.0})]
+                    (25, 600, {"loss": 0.75}), (30, 600, {"loss": 0.25, "token_accuracy": 1.0})]
 
 
 def test_the_warmup_progress_lines_and_bar() -> None:

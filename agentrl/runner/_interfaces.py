@@ -1,0 +1,90 @@
+"""What the training loop talks to: the callbacks' hooks (:class:`RunCallback`), the two sides
+it drives (:class:`RolloutSide`, :class:`TrainSide`) and what a run did (:class:`RunSummary`).
+
+Re-exported by :mod:`agentrl.runner.loop`, where :class:`~agentrl.runner.loop.Runner` calls them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentrl.rollout.scheduler import RolloutProgress, StepBatch
+from agentrl.train.batching import TrainingBatch
+
+__all__ = ["RolloutSide", "RunCallback", "RunSummary", "TrainSide"]
+
+
+class RunCallback:
+    """Hooks called by the runner on the driver; override what you need."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        """When a named step starts (``collect_rollouts``, ``train_step``, ``sync_weights``,
+        ``evaluate``, ``checkpoint``); ``step`` is the training step it belongs to (1-based)."""
+
+    def on_rollout_progress(self, step: int, progress: RolloutProgress) -> None:
+        """While ``collect_rollouts`` runs, every ``LoopSettings.progress_interval_s``: the groups
+        accepted so far of the step's target, those running, the requests on the engines. Called only
+        for callbacks that override it (the runner polls the rollout side for them)."""
+
+    def on_warmup_progress(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
+        """While the warm-up runs: each line it logs to ``warmup_metrics.jsonl`` (every
+        ``warmup.log_every`` steps and at each check; ``metrics`` has ``loss``, ``lr`` and, at a
+        check, ``token_accuracy``). ``total_steps`` is ``warmup.steps``, which a passed check may cut
+        short. Called only for callbacks that override it, and only where the driver sees the
+        trainer's run folder (one machine)."""
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> Any:
+        """After step ``step`` (1-based) was trained, synced and recorded; may be ``async``."""
+
+    def on_run_end(self, summary: RunSummary) -> None:
+        """Once, when the run ends normally."""
+
+
+class RolloutSide(Protocol):
+    """What the runner needs of the rollout side (:class:`~agentrl.runner.RolloutService`, or a
+    proxy to it in a Ray actor)."""
+
+    async def collect(self) -> StepBatch: ...
+    async def progress(self) -> RolloutProgress | None: ...
+    async def weights_folder(self, version: int) -> str: ...
+    async def sync_weights(self, version: int) -> dict[str, float]: ...
+    async def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
+    async def evaluate(self, name: str) -> dict[str, Any]: ...
+    async def evals_due(self, step: int, *, final: bool = False) -> list[str]: ...
+    async def state_dict(self) -> dict[str, Any]: ...
+    async def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    async def release_memory(self) -> None: ...
+    async def resume_memory(self) -> None: ...
+
+
+class TrainSide(Protocol):
+    """What the runner needs of the trainer (every rank; results are rank 0's)."""
+
+    async def train(self, batch: TrainingBatch, step: int) -> dict[str, float]: ...
+    async def export(self, folder: str) -> str: ...
+    async def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
+    async def save(self, folder: str) -> str: ...
+    async def load(self, folder: str) -> None: ...
+    async def warmup(self, run_dir: str | None = None) -> dict[str, Any]: ...
+
+
+@dataclass
+class RunSummary:
+    """What a run did (written to ``summary.json``)."""
+
+    steps: int = 0
+    policy_version: int = 0
+    resumed_from: str | None = None
+    warmup: dict[str, Any] = field(default_factory=dict)
+    initial_evals: dict[str, Any] = field(default_factory=dict)  # the at_start sets, before step 1
+    stopped_because: str = ""
+    wall_s: float = 0.0
+    prompts_trained: int = 0
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+    evals: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "policy_version": self.policy_version, "resumed_from": self.resumed_from,
+                "stopped_because": self.stopped_because, "wall_s": self.wall_s,
+                "prompts_trained": self.prompts_trained, "last_metrics": self.last_metrics, "evals": self.evals}
