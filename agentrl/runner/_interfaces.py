@@ -6,13 +6,14 @@ Re-exported by :mod:`agentrl.runner.loop`, where :class:`~agentrl.runner.loop.Ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentrl.rollout.scheduler import RolloutProgress, StepBatch
 from agentrl.train.batching import TrainingBatch
 
-__all__ = ["RolloutSide", "RunCallback", "RunSummary", "TrainSide"]
+__all__ = ["RolloutSide", "RunCallback", "RunSummary", "TrainSide", "overriding"]
 
 
 class RunCallback:
@@ -88,3 +89,10 @@ class RunSummary:
         return {"steps": self.steps, "policy_version": self.policy_version, "resumed_from": self.resumed_from,
                 "stopped_because": self.stopped_because, "wall_s": self.wall_s,
                 "prompts_trained": self.prompts_trained, "last_metrics": self.last_metrics, "evals": self.evals}
+
+
+def overriding(callbacks: Sequence[Any], hook: str) -> list[Any]:
+    """The callbacks whose class overrides :class:`RunCallback`'s ``hook`` (the polled hooks are
+    called only for them; duck-typed callbacks need not have the hook at all)."""
+    base = getattr(RunCallback, hook)
+    return [cb for cb in callbacks if getattr(type(cb), hook, base) is not base]

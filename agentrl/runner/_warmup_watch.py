@@ -18,6 +18,8 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.runner._interfaces import overriding
+
 __all__ = ["WarmupTail", "warmup_watchers", "watch_warmup"]
 
 log = logging.getLogger(__name__)
@@ -25,10 +27,7 @@ log = logging.getLogger(__name__)
 
 def warmup_watchers(callbacks: Sequence[Any]) -> list[Any]:
     """The callbacks that override ``on_warmup_progress`` (duck-typed ones need not have it)."""
-    from agentrl.runner.loop import RunCallback
-
-    base = RunCallback.on_warmup_progress
-    return [cb for cb in callbacks if getattr(type(cb), "on_warmup_progress", base) is not base]
+    return overriding(callbacks, "on_warmup_progress")
 
 
 class WarmupTail:

@@ -38,7 +38,7 @@ from typing import Any
 from agentrl.rollout.groups import RolloutGroup
 from agentrl.rollout.report import StepReport
 from agentrl.rollout.scheduler import StepBatch
-from agentrl.runner._interfaces import RolloutSide, RunCallback, RunSummary, TrainSide
+from agentrl.runner._interfaces import RolloutSide, RunCallback, RunSummary, TrainSide, overriding
 from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.ledger import PromptLedger
 from agentrl.runner.rundir import RunDirectory
@@ -132,8 +132,7 @@ class Runner:
         of the step) must not depend on that for a resumed run to equal an uninterrupted one."""
         step = self.step + 1
         self._phase("collect_rollouts", step)
-        base = RunCallback.on_rollout_progress  # duck-typed callbacks need not have the hook at all
-        watchers = [cb for cb in self.callbacks if getattr(type(cb), "on_rollout_progress", base) is not base]
+        watchers = overriding(self.callbacks, "on_rollout_progress")
         if not watchers:
             batch = await self.rollout.collect()
         else:
