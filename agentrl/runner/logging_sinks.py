@@ -7,7 +7,9 @@ non-numeric values left out) are logged at the step number:
 - :class:`TensorBoardSink`: event files under ``<run>/tensorboard`` (the ``tensorboard`` package's
   writer through ``torch.utils.tensorboard``), flushed every step;
 - :class:`WandbSink`: a W&B run (``project``, the run config as its config, files under the run
-  folder); the mode follows ``WANDB_MODE`` (``offline`` writes locally and syncs later).
+  folder); the mode follows ``WANDB_MODE`` (``offline`` writes locally and syncs later; W&B's
+  service writes the ``.wandb`` file out when it closes the run's stream, a moment after
+  ``run.finish()``, at the latest at process exit or when ``wandb.teardown()`` returns).
 
 :func:`sinks_from_config` builds what ``logging.tensorboard`` / ``logging.wandb`` ask for, so
 ``agentrl.train(config, callbacks=sinks_from_config(config))`` logs as the CLI does.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -36,14 +35,27 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                             PlainProgress(STEPS, stream=lines, phases=True),
                             RunEndSummary(config.run_dir(), console=Console(file=screen, width=200))]
     wandb_dir = root / "wandb-home"
-    if _has_wandb():
-        os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(wandb_dir)})
-        callbacks.append(WandbSink("agentrl-test", wandb_dir, config=config.to_dict(), name="outputs"))
-    runner, _ = build_fake_runner(config, callbacks=callbacks)
-    summary = asyncio.run(runner.run())
+    with pytest.MonkeyPatch.context() as env:
+        if _has_wandb():
+            env.setenv("WANDB_MODE", "offline")
+            env.setenv("WANDB_SILENT", "true")
+            env.setenv("WANDB_DIR", str(wandb_dir))
+            callbacks.append(WandbSink("agentrl-test", wandb_dir, config=config.to_dict(), name="outputs"))
+        runner, _ = build_fake_runner(config, callbacks=callbacks)
+        summary = asyncio.run(runner.run())
     metrics = [json.loads(line) for line in (config.run_dir() / "metrics.jsonl").read_text().splitlines()]
     return {"config": config, "summary": summary, "metrics": [m for m in metrics if not m.get("final")],
             "lines": lines.getvalue(), "screen": screen.getvalue(), "wandb_dir": wandb_dir}
+
+
+def _closed_wandb_files(root: Path) -> list[Path]:
+    """The ``.wandb`` files under ``root`` once W&B's service has closed them. ``run.finish()`` only
+    tells the service the run is over: the service writes the file's records from its buffer when it
+    closes the run's stream, a moment later. ``wandb.teardown()`` waits for the service to exit."""
+    import wandb
+
+    wandb.teardown()
+    return list(root.rglob("offline-run-*/run-*.wandb"))
 
 
 def _has_wandb() -> bool:
@@ -77,7 +89,7 @@ def test_tensorboard_events_read_back(run: dict[str, Any]) -> None:
 def test_wandb_offline_run_holds_the_steps(run: dict[str, Any]) -> None:
     if not _has_wandb():
         pytest.skip("wandb is not installed (pip install 'agentrl[logging]')")
-    files = list(Path(run["wandb_dir"]).rglob("offline-run-*/run-*.wandb"))
+    files = _closed_wandb_files(Path(run["wandb_dir"]))
     assert len(files) == 1, files
     history = _wandb_history(files[0])
     steps = [h["_step"] for h in history]
@@ -207,7 +219,7 @@ def test_sinks_from_config_start_an_offline_wandb_run_in_the_run_folder(tmp_path
     assert dict(sink.run.config)["environment"]["name"] == "toy_arithmetic"
     sink.on_step_end(1, {"rollout/reward_mean": 0.75, "note": "not a scalar"})
     sink.close()
-    files = list(run_dir.rglob("offline-run-*/run-*.wandb"))
+    files = _closed_wandb_files(run_dir)
     assert len(files) == 1, sorted(run_dir.rglob("*"))
     history = _wandb_history(files[0])
     assert [(h["_step"], h["rollout/reward_mean"]) for h in history] == [(1, 0.75)]
