@@ -56,8 +56,35 @@ class ForkServer:
         self.proc.wait(timeout=30)
 
 
-def follow(path: Path, pid: int) -> Iterator[str]:
-    """The lines the run at ``pid`` writes to ``path``, as they come, until it exits."""
+class Run:
+    """A forked run, held by a pidfd: signals reach that process or fail, never a later one that
+    was given the same pid after the server reaped it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self.fd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:  # it already ended
+            self.fd = None
+
+    def signal(self, sig: int) -> bool:
+        """Sends ``sig``; False when the run has already ended."""
+        if self.fd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self.fd, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def follow(path: Path, run: Run) -> Iterator[str]:
+    """The lines ``run`` writes to ``path``, as they come, until it exits."""
     while not path.exists():
         time.sleep(0.005)
     with path.open() as fh:
@@ -70,9 +97,7 @@ def follow(path: Path, pid: int) -> Iterator[str]:
                     yield buffer.strip()
                     buffer = ""
                 continue
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:  # gone (reaped by the server): what it wrote last is all there
+            if not run.signal(0):  # gone: what it wrote last is all there
                 rest = buffer + fh.read()
                 yield from (line.strip() for line in rest.splitlines() if line.strip())
                 return
@@ -87,10 +112,10 @@ def run_with_kills(server: ForkServer, root: Path, targets: list[tuple[int, str]
     killed: list[str] = []
     for attempt in range(len(targets) + 3):
         out = root.parent / f"{root.name}-attempt{attempt}.log"
-        pid = server.start(out, _args(root))
+        run = Run(server.start(out, _args(root)))
         digest = None
         was_killed = False
-        for line in follow(out, pid):
+        for line in follow(out, run):
             if line.startswith("phase "):
                 _, name, step = line.split()
                 # a target the resumed run will not reach again (its step was checkpointed) is dropped
@@ -98,13 +123,15 @@ def run_with_kills(server: ForkServer, root: Path, targets: list[tuple[int, str]
                     pending.pop(0)
             if pending and line == f"phase {pending[0][1]} {pending[0][0]}":
                 time.sleep(rng.uniform(0.0, 0.04))
-                os.kill(pid, signal.SIGKILL)
-                killed.append(line)
                 pending.pop(0)
-                was_killed = True
-                break
+                if run.signal(signal.SIGKILL):
+                    killed.append(line)
+                    was_killed = True
+                    break
+                # the run ended on its own within the delay (its last phase): read what it wrote
             if line.startswith("done "):
                 digest = line.split("digest=", 1)[1]
+        run.close()
         status = server.wait()
         if digest is not None:
             return digest, killed
@@ -131,8 +158,9 @@ def test_kill_9_at_twenty_points_loses_and_repeats_no_prompt(tmp_path: Path) -> 
 
 
 def _check(server: ForkServer, tmp_path: Path) -> None:
-    pid = server.start(tmp_path / "straight.log", _args(tmp_path / "straight"))
-    lines = list(follow(tmp_path / "straight.log", pid))
+    straight = Run(server.start(tmp_path / "straight.log", _args(tmp_path / "straight")))
+    lines = list(follow(tmp_path / "straight.log", straight))
+    straight.close()
     assert server.wait() == 0, "\n".join(lines[-30:])
     digest = next(line for line in lines if line.startswith("done ")).split("digest=", 1)[1]
 
