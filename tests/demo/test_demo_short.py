@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SEED = 1
 RL_STEPS = 6
-# a clear improvement: greedy held-out accuracy up by at least this much (absolute, in [0, 1]);
+# a clear improvement: greedy held-out accuracy up by at least this much (absolute, in [0, 1]), or by
+# half the errors left when the warm-up already succeeds often (a CI run warmed up to 0.78 -> 1.00);
 # the three full demo seeds measured +0.84 to +1.00 after 6 steps
 MIN_GAIN = 0.30
 
@@ -93,7 +94,9 @@ def test_shortened_demo_improves_on_the_warmed_up_model(tmp_path: Path) -> None:
           f"tool calls per episode {before['tool_calls_per_episode']:.2f} -> "
           f"{after['tool_calls_per_episode']:.2f}; T=1 accuracy {t1[0][1]['mean_reward']:.3f} -> "
           f"{t1[-1][1]['mean_reward']:.3f}")
-    assert after["mean_reward"] >= before["mean_reward"] + MIN_GAIN, (before, after)
+    # a clear gain: MIN_GAIN, or, from a warm-up that already succeeds often, half the errors left
+    gain = after["mean_reward"] - before["mean_reward"]
+    assert gain > 0 and gain >= min(MIN_GAIN, 0.5 * (1.0 - before["mean_reward"])), (before, after)
     assert after["tool_calls_per_episode"] > before["tool_calls_per_episode"], (before, after)
     assert t1[-1][1]["mean_reward"] > t1[0][1]["mean_reward"], (t1[0], t1[-1])
     # the report `make demo` ends with: the HTML index and the accuracy plot
