@@ -61,7 +61,6 @@ class Run:
     was given the same pid after the server reaped it."""
 
     def __init__(self, pid: int) -> None:
-        self.pid = pid
         try:
             self.fd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:  # it already ended
