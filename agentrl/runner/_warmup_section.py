@@ -40,8 +40,11 @@ class WarmupSection(Section):
     ``data``: conversations JSONL (``{"messages": [...], "tools": [...]}`` per line, as for ``agentrl
     sft``), laid out exactly as the agent loop lays out an episode, only assistant tokens trained.
     ``steps`` optimiser steps of ``batch_size`` conversations (the learning-rate schedule's horizon);
-    ``min_steps``: with a check, the fewest steps before the warm-up may end early. The optimiser
-    state is reset when RL starts. Packing uses ``train.max_tokens_per_micro_batch``.
+    ``min_steps``: with a check, the fewest steps before the warm-up may end early.
+    ``cooldown_steps``: with a check, once it passes, that many more steps with the learning rate
+    falling linearly from its value there to zero, then the check again (it must still pass); 0
+    ends the warm-up at the passing check. The optimiser state is reset when RL starts. Packing
+    uses ``train.max_tokens_per_micro_batch``.
     """
 
     data: str = Field(min_length=1)
@@ -49,6 +52,7 @@ class WarmupSection(Section):
     seed: int = 0
     steps: int = Field(ge=1)
     min_steps: int = Field(default=0, ge=0)
+    cooldown_steps: int = Field(default=0, ge=0)
     batch_size: int = Field(default=16, ge=1)
     optimizer: OptimizerSection = Field(default_factory=_warmup_optimizer)
     check: WarmupCheckSection | None = None
@@ -58,4 +62,7 @@ class WarmupSection(Section):
     def _consistent(self) -> WarmupSection:
         if self.min_steps > self.steps:
             raise ValueError(f"min_steps={self.min_steps} > steps={self.steps}: expected min_steps <= steps")
+        if self.cooldown_steps and self.check is None:
+            raise ValueError(f"cooldown_steps={self.cooldown_steps}: the cool-down starts when warmup.check passes; "
+                             "expected a warmup.check section, or cooldown_steps = 0")
         return self

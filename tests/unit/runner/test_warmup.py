@@ -63,6 +63,47 @@ def test_the_check_stops_the_warmup_once_it_passes_and_rl_starts_fresh(tmp_path:
     assert service.backend.optimizer.state == {} and service.backend.step == 0  # fresh for RL
 
 
+def test_after_the_passing_check_the_cooldown_decays_the_lr_to_zero_and_checks_again(tmp_path: Path) -> None:
+    data = _conversations(tmp_path / "sft.jsonl", 24, seed=1)
+    held = _conversations(tmp_path / "held.jsonl", 8, seed=2)
+    config = _config(tmp_path, {"data": str(data), "steps": 60, "batch_size": 8, "log_every": 1,
+                                "cooldown_steps": 4, "optimizer": {"lr": 3e-3, "warmup_steps": 2},
+                                "check": {"path": str(held), "min_token_accuracy": 0.3, "every_steps": 5}})
+    service = _service(config)
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    report = service.warmup(str(run))
+    passed_at = report["cooldown_from"]
+    assert passed_at is not None and passed_at % 5 == 0 and passed_at < 60
+    assert report["steps"] == passed_at + 4 and report["passed"] is True
+    # the check that started the cool-down, then one at its end; none in between
+    assert [s for s, _ in report["checks"]][-2:] == [passed_at, passed_at + 4]
+    assert report["checks"][-2][1] >= 0.3 and report["checks"][-1][1] >= 0.3
+    lines = {m["step"]: m for m in map(json.loads, (run / "warmup_metrics.jsonl").read_text().splitlines())}
+    assert sorted(lines) == list(range(1, passed_at + 5))
+    start = lines[passed_at]["lr"]
+    assert [lines[passed_at + k]["lr"] for k in range(1, 5)] == pytest.approx([start * (5 - k) / 5 for k in range(1, 5)])
+    assert all("token_accuracy" not in lines[passed_at + k] for k in range(1, 4))
+    assert service.backend.optimizer.state == {} and service.backend.step == 0
+
+
+def test_a_cooldown_that_loses_the_checked_behaviour_stops_the_run(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.runner import warmup as warmup_module
+    from agentrl.runner.warmup import WarmupError
+
+    data = _conversations(tmp_path / "sft.jsonl", 8, seed=1)
+    measured = iter([0.2, 0.95, 0.6])  # below, passing (the cool-down starts), below again at its end
+    monkeypatch.setattr(warmup_module, "token_accuracy", lambda backend, conversations: next(measured))
+    config = _config(tmp_path, {"data": str(data), "steps": 10, "batch_size": 4, "cooldown_steps": 3,
+                                "check": {"path": str(data), "min_token_accuracy": 0.9, "every_steps": 1}})
+    with pytest.raises(WarmupError) as err:
+        _service(config).warmup(None)
+    text = str(err.value)
+    assert "the check passed at step 2 but after the cool-down (warmup.cooldown_steps=3)" in text
+    assert "predicts 60.0% of the held-out" in text and "0.600 at step 5" in text
+
+
 def test_a_check_that_never_passes_stops_the_run_with_the_figures(tmp_path: Path) -> None:
     from agentrl.runner.warmup import WarmupError
 
@@ -92,6 +133,8 @@ def test_warmup_config_mistakes_are_named() -> None:
 
     with pytest.raises(ValidationError, match="min_steps=5 > steps=2"):
         WarmupSection(data="x.jsonl", steps=2, min_steps=5)
+    with pytest.raises(ValidationError, match="cooldown_steps=10: the cool-down starts when warmup.check passes"):
+        WarmupSection(data="x.jsonl", steps=2, cooldown_steps=10)
     with pytest.raises(ValidationError, match="min_token_accuracy"):
         WarmupSection.model_validate({"data": "x.jsonl", "steps": 2, "check": {"path": "y", "min_token_accuracy": 2}})
 
