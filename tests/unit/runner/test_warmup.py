@@ -133,7 +133,7 @@ def test_warmup_config_mistakes_are_named() -> None:
 
     with pytest.raises(ValidationError, match="min_steps=5 > steps=2"):
         WarmupSection(data="x.jsonl", steps=2, min_steps=5)
-    with pytest.raises(ValidationError, match="cooldown_steps=10: the cool-down starts when warmup.check passes"):
+    with pytest.raises(ValidationError, match=r"cooldown_steps=10: the cool-down starts when warmup\.check passes"):
         WarmupSection(data="x.jsonl", steps=2, cooldown_steps=10)
     with pytest.raises(ValidationError, match="min_token_accuracy"):
         WarmupSection.model_validate({"data": "x.jsonl", "steps": 2, "check": {"path": "y", "min_token_accuracy": 2}})
