@@ -99,10 +99,13 @@ def rollout_line(progress: RolloutProgress) -> str:
 
 
 def warmup_line(figures: Mapping[str, float]) -> str:
-    """``loss 0.412, token accuracy 0.912``: the warm-up's last loss and last check (when it had one)."""
+    """``loss 0.412, token accuracy 0.912``: the warm-up's last loss and last check (when it had one),
+    and ``cool-down`` once the check passed and the learning rate decays (``warmup.cooldown_steps``)."""
     parts = [f"loss {figures['loss']:.4f}"] if "loss" in figures else []
     if "token_accuracy" in figures:
         parts.append(f"token accuracy {figures['token_accuracy']:.3f}")
+    if "cooldown_to" in figures:
+        parts.append("cool-down")
     return ", ".join(parts) or "started"
 
 

@@ -80,9 +80,10 @@ async def _watch(tail: WarmupTail, report: Path, before: tuple[int, int] | None,
         for row in tail.read():
             step = row.pop("step")
             metrics = {k: float(v) for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+            total = int(metrics.get("cooldown_to", total_steps))  # a cool-down ends the warm-up early
             for cb in callbacks:
                 try:
-                    cb.on_warmup_progress(step, total_steps, metrics)
+                    cb.on_warmup_progress(step, total, metrics)
                 except Exception:  # a display's bug must not stop the warm-up
                     log.exception("on_warmup_progress of %r raised", cb)
 

@@ -120,6 +120,8 @@ def run_warmup(backend: Any, section: WarmupSection, builder: Any, *, run_dir: s
             group["lr"] = lr
         metrics = backend.sft_step(TrainingBatch.from_sequences([s for i in picked for s in conversations[i]]))
         metrics["lr"] = lr
+        if report.cooldown_from is not None:
+            metrics["cooldown_to"] = last  # the warm-up's new last step, for the progress display
         report.steps = step
         report.first_loss = metrics["loss"] if report.first_loss is None else report.first_loss
         report.last_loss = metrics["loss"]

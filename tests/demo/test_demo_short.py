@@ -29,10 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SEED = 1
 RL_STEPS = 6
-# a clear improvement: greedy held-out accuracy up by at least this much (absolute, in [0, 1]), or by
-# half the errors left when the warm-up already succeeds often (a CI run warmed up to 0.78 -> 1.00);
-# the three full demo seeds measured +0.84 to +1.00 after 6 steps
+# a clear improvement: greedy held-out accuracy up by at least this much (absolute, in [0, 1])
 MIN_GAIN = 0.30
+# the demo's premise: the warmed-up model does not solve the task greedily yet (it calls the tool in
+# ~40% of samples, so greedy decoding never does); a warm-up that ended at a high lr once left 0.78
+PREMISE_MAX = 0.5
 
 
 def _run(cmd: list[str], log: Path) -> None:
@@ -80,6 +81,7 @@ def test_shortened_demo_improves_on_the_warmed_up_model(tmp_path: Path) -> None:
     assert summary["steps"] == RL_STEPS, summary["stopped_because"]
     warmup = json.loads((run / "warmup.json").read_text(encoding="utf-8"))
     print(f"warm-up: {json.dumps(warmup)[:400]}")
+    assert warmup["passed"] is True and warmup["cooldown_from"] is not None, warmup
     # off a terminal the minutes of warm-up are not silent: its progress lines, steps rising
     shown = re.findall(r"^warm-up step (\d+)/\d+: loss \d+\.\d+(, token accuracy \d\.\d+)?$",
                        log.read_text(encoding="utf-8"), re.M)
@@ -94,9 +96,8 @@ def test_shortened_demo_improves_on_the_warmed_up_model(tmp_path: Path) -> None:
           f"tool calls per episode {before['tool_calls_per_episode']:.2f} -> "
           f"{after['tool_calls_per_episode']:.2f}; T=1 accuracy {t1[0][1]['mean_reward']:.3f} -> "
           f"{t1[-1][1]['mean_reward']:.3f}")
-    # a clear gain: MIN_GAIN, or, from a warm-up that already succeeds often, half the errors left
-    gain = after["mean_reward"] - before["mean_reward"]
-    assert gain > 0 and gain >= min(MIN_GAIN, 0.5 * (1.0 - before["mean_reward"])), (before, after)
+    assert before["mean_reward"] <= PREMISE_MAX, f"the warm-up left too little for RL to fix: {before}, {warmup}"
+    assert after["mean_reward"] - before["mean_reward"] >= MIN_GAIN, (before, after)
     assert after["tool_calls_per_episode"] > before["tool_calls_per_episode"], (before, after)
     assert t1[-1][1]["mean_reward"] > t1[0][1]["mean_reward"], (t1[0], t1[-1])
     # the report `make demo` ends with: the HTML index and the accuracy plot

@@ -84,6 +84,7 @@ def test_after_the_passing_check_the_cooldown_decays_the_lr_to_zero_and_checks_a
     start = lines[passed_at]["lr"]
     assert [lines[passed_at + k]["lr"] for k in range(1, 5)] == pytest.approx([start * (5 - k) / 5 for k in range(1, 5)])
     assert all("token_accuracy" not in lines[passed_at + k] for k in range(1, 4))
+    assert [lines[passed_at + k].get("cooldown_to") for k in range(5)] == [None] + [passed_at + 4] * 4
     assert service.backend.optimizer.state == {} and service.backend.step == 0
 
 
@@ -207,12 +208,14 @@ def test_the_driver_hands_each_new_warmup_line_to_the_callbacks_once(tmp_path: P
         assert not watching.done()
         with log.open("a") as f:
             f.write(json.dumps({"step": 30, "loss": 0.25, "token_accuracy": 1}) + "\n")
+            f.write(json.dumps({"step": 35, "loss": 0.2, "cooldown_to": 40}) + "\n")  # the bar's new end
         report.write_text('{"steps": 30}')  # the warm-up's end: a last read, then the watcher stops
         await asyncio.wait_for(watching, timeout=5)
 
     asyncio.run(scenario())
     assert seen == [(10, 600, {"loss": 1.5, "lr": 1e-3}), (20, 600, {"loss": 0.5, "token_accuracy": 0.9}),
-                    (25, 600, {"loss": 0.75}), (30, 600, {"loss": 0.25, "token_accuracy": 1.0})]
+                    (25, 600, {"loss": 0.75}), (30, 600, {"loss": 0.25, "token_accuracy": 1.0}),
+                    (35, 40, {"loss": 0.2, "cooldown_to": 40.0})]
 
 
 def test_the_warmup_progress_lines_and_bar() -> None:
@@ -230,6 +233,8 @@ def test_the_warmup_progress_lines_and_bar() -> None:
     plain.rollout_every_s = 0.0
     plain.on_warmup_progress(75, 600, {"loss": 0.1})  # the last check's accuracy stays on the line
     assert out.getvalue().splitlines()[-1] == "warm-up step 75/600: loss 0.1000, token accuracy 0.950"
+    plain.on_warmup_progress(80, 100, {"loss": 0.05, "cooldown_to": 100})
+    assert out.getvalue().splitlines()[-1] == "warm-up step 80/100: loss 0.0500, token accuracy 0.950, cool-down"
     quiet = io.StringIO()
     PlainProgress(12, stream=quiet, rollout_every_s=None).on_warmup_progress(1, 10, {"loss": 1.0})
     assert quiet.getvalue() == ""
