@@ -3,7 +3,7 @@
 
 :data:`CURVES` names each plot and the metric keys it draws (the keys the runner writes: see
 :func:`agentrl.runner.loop.step_metrics` and the trainer's ``mismatch/*``); a key pattern ending in
-``*`` matches every key with that prefix (eval sets: ``eval/<name>/accuracy``). A plot whose keys
+``*`` matches one key segment (eval sets: ``eval/<name>/pass@1``, their accuracy). A plot whose keys
 no line has yet is skipped and listed as not logged.
 """
 
@@ -31,9 +31,10 @@ class Curve:
 
 
 CURVES: tuple[Curve, ...] = (
-    Curve("reward", "Reward", "mean reward", ("rollout/reward_mean", "eval/*/reward_mean")),
-    Curve("accuracy", "Accuracy", "accuracy", ("rollout/accuracy", "eval/*/accuracy")),
-    Curve("tool_calls", "Tool calls per episode", "calls", ("rollout/tool_calls_per_episode",)),
+    Curve("reward", "Reward", "mean reward", ("rollout/reward_mean", "eval/*/mean_reward")),
+    Curve("accuracy", "Accuracy", "accuracy", ("rollout/accuracy", "eval/*/pass@1")),
+    Curve("tool_calls", "Tool calls per episode", "calls", ("rollout/tool_calls_per_episode",
+                                                            "eval/*/tool_calls_per_episode")),
     Curve("truncation", "Truncation and failures", "rate", ("rollout/truncation_rate", "report/metrics/failure_rate",
                                                             "report/metrics/abort_rate")),
     Curve("mismatch", "Engine / trainer logprob mismatch", "|logprob difference|",

@@ -56,6 +56,22 @@ def test_report_of_a_running_folder(partial_run: Path, tmp_path: Path) -> None:
     assert all(f'<td>{kind}</td><td class="num">{n}</td>' in markup for kind, n in counts.items())
 
 
+def test_the_curves_draw_the_held_out_evaluations_the_runner_logs() -> None:
+    """The eval sets' keys as the runner writes them (``eval/<name>/...``, at step 0 before RL and
+    every ``every_steps``) join the rollout curves."""
+    lines = [{"step": 0, "initial": True, "eval/greedy/mean_reward": 0.0, "eval/greedy/pass@1": 0.0,
+              "eval/greedy/tool_calls_per_episode": 0.0, "eval/t1/pass@1": 0.4},
+             {"step": 1, "rollout/accuracy": 0.3, "rollout/reward_mean": 0.3, "rollout/tool_calls_per_episode": 0.4},
+             {"step": 2, "rollout/accuracy": 0.5, "eval/greedy/pass@1": 0.9, "eval/greedy/mean_reward": 0.9,
+              "eval/greedy/tool_calls_per_episode": 1.0, "eval/t1/pass@1": 0.8}]
+    curves = {c.name: c for c in CURVES}
+    accuracy = curve_series(curves["accuracy"], lines)
+    assert accuracy == {"rollout/accuracy": [(1, 0.3), (2, 0.5)], "eval/greedy/pass@1": [(0, 0.0), (2, 0.9)],
+                        "eval/t1/pass@1": [(0, 0.4), (2, 0.8)]}
+    assert curve_series(curves["reward"], lines)["eval/greedy/mean_reward"] == [(0, 0.0), (2, 0.9)]
+    assert curve_series(curves["tool_calls"], lines)["eval/greedy/tool_calls_per_episode"] == [(0, 0.0), (2, 1.0)]
+
+
 def test_a_bad_line_mid_file_is_reported_not_fatal(partial_run: Path, tmp_path: Path) -> None:
     data = (partial_run / "metrics.jsonl").read_bytes()
     (partial_run / "metrics.jsonl").write_bytes(b"garbage\n" + data + b"\n")
