@@ -30,6 +30,6 @@ unit: setup
 test: lint typecheck
 	$(VENV)/pytest tests --durations=30 -m "not demo"
 
-# the demo shortened to 6 RL steps (~10 min): asserts RL clearly beats the warmed-up model
+# the demo shortened to 6 RL steps (4-10 min): asserts RL clearly beats the warmed-up model
 demo-test: setup
 	$(VENV)/pytest tests/demo -m demo -s --durations=5

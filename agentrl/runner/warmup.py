@@ -14,7 +14,7 @@ rate falls linearly to zero over that many more steps (the decay phase of a warm
 schedule, started by the check), and the check is measured again at the end; it must still pass.
 At a high learning rate the share of behaviours the data only mixes (say "call the tool" in 40%
 of the conversations) swings from step to step with the batches drawn: in a measured run of the
-demo the probability of the tool call moved between 0.32 and 0.51 every 50 steps, so where the
+demo the probability of the tool call moved between 0.34 and 0.57 every 50 steps, so where the
 warm-up stopped decided whether greedy decoding called the tool always or never. The cool-down
 lets the model settle on the data's own mix. Afterwards the optimiser state and step counter are
 reset, so RL starts with fresh moments at its own schedule.

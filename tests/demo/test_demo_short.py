@@ -6,8 +6,8 @@ Both accuracies come from the run itself: the held-out greedy evaluation the con
 the warm-up (``at_start``) and the one at the last step. The test asserts RL clearly improved on the
 warmed-up model and made it call the tool more; nothing is compared with a stored figure.
 
-It takes ~10 minutes on a 2-core machine (the warm-up is ~8 of them), so ``make test`` leaves it
-out (marker ``demo``) and CI runs it as its own stage after the suite.
+It takes 4–6 minutes on a 2-core machine (the warm-up is 3–4 of them; ~10 on a slower one), so
+``make test`` leaves it out (marker ``demo``) and CI runs it as its own stage after the suite.
 """
 
 from __future__ import annotations
