@@ -12,12 +12,10 @@ with the figures, before any RL step is spent on a model that cannot earn a rewa
 With ``cooldown_steps`` the early end is not abrupt: from the step the check passed, the learning
 rate falls linearly to zero over that many more steps (the decay phase of a warm-up-stable-decay
 schedule, started by the check), and the check is measured again at the end; it must still pass.
-At a high learning rate the share of behaviours the data only mixes (say "call the tool" in 40%
-of the conversations) swings from step to step with the batches drawn: in a measured run of the
-demo the probability of the tool call moved between 0.34 and 0.57 every 50 steps, so where the
-warm-up stopped decided whether greedy decoding called the tool always or never. The cool-down
-lets the model settle on the data's own mix. Afterwards the optimiser state and step counter are
-reset, so RL starts with fresh moments at its own schedule.
+At a high learning rate a behaviour the data only mixes in (the demo calls the tool in 40% of its
+conversations) follows the last batches drawn, so an abrupt stop leaves it wherever it stood; the
+cool-down lets the model settle on the data's mix (measured: docs/training.md). Afterwards the
+optimiser state and step counter are reset, so RL starts with fresh moments at its own schedule.
 
 The report (:class:`WarmupReport`) goes to ``warmup.json`` in the run folder, each logged step to
 ``warmup_metrics.jsonl``.
@@ -102,7 +100,7 @@ def run_warmup(backend: Any, section: WarmupSection, builder: Any, *, run_dir: s
     conversations = _load(section.data, builder, "warmup.data")
     held_out = _load(section.check.path, builder, "warmup.check.path")[:section.check.max_conversations] \
         if section.check is not None else []
-    cooldown = section.cooldown_steps if section.check is not None else 0
+    cooldown = section.cooldown_steps  # the section refuses one without a check
     batches = plan_batches(len(conversations), batch_size=section.batch_size, steps=section.steps + cooldown,
                            shuffle=section.shuffle, seed=section.seed)
     report = WarmupReport(conversations=len(conversations))
