@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ModelFolderError", "Need", "check_model_folder", "has_tokenizer", "model_vocab_size"]
+__all__ = ["ModelFolderError", "Need", "check_model_folder", "has_tokenizer", "model_parameter_count",
+           "model_vocab_size"]
 
 Need = Literal["config", "weights", "tokenizer"]
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf", "*.safetensors.index.json", "*.bin.index.json")
@@ -86,3 +87,30 @@ def model_vocab_size(path: str | os.PathLike[str]) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     raise ModelFolderError(f"{folder / 'config.json'}: no positive integer vocab_size (nor text_config.vocab_size)")
+
+
+def model_parameter_count(path: str | os.PathLike[str]) -> int | None:
+    """The number of parameters stored in the folder's ``*.safetensors`` files, read from their
+    headers (no tensor is loaded, no torch import); ``None`` when there are none or a header is unreadable.
+    Tied weights are stored once, so they count once."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                if not 0 < size < 1 << 30:
+                    return None
+                header = json.loads(f.read(size))
+        except (OSError, ValueError):
+            return None
+        for name, entry in header.items():
+            if name == "__metadata__" or not isinstance(entry, dict):
+                continue
+            count = 1
+            for dim in entry.get("shape", []):
+                count *= int(dim)
+            total += count
+    return total

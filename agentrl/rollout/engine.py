@@ -26,14 +26,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from agentrl.model_folder import Need, check_model_folder
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = [
-    "EngineConfig", "EngineError", "SGLangEngine", "default_shim_dir", "detect_device", "engine_environment",
+    "EngineConfig", "EngineError", "EngineProcess", "EngineStarter", "SGLangEngine", "default_shim_dir", "detect_device",
+    "engine_environment",
 ]
 
 PauseMode = Literal["abort", "retract", "in_place"]
@@ -44,6 +45,29 @@ ATTACH_CHECKED_FIELDS = ("model_path", "tp_size", "dp_size", "pp_size", "context
 
 class EngineError(RuntimeError):
     """An engine did not start, refused a control call, or does not match its expected configuration."""
+
+
+class EngineProcess(Protocol):
+    """What an engine holds of the server process it started: a local
+    :class:`~agentrl.rollout.process.ManagedProcess`, or a handle on one that another process started
+    (e.g. a host actor on the engine's own node)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def alive(self) -> bool: ...
+
+    def returncode(self) -> int | None: ...
+
+    def stop(self) -> None: ...
+
+
+class EngineStarter(Protocol):
+    """Starts an engine's server from ``config`` (on ``port``; ``None``: a free one) and waits until it
+    is healthy; returns its URL and process. The default starts it as a local subprocess; a run on
+    Ray starts each engine on its node, with its devices, through its host actor."""
+
+    async def start(self, config: EngineConfig, port: int | None) -> tuple[str, EngineProcess]: ...
 
 
 def detect_device() -> str:
@@ -65,7 +89,7 @@ def default_shim_dir() -> Path:
     return Path(env) if env else Path(sys.prefix) / "share" / "agentrl" / "sglang-cpu-shims"
 
 
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # sglang.launch_server --dtype choices
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -102,10 +126,12 @@ class EngineConfig:
     model_path: str | os.PathLike[str]
     host: str = "127.0.0.1"
     port: int | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     dtype: str = "bfloat16"
     tp_size: int = 1
     dp_size: int = 1
+    base_gpu_id: int | None = None
+    gpu_id_step: int | None = None
     context_length: int | None = None
     max_total_tokens: int | None = None
     mem_fraction_static: float | None = None
@@ -141,7 +167,11 @@ class EngineConfig:
         if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
                                       or not 1 <= self.port <= 65535):
             raise ValueError(f"EngineConfig.port={self.port!r}: expected None (a free port) or an int in [1, 65535]")
-        for name in ("tp_size", "dp_size", "context_length", "max_total_tokens"):
+        for name in ("base_gpu_id",):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"EngineConfig.{name}={value!r}: expected None or an int >= 0")
+        for name in ("tp_size", "dp_size", "context_length", "max_total_tokens", "gpu_id_step"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"EngineConfig.{name}={value!r}: expected an int >= 1")
@@ -173,6 +203,7 @@ class EngineConfig:
             ("--mem-fraction-static", self.mem_fraction_static), ("--attention-backend", self.attention_backend),
             ("--served-model-name", self.served_model_name), ("--weight-version", self.weight_version),
             ("--random-seed", self.random_seed), ("--log-level-http", self.log_level_http),
+            ("--base-gpu-id", self.base_gpu_id), ("--gpu-id-step", self.gpu_id_step),
         ]
         for flag, value in optional:
             if value is not None:
@@ -228,28 +259,36 @@ class SGLangEngine:
     reached, naming the endpoint and the reason.
     """
 
-    def __init__(self, url: str, config: EngineConfig | None, process: ManagedProcess | None) -> None:
+    def __init__(self, url: str, config: EngineConfig | None, process: EngineProcess | None,
+                 starter: EngineStarter | None = None) -> None:
         self.url = url.rstrip("/")
         self.config = config
         self.process = process
+        self.starter = starter
         self.restarts = 0
 
     # ----- lifecycle -------------------------------------------------------------------------------
 
     @classmethod
-    async def launch(cls, config: EngineConfig) -> SGLangEngine:
+    async def launch(cls, config: EngineConfig, starter: EngineStarter | None = None) -> SGLangEngine:
         """Starts the server and waits until it is healthy; on failure stops it and raises.
+        ``starter``: who starts the process (``None``: a subprocess of this one).
 
         The model folder is checked first (:class:`~agentrl.model_folder.ModelFolderError`
-        in one line, before any process starts)."""
-        check_model_folder(config.model_path, needs=config.folder_needs, what="EngineConfig.model_path")
-        engine = cls(url="http://unset", config=config, process=None)
+        in one line, before any process starts) when the engine starts here."""
+        if starter is None:
+            check_model_folder(config.model_path, needs=config.folder_needs, what="EngineConfig.model_path")
+        engine = cls(url="http://unset", config=config, process=None, starter=starter)
         await engine._start(config.port)
         return engine
 
     async def _start(self, port: int | None) -> None:
         config = self.config
         assert config is not None
+        if self.starter is not None:
+            self.url, self.process = await self.starter.start(config, port)
+            self.url = self.url.rstrip("/")
+            return
         device = await asyncio.to_thread(detect_device) if config.device == "auto" else config.device
         port = port or free_port(config.host)
         self.url = f"http://{config.host}:{port}"
@@ -261,7 +300,7 @@ class SGLangEngine:
 
     async def wait_healthy(self, timeout_s: float) -> None:
         """Polls ``/health_generate`` until 200; raises if the process exits or time runs out."""
-        await self._wait_healthy(self.process, timeout_s)
+        await self._wait_healthy(self.process if isinstance(self.process, ManagedProcess) else None, timeout_s)
 
     async def _wait_healthy(self, process: ManagedProcess | None, timeout_s: float) -> None:
         poll = self.config.health_poll_s if self.config else 1.0
@@ -282,9 +321,9 @@ class SGLangEngine:
 
     @property
     def local(self) -> bool:
-        """Whether the engine runs on this machine (launched here, or attached on a loopback address),
-        so that a folder path means the same to it as to this process."""
-        return self.process is not None or _is_loopback(self.url)
+        """Whether the engine runs on this machine (launched here, or on a loopback address), so that a
+        folder path means the same to it as to this process."""
+        return isinstance(self.process, ManagedProcess) or _is_loopback(self.url)
 
     def alive(self) -> bool:
         """For a launched engine: its process runs. For an attached engine: always True (use healthy)."""
@@ -304,7 +343,8 @@ class SGLangEngine:
             self.process.stop()
 
     async def restart(self) -> None:
-        """Stops (if still running) and starts the engine again on the same port, waiting until healthy."""
+        """Stops (if still running) and starts the engine again on the same port (through the same
+        starter), waiting until healthy."""
         if self.config is None:
             raise EngineError(f"cannot restart attached engine {self.url}: it was not launched by agentrl")
         port = int(self.url.rsplit(":", 1)[1])

@@ -25,7 +25,7 @@ from typing import Literal
 
 from agentrl.model_folder import check_model_folder
 from agentrl.rollout.client import ClientConfig, InferenceClient
-from agentrl.rollout.engine import EngineConfig, PauseMode, SGLangEngine
+from agentrl.rollout.engine import EngineConfig, EngineStarter, PauseMode, SGLangEngine
 from agentrl.rollout.router import Router, RouterConfig, RouterError
 
 __all__ = ["EngineGroup", "HealthConfig", "HealthEvent"]
@@ -90,10 +90,16 @@ class EngineGroup:
 
     @classmethod
     async def launch(cls, engine_configs: Sequence[EngineConfig], router_config: RouterConfig | None = None,
-                     health: HealthConfig | None = None) -> EngineGroup:
-        """Starts the router and all engines (concurrently), registers each engine once healthy."""
+                     health: HealthConfig | None = None,
+                     starters: Sequence[EngineStarter] | None = None) -> EngineGroup:
+        """Starts the router and all engines (concurrently), registers each engine once healthy.
+        ``starters``: one per engine, who starts it (``None``: subprocesses of this process)."""
+        if starters is not None and len(starters) != len(engine_configs):
+            raise ValueError(f"starters: {len(starters)} for {len(engine_configs)} engine configs; expected one each")
         router = await Router.launch(router_config)
-        results = await asyncio.gather(*(SGLangEngine.launch(c) for c in engine_configs), return_exceptions=True)
+        chosen: Sequence[EngineStarter | None] = starters if starters is not None else [None] * len(engine_configs)
+        results = await asyncio.gather(*(SGLangEngine.launch(c, s) for c, s in zip(engine_configs, chosen, strict=True)),
+                                       return_exceptions=True)
         engines = [r for r in results if isinstance(r, SGLangEngine)]
         errors = [r for r in results if isinstance(r, BaseException)]
         group = cls(router, engines, health)
@@ -126,6 +132,10 @@ class EngineGroup:
     @property
     def engines(self) -> list[SGLangEngine]:
         return [t.engine for t in self._tracked]
+
+    def in_rotation(self) -> list[SGLangEngine]:
+        """The engines currently in the router's rotation (not dead, not being restarted)."""
+        return [t.engine for t in self._tracked if t.in_rotation]
 
     def engine_urls(self) -> list[str]:
         """URLs of the engines currently in the router's rotation (the client's abort targets)."""
@@ -172,7 +182,7 @@ class EngineGroup:
     async def _check(self, tracked: _Tracked) -> None:
         engine = tracked.engine
         reason = ""
-        if not engine.alive():
+        if not await asyncio.to_thread(engine.alive):  # a process on another node answers through its host
             code = engine.process.returncode() if engine.process else None
             reason = f"process exited with code {code}"
         elif self.health.http_checks:
@@ -282,7 +292,7 @@ class EngineGroup:
 
     async def _retire(self, tracked: _Tracked) -> None:
         try:
-            if tracked.in_rotation and tracked.engine.alive():
+            if tracked.in_rotation and await asyncio.to_thread(tracked.engine.alive):
                 with contextlib.suppress(RouterError):
                     await self.router.remove_worker(tracked.engine.url)
         finally:

@@ -5,7 +5,7 @@ fails."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
 from agentrl.runner.weights import DiskWeightSync
 
 if TYPE_CHECKING:
+    from agentrl.rollout.engine import EngineStarter
     from agentrl.runner.config import RunConfig
     from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.rollout_service import RolloutService
@@ -65,11 +66,15 @@ def row_validator(env_factory: Any) -> Callable[[dict[str, Any]], object] | None
 
 
 async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_factory: Callable[[dict[str, Any]], Any],
-                         *, group_filter: Any = None, cpu: CpuPlan | None = None) -> RolloutService:
+                         *, group_filter: Any = None, cpu: CpuPlan | None = None,
+                         starters: Sequence[EngineStarter] | None = None,
+                         engine_fraction: float | None = None) -> RolloutService:
     run_dir = config.run_dir()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     base = config.engine_config()
+    if engine_fraction is not None:  # colocated: the share of the device the device map gives the engine
+        base = dataclasses.replace(base, mem_fraction_static=engine_fraction)
     if config.rollout.engines.boot_path is not None:  # serve a stand-in while the real model is prepared
         base = dataclasses.replace(base, model_path=config.rollout.engines.boot_path)
     engine_cfgs = [dataclasses.replace(base, log_dir=logs,
@@ -77,9 +82,11 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
                    for i in range(config.rollout.engines.count)]
     router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
     urls = config.rollout.engines.urls
-    group = await (EngineGroup.attach(urls, router_cfg) if urls else EngineGroup.launch(engine_cfgs, router_cfg))
+    group = await (EngineGroup.attach(urls, router_cfg) if urls
+                   else EngineGroup.launch(engine_cfgs, router_cfg, starters=starters))
     try:
-        if cpu is not None and not urls:  # SGLang binds threads itself only on AMX/arm64: pin each engine's tree
+        if cpu is not None and not urls and starters is None:  # SGLang binds threads itself only on AMX/arm64
+            # (a host actor pins the engine it starts)
             for i, engine in enumerate(group.engines):
                 if engine.process is not None:
                     cpu.pin(i, engine.process.pid)

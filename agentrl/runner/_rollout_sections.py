@@ -23,7 +23,7 @@ from agentrl.runner._base import Section
 __all__ = ["AgentSection", "EnginesSection", "RolloutSection", "RouterSection", "SamplingSection",
            "SchedulerSection"]
 
-EngineDevice = Literal["auto", "cpu", "cuda"]
+EngineDevice = Literal["auto", "cpu", "cuda", "npu"]
 
 
 class EnginesSection(Section):

@@ -256,6 +256,10 @@ class ClusterSection(Section):
     own (``disaggregated``). On ``gpu``/``npu``: ``num_accelerators`` (``None``: counted when the run
     starts), ``accelerators_per_engine`` (``None``: the engines' ``tp_size × dp_size``) and
     ``trainer_accelerators`` (``None``: one per trainer rank). They mean nothing on ``cpu``.
+    ``accelerators_per_node``: how many accelerators each node has, for the dry run's device map
+    (``None``: what the cluster reports, or all on one node). ``accelerator_memory_gib``: the memory
+    of one accelerator where it cannot be read from the device (a dry run on a laptop; ``None``: read
+    at launch); it sizes the colocated shares and the memory plan.
     """
 
     ray_address: str | None = None
@@ -264,6 +268,8 @@ class ClusterSection(Section):
     num_accelerators: int | None = Field(default=None, ge=1)
     accelerators_per_engine: int | None = Field(default=None, ge=1)
     trainer_accelerators: int | None = Field(default=None, ge=1)
+    accelerators_per_node: int | None = Field(default=None, ge=1)
+    accelerator_memory_gib: float | None = Field(default=None, gt=0)
 
     @property
     def train_device(self) -> str:
@@ -273,8 +279,9 @@ class ClusterSection(Section):
     @model_validator(mode="after")
     def _counts_need_accelerators(self) -> ClusterSection:
         if self.accelerator == "cpu":
-            given = {n: getattr(self, n) for n in ("num_accelerators", "accelerators_per_engine",
-                                                   "trainer_accelerators") if getattr(self, n) is not None}
+            given = {n: getattr(self, n) for n in ("num_accelerators", "accelerators_per_engine", "trainer_accelerators",
+                                                   "accelerators_per_node", "accelerator_memory_gib")
+                     if getattr(self, n) is not None}
             if given:
                 raise ValueError(f"{', '.join(f'{k}={v}' for k, v in given.items())} with accelerator='cpu': "
                                  "accelerator counts apply to 'gpu' or 'npu' only; expected None")

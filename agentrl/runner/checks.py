@@ -82,9 +82,6 @@ def _devices(cfg: RunConfig) -> list[str]:
         return []
     out: list[str] = []
     kind = cluster.accelerator
-    if kind == "npu":
-        out.append("cluster.accelerator='npu': the SGLang engine launcher starts 'cpu' or 'cuda' engines only "
-                   "(EngineConfig.device); expected 'cpu' or 'gpu'")
     per_engine = cluster.accelerators_per_engine or engines.accelerators_per_engine
     if per_engine != engines.accelerators_per_engine:
         out.append(f"cluster.accelerators_per_engine={per_engine} but rollout.engines.tp_size × dp_size = "

@@ -282,15 +282,22 @@ class _RankWorker:
         self.obj: Any = None
         self.rank = -1
 
-    def rendezvous(self) -> tuple[str, int, str]:
-        """This node's IP, a port free on it, and the node id (rank 0 hosts the rendezvous)."""
+    def rendezvous(self) -> dict[str, Any]:
+        """This node's IP, a port free on it (rank 0 hosts the rendezvous), the node id, and the
+        accelerators this rank uses: the ids Ray gave it, else the visible devices set for it."""
         import ray
+
+        from agentrl.runner.devices import VISIBLE_DEVICES_ENV
 
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
             port = int(s.getsockname()[1])
         context = ray.get_runtime_context()
-        return ray.util.get_node_ip_address(), port, str(context.get_node_id())
+        ids = context.get_accelerator_ids()
+        assigned = {kind: [str(d) for d in ids.get(resource, [])] for kind, resource in (("gpu", "GPU"), ("npu", "NPU"))}
+        visible = {kind: os.environ.get(var) for kind, var in VISIBLE_DEVICES_ENV.items()}
+        return {"ip": ray.util.get_node_ip_address(), "port": port, "node": str(context.get_node_id()),
+                "assigned": assigned, "visible": visible}
 
     def setup(self, rank: int, world_size: int, master: tuple[str, int], device: str,
               timeout_s: float) -> dict[str, Any]:
@@ -370,6 +377,17 @@ class TrainGroup:
     def node_ids(self) -> list[str]:
         return [str(r["node_id"]) for r in self.ranks]
 
+    def devices(self, accelerator: str) -> list[tuple[str, str | None]]:
+        """Per rank, ``(node id, device)``: the ``accelerator`` id Ray gave the rank, else the one its
+        visible-devices variable names (a colocated rank), else ``None`` (CPU)."""
+        out: list[tuple[str, str | None]] = []
+        for rank in self.ranks:
+            assigned = list(rank.get("assigned", {}).get(accelerator, []))
+            visible = rank.get("visible", {}).get(accelerator)
+            device = assigned[0] if len(assigned) == 1 else (visible if visible and "," not in visible else None)
+            out.append((str(rank["node_id"]), device))
+        return out
+
     @classmethod
     def start(
         cls,
@@ -380,6 +398,7 @@ class TrainGroup:
         device: str = "cpu",
         num_cpus: float | None = None,
         env_vars: Mapping[str, str] | None = None,
+        rank_env: Sequence[Mapping[str, str]] | None = None,
         timeout_s: float = 120.0,
         **kwargs: Any,
     ) -> TrainGroup:
@@ -387,7 +406,8 @@ class TrainGroup:
 
         ``placement``: the created plan (its trainer slots) or one placement per rank; ``None``: Ray
         schedules the actors (``num_cpus`` each). ``device``: ``cpu`` (gloo), ``cuda`` (NCCL), ``npu``
-        (HCCL), resolved inside each actor. Every setup call is issued before any is waited on (the
+        (HCCL), resolved inside each actor. ``rank_env``: per rank, more environment variables (a
+        colocated rank's visible device). Every setup call is issued before any is waited on (the
         rendezvous blocks until all ranks joined). On failure the started actors are killed.
         """
         import ray
@@ -398,20 +418,23 @@ class TrainGroup:
         if slots is not None and len(slots) != world_size:
             raise ValueError(f"placement has {len(slots)} trainer slot(s) with world_size={world_size}: "
                              "expected one per rank")
+        if rank_env is not None and len(rank_env) != world_size:
+            raise ValueError(f"rank_env has {len(rank_env)} entries with world_size={world_size}: expected one per rank")
         actors = [spawn(_RankWorker, placement=None if slots is None else slots[r], num_cpus=num_cpus,
-                        env_vars=env_vars) for r in range(world_size)]
+                        env_vars={**(env_vars or {}), **(rank_env[r] if rank_env is not None else {})} or None)
+                  for r in range(world_size)]
         try:
             t0 = time.perf_counter()
             where = _gather([a.rendezvous.remote() for a in actors], "rendezvous", timeout_s)
             t1 = time.perf_counter()
-            ip, port, _ = where[0]
+            ip, port = where[0]["ip"], where[0]["port"]
             # One host: loopback, which every rank can reach whatever the host's interfaces are.
-            master = ("127.0.0.1" if len({w[0] for w in where}) == 1 else ip, port)
+            master = ("127.0.0.1" if len({w["ip"] for w in where}) == 1 else ip, port)
             setups = [a.setup.remote(r, world_size, master, device, timeout_s) for r, a in enumerate(actors)]
             ranks = _gather(setups, "torch.distributed setup", timeout_s + 30)
             t2 = time.perf_counter()
-            for rank, (_, _, node) in zip(ranks, where, strict=True):
-                rank["node_id"] = node
+            for rank, found in zip(ranks, where, strict=True):
+                rank.update(node_id=found["node"], assigned=found["assigned"], visible=found["visible"])
             _gather([a.build.remote(plain_cls, args, kwargs) for a in actors], f"{plain_cls.__name__}()", None)
             timings = {"actors_s": t1 - t0, "setup_s": t2 - t1, "build_s": time.perf_counter() - t2}
         except BaseException:

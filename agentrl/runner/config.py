@@ -121,7 +121,8 @@ class RunConfig(Section):
     def engine_config(self) -> EngineConfig:
         """The config of each engine: the model, its dtype, the cluster's device, memory release when
         colocated on an accelerator."""
-        device: EngineDevice = "cpu" if self.cluster.accelerator == "cpu" else "cuda"
+        devices: dict[str, EngineDevice] = {"cpu": "cpu", "gpu": "cuda", "npu": "npu"}
+        device = devices[self.cluster.accelerator]
         release = self.cluster.placement == "colocated" and self.cluster.accelerator != "cpu"
         return self.rollout.engines.to_config(self.model.path, dtype=self.model.dtype, device=device,
                                               release_memory=release)

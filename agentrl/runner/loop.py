@@ -170,32 +170,42 @@ class Runner:
             raise
 
     async def train_step(self, batch: TrainingBatch | None) -> dict[str, float]:
-        """One optimiser step (every rank); the weight version moves on even for a skipped batch."""
+        """One optimiser step (every rank); the weight version moves on even for a skipped batch.
+
+        Colocated on an accelerator, the engines release their memory first and the trainer takes its
+        optimizer state back; after the step the trainer offloads it again (the engines take their
+        memory back in :meth:`sync_weights`)."""
         assert self.trainer is not None
         self._phase("train_step", self.step + 1)
         if batch is None:
             return {"train/skipped": 1.0}
         if not self.settings.release_engine_memory:
             return await self.trainer.train(batch, self.step)
-        # colocated on an accelerator (sync mode): the engines give their memory to the trainer and
-        # take it back before the weight sync
         await self.rollout.release_memory()
+        await self.trainer.onload()
         try:
             return await self.trainer.train(batch, self.step)
         finally:
-            await self.rollout.resume_memory()
+            await self.trainer.offload()
 
     async def sync_weights(self) -> dict[str, float]:
         """Exports the trainer's weights as version ``self.version`` and has every engine load them;
-        then the post-sync probe compares engine and trainer logprobs on fixed sequences."""
+        then the post-sync probe compares engine and trainer logprobs on fixed sequences.
+
+        Colocated on an accelerator, the engines take back their weights' memory before the load and
+        their KV cache and graphs after it (released weights hold nothing until the load)."""
         assert self.trainer is not None
         self._phase("sync_weights")
         self._syncs += 1
         started = time.perf_counter()
+        if self.settings.release_engine_memory:
+            await self.rollout.resume_memory(["weights"])
         folder = await self.rollout.weights_folder(self.version)
         await self.trainer.export(folder)
         export_s = time.perf_counter() - started
         metrics = dict(await self.rollout.sync_weights(self.version))
+        if self.settings.release_engine_memory:
+            await self.rollout.resume_memory(None)
         metrics["sync/export_s"] = export_s
         metrics.update(await self.probe())
         return metrics

@@ -2,29 +2,35 @@
 
 :class:`PlacementPlan` turns a :class:`~agentrl.runner.ClusterSection` and the run's counts
 (engines, accelerators per engine, trainer ranks) into bundles, without touching Ray; ``create()``
-then reserves them as placement groups and waits until they are ready.
+then reserves them as placement groups and waits until they are ready. Which device each actor
+then holds is the run's :class:`~agentrl.runner.devices.DeviceMap`.
 
 - **Accelerators** become Ray resources: ``gpu`` → ``GPU``, ``npu`` → a custom ``NPU`` resource
   (start Ray with ``resources={"NPU": n}``); on ``cpu`` the bundles hold CPUs only, small fractions
   by default (``cpus_per_engine``, ``cpus_per_rank``) so that a test fits a 2-core machine.
-- **Colocated**: one group ``"colocated"`` with one bundle per accelerator; trainer rank ``r`` and
-  the engine whose span starts at bundle ``r`` share it, each actor asking half the accelerator.
-- **Disaggregated**: groups ``"engines"`` and ``"trainer"`` with their own bundles; each actor asks
-  its whole accelerator. ``node_resource_engines`` / ``node_resource_trainer`` name a custom
-  resource a node carries (e.g. ``host_a``) so each group lands on its own host.
-
-An engine with ``k`` accelerators spans ``k`` consecutive bundles (``engine_bundles(e)``); its actor
-sits on the first one (the engine process it launches uses the others).
+- **An engine is one bundle** holding its ``k = tp × dp`` accelerators, so Ray puts them on one
+  node (a bundle never spans nodes; a plan whose engines are larger than every node is refused).
+  The engine's host actor asks all ``k`` of them; Ray then names them to it, and the engine process
+  is started with exactly those visible.
+- **Colocated**: one group ``"colocated"``; engine ``e``'s bundle also holds trainer ranks
+  ``e·k … e·k+k-1``, each on one of the engine's devices (its slot's ``colocated_with``); ranks
+  beyond the engines' devices get a bundle of one accelerator each.
+- **Disaggregated**: groups ``"engines"`` and ``"trainer"``; a trainer bundle holds one
+  accelerator. ``node_resource_engines`` / ``node_resource_trainer`` name a custom resource a node
+  carries (e.g. ``host_a``) so each group lands on its own host.
+- **The rollout actor** (scheduler and router, CPUs only) gets a group ``"rollout"`` of its own,
+  on the engines' node resource.
 
 Example::
 
-    plan = PlacementPlan.build(config.cluster, engines=2, trainer_ranks=2)
+    plan = PlacementPlan.for_run(config)
     with plan.create(timeout_s=60) as placed:
         actor = spawn(Trainer, placement=placed.trainer(0))
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,13 +42,16 @@ from agentrl.runner._sections import ClusterSection
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
+    from agentrl.runner.config import RunConfig
+
 __all__ = ["ActorPlacement", "BundleGroup", "PlacedGroups", "PlacementError", "PlacementPlan"]
 
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 ACCELERATOR_RESOURCES: dict[str, str | None] = {"cpu": None, "gpu": "GPU", "npu": "NPU"}
 # Each bundle asks this much of a node-pinning resource: a node with ``{name: 1}`` takes 1000 bundles.
 NODE_RESOURCE_SHARE = 0.001
-_COLOCATED_SHARE = 0.5
+CPUS_PER_ROLLOUT = 0.25
+CPUS_PER_ACCELERATOR_ACTOR = 0.02
 
 
 class PlacementError(RuntimeError):
@@ -62,6 +71,8 @@ class BundleGroup:
 class ActorPlacement:
     """Where one actor goes: bundle ``bundle`` of group ``group``, asking ``resources`` of it.
 
+    ``colocated_with``: for a trainer rank sharing an engine's device, ``(engine, tp rank)``: the
+    rank asks no accelerator of its own (the engine's host holds them all) and uses that device.
     ``placement_group`` is set once the plan was created (see :meth:`PlacedGroups.engine`).
     """
 
@@ -69,6 +80,7 @@ class ActorPlacement:
     bundle: int
     resources: Mapping[str, float]
     placement_group: PlacementGroup | None = field(default=None, compare=False)
+    colocated_with: tuple[int, int] | None = None
 
 
 def _check_count(name: str, value: int, minimum: int) -> None:
@@ -92,7 +104,8 @@ def _bundle(cpus: float, accelerator: str | None, amount: float, node_resource: 
 
 @dataclass(frozen=True)
 class PlacementPlan:
-    """Bundles for ``engines`` engines and ``trainer_ranks`` trainer ranks; build with :meth:`build`."""
+    """Bundles for ``engines`` engines and ``trainer_ranks`` trainer ranks; build with :meth:`build`
+    (or :meth:`for_run` from a run config)."""
 
     placement: Literal["colocated", "disaggregated"]
     accelerator: Literal["cpu", "gpu", "npu"]
@@ -102,6 +115,22 @@ class PlacementPlan:
     groups: tuple[BundleGroup, ...]
     engine_slots: tuple[ActorPlacement, ...]
     trainer_slots: tuple[ActorPlacement, ...]
+    rollout_slot: ActorPlacement = ActorPlacement("rollout", 0, {"CPU": CPUS_PER_ROLLOUT})
+
+    @classmethod
+    def for_run(cls, config: RunConfig, *, node_resource_engines: str | None = None,
+                node_resource_trainer: str | None = None) -> PlacementPlan:
+        """The plan of a run: ``rollout.engines.count`` engines of ``tp × dp`` accelerators each (none
+        when the run attaches to ``rollout.engines.urls``: those engines run elsewhere) and one
+        trainer rank per ``train.world_size``."""
+        engines, on_cpu = config.rollout.engines, config.cluster.accelerator == "cpu"
+        # on an accelerator an actor's CPUs are bookkeeping (its engine or rank is bound by its devices)
+        cpus = 0.25 if on_cpu else CPUS_PER_ACCELERATOR_ACTOR
+        return cls.build(config.cluster, engines=0 if engines.urls else engines.count,
+                         trainer_ranks=config.train.world_size,
+                         accelerators_per_engine=None if on_cpu else engines.accelerators_per_engine,
+                         cpus_per_engine=cpus, cpus_per_rank=cpus, cpus_rollout=0.25 if on_cpu else 0.1,
+                         node_resource_engines=node_resource_engines, node_resource_trainer=node_resource_trainer)
 
     @classmethod
     def build(
@@ -113,6 +142,7 @@ class PlacementPlan:
         accelerators_per_engine: int | None = None,
         cpus_per_engine: float = 0.25,
         cpus_per_rank: float = 0.25,
+        cpus_rollout: float = CPUS_PER_ROLLOUT,
         node_resource_engines: str | None = None,
         node_resource_trainer: str | None = None,
         strategy: Strategy = "PACK",
@@ -124,8 +154,9 @@ class PlacementPlan:
         """
         _check_count("engines", engines, 0)
         _check_count("trainer_ranks", trainer_ranks, 1)
-        _check_cpus("cpus_per_engine", cpus_per_engine)
-        _check_cpus("cpus_per_rank", cpus_per_rank)
+        for name, value in (("cpus_per_engine", cpus_per_engine), ("cpus_per_rank", cpus_per_rank),
+                            ("cpus_rollout", cpus_rollout)):
+            _check_cpus(name, value)
         resource = ACCELERATOR_RESOURCES[cluster.accelerator]
         per_engine = 0 if resource is None else (accelerators_per_engine or cluster.accelerators_per_engine or 1)
         if resource is not None:
@@ -148,9 +179,11 @@ class PlacementPlan:
             groups, engine_slots, trainer_slots = _disaggregated(
                 engines, per_engine, trainer_ranks, resource, cpus_per_engine, cpus_per_rank,
                 node_resource_engines, node_resource_trainer, strategy)
+        rollout = BundleGroup("rollout", (_bundle(cpus_rollout, None, 0, node_resource_engines),), strategy)
         plan = cls(placement=cluster.placement, accelerator=cluster.accelerator, engines=engines,
-                   accelerators_per_engine=per_engine, trainer_ranks=trainer_ranks, groups=groups,
-                   engine_slots=engine_slots, trainer_slots=trainer_slots)
+                   accelerators_per_engine=per_engine, trainer_ranks=trainer_ranks, groups=(*groups, rollout),
+                   engine_slots=engine_slots, trainer_slots=trainer_slots,
+                   rollout_slot=ActorPlacement("rollout", 0, {"CPU": round(cpus_rollout, 4)}))
         needed = plan.accelerators_needed
         if cluster.num_accelerators is not None and needed > cluster.num_accelerators:
             raise ValueError(
@@ -160,9 +193,14 @@ class PlacementPlan:
         return plan
 
     @property
+    def resource(self) -> str | None:
+        """The Ray resource of the accelerator (``GPU``, ``NPU``; ``None`` on CPU)."""
+        return ACCELERATOR_RESOURCES[self.accelerator]
+
+    @property
     def accelerators_needed(self) -> int:
         """Accelerators the plan reserves (0 on CPU)."""
-        resource = ACCELERATOR_RESOURCES[self.accelerator]
+        resource = self.resource
         return 0 if resource is None else int(self.totals().get(resource, 0))
 
     def totals(self) -> dict[str, float]:
@@ -175,10 +213,9 @@ class PlacementPlan:
         return out
 
     def engine_bundles(self, engine: int) -> tuple[int, ...]:
-        """The bundle indices engine ``engine`` spans in its group (one per accelerator; one on CPU)."""
+        """The bundle indices engine ``engine`` uses in its group (one: it holds all its accelerators)."""
         _check_index("engine", engine, self.engines)
-        first = self.engine_slots[engine].bundle
-        return tuple(range(first, first + max(1, self.accelerators_per_engine)))
+        return (self.engine_slots[engine].bundle,)
 
     def create(self, *, timeout_s: float = 60.0) -> PlacedGroups:
         """Reserve the bundles as Ray placement groups and wait (up to ``timeout_s``) until ready.
@@ -202,34 +239,34 @@ Planned = tuple[tuple[BundleGroup, ...], tuple[ActorPlacement, ...], tuple[Actor
 
 def _colocated(engines: int, per_engine: int, ranks: int, resource: str | None, cpus_engine: float,
                cpus_rank: float, node_resource: str | None, strategy: Strategy) -> Planned:
-    span = max(1, per_engine)
-    size = max(engines * span, ranks)
+    span = max(1, per_engine)  # trainer ranks one engine's bundle holds (on CPU: one)
+    shared = min(ranks, engines * span)
     bundles = []
-    for i in range(size):
-        # Bundle i holds the CPUs of the engine actor starting there and of trainer rank i; a bundle an
-        # engine only spans (GPU/NPU) holds just its accelerator.
-        cpus = (cpus_engine if i < engines * span and i % span == 0 else 0.0) + (cpus_rank if i < ranks else 0.0)
-        bundles.append(_bundle(cpus, resource, 1.0, node_resource))
-    share = _COLOCATED_SHARE if resource is not None else 0.0
-    engine_slots = tuple(ActorPlacement("colocated", e * span, _bundle(cpus_engine, resource, share, None))
+    for e in range(engines):
+        sharing = len(range(e * span, min((e + 1) * span, shared)))
+        bundles.append(_bundle(cpus_engine + cpus_rank * sharing, resource, per_engine, node_resource))
+    bundles += [_bundle(cpus_rank, resource, 1.0, node_resource) for _ in range(shared, ranks)]
+    engine_slots = tuple(ActorPlacement("colocated", e, _bundle(cpus_engine, resource, per_engine, None))
                          for e in range(engines))
-    trainer_slots = tuple(ActorPlacement("colocated", r, _bundle(cpus_rank, resource, share, None))
-                          for r in range(ranks))
+    trainer_slots = tuple(
+        ActorPlacement("colocated", r // span, _bundle(cpus_rank, None, 0, None),
+                       colocated_with=(r // span, r % span) if resource is not None else None)
+        if r < shared else
+        ActorPlacement("colocated", engines + r - shared, _bundle(cpus_rank, resource, 1.0, None))
+        for r in range(ranks))
     return (BundleGroup("colocated", tuple(bundles), strategy),), engine_slots, trainer_slots
 
 
 def _disaggregated(engines: int, per_engine: int, ranks: int, resource: str | None, cpus_engine: float,
                    cpus_rank: float, node_engines: str | None, node_trainer: str | None,
                    strategy: Strategy) -> Planned:
-    span = max(1, per_engine)
     groups = []
     if engines:
-        groups.append(BundleGroup("engines", tuple(
-            _bundle(cpus_engine if i % span == 0 else 0.0, resource, 1.0, node_engines)
-            for i in range(engines * span)), strategy))
+        groups.append(BundleGroup("engines", tuple(_bundle(cpus_engine, resource, per_engine, node_engines)
+                                                   for _ in range(engines)), strategy))
     groups.append(BundleGroup("trainer", tuple(_bundle(cpus_rank, resource, 1.0, node_trainer)
                                               for _ in range(ranks)), strategy))
-    engine_slots = tuple(ActorPlacement("engines", e * span, _bundle(cpus_engine, resource, 1.0, None))
+    engine_slots = tuple(ActorPlacement("engines", e, _bundle(cpus_engine, resource, per_engine, None))
                          for e in range(engines))
     trainer_slots = tuple(ActorPlacement("trainer", r, _bundle(cpus_rank, resource, 1.0, None))
                           for r in range(ranks))
@@ -256,10 +293,14 @@ class PlacedGroups:
     def trainers(self) -> list[ActorPlacement]:
         return [self.trainer(r) for r in range(self.plan.trainer_ranks)]
 
+    def rollout(self) -> ActorPlacement:
+        """The placement of the rollout actor (scheduler and router; CPUs only)."""
+        return self._bind(self.plan.rollout_slot)
+
     def _bind(self, slot: ActorPlacement) -> ActorPlacement:
         if slot.group not in self.groups:
             raise PlacementError(f"placement group {slot.group!r} was removed; create the plan again")
-        return ActorPlacement(slot.group, slot.bundle, slot.resources, self.groups[slot.group])
+        return dataclasses.replace(slot, placement_group=self.groups[slot.group])
 
     def remove(self) -> None:
         """Free every group (actors still placed in them are killed by Ray). Idempotent."""

@@ -17,6 +17,16 @@ from typing import TYPE_CHECKING, Any, cast
 from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.cluster import RayRuntime, TrainGroup, spawn
 from agentrl.runner.config import RunConfig
+from agentrl.runner.device_plan import trainer_resident_bytes
+from agentrl.runner.devices import (
+    GIB,
+    DeviceMap,
+    MemoryShares,
+    colocated_shares,
+    noset_env,
+    visible_devices_env,
+)
+from agentrl.runner.engine_host import EngineHost, HostStarter
 from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunSummary
 from agentrl.runner.placement import PlacementPlan
 from agentrl.runner.rundir import RunDirectory
@@ -38,11 +48,13 @@ class RolloutActor:
         self.env_factory, self.group_filter, self.cpu = env_factory, group_filter, cpu
         self.service: Any = None
 
-    async def setup(self) -> int:
+    async def setup(self, starters: list[Any] | None = None, engine_fraction: float | None = None) -> int:
+        """Starts the router and the engines (each through its host's ``starter`` when given) and
+        builds the service; returns this actor's pid."""
         from agentrl.runner.rollout_service import RolloutService
 
         self.service = await RolloutService.launch(self.config, self.env_factory, group_filter=self.group_filter,
-                                                   cpu=self.cpu)
+                                                   cpu=self.cpu, starters=starters, engine_fraction=engine_fraction)
         import os
 
         return os.getpid()
@@ -77,8 +89,8 @@ class RolloutActor:
     async def release_memory(self) -> None:
         await self.service.release_memory()
 
-    async def resume_memory(self) -> None:
-        await self.service.resume_memory()
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        await self.service.resume_memory(tags)
 
     async def engine_versions(self) -> list[str]:
         """The weight version each engine reports (``/model_info``)."""
@@ -87,6 +99,11 @@ class RolloutActor:
 
     async def active_requests(self) -> int:
         return int(await self.service.active_requests())
+
+    async def router_workers(self) -> list[str]:
+        """The engine URLs the router has registered."""
+        group = self.service.group
+        return [str(w.get("url")) for w in await group.router.workers()] if group is not None else []
 
     async def node_id(self) -> str:
         import ray
@@ -128,6 +145,12 @@ class TrainRank:
     def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
         return self.service.warmup(run_dir)
 
+    def offload(self) -> dict[str, float]:
+        return self.service.offload()
+
+    def onload(self) -> dict[str, float]:
+        return self.service.onload()
+
     def node_id(self) -> str:
         import ray
 
@@ -166,15 +189,28 @@ class GroupTrainer:
     async def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
         return dict(await self._all("warmup", run_dir))
 
+    async def offload(self) -> dict[str, float]:
+        return dict(await self._all("offload"))
+
+    async def onload(self) -> dict[str, float]:
+        return dict(await self._all("onload"))
+
     async def node_ids(self) -> list[str]:
         return [str(x) for x in await asyncio.to_thread(self.group.call, "node_id")]
 
+    async def group_env(self) -> list[Any]:
+        """Every rank's ``env()`` (the placement tests' recording ranks)."""
+        return list(await asyncio.to_thread(self.group.call, "env"))
+
 
 class Sides:
-    """The started actors and what to stop when the run ends."""
+    """The started actors, the run's device map, and what to stop when the run ends."""
 
-    def __init__(self, runtime: RayRuntime, placed: Any, rollout: Any, trainer: GroupTrainer | None) -> None:
+    def __init__(self, runtime: RayRuntime, placed: Any, rollout: Any, trainer: GroupTrainer | None,
+                 hosts: Sequence[Any] = (), device_map: DeviceMap | None = None) -> None:
         self.runtime, self.placed, self.rollout_handle, self.trainer = runtime, placed, rollout, trainer
+        self.hosts = list(hosts)
+        self.device_map = device_map
         self.warmup: dict[str, Any] = {}  # the warm-up's report, when the train group ran one
 
     @property
@@ -186,9 +222,10 @@ class Sides:
 
         try:
             try:
-                await self.rollout_handle.shutdown.remote()
+                await self.rollout_handle.shutdown.remote()  # stops the engines through their hosts
             finally:
                 ray.kill(self.rollout_handle)
+                await _stop_hosts(self.hosts)
                 if self.trainer is not None:
                     await asyncio.to_thread(self.trainer.group.teardown)
         finally:
@@ -196,37 +233,89 @@ class Sides:
             self.runtime.shutdown()
 
 
+async def _stop_hosts(hosts: Sequence[Any]) -> None:
+    """Stops every engine a host still runs (a failed start leaves some), then the host actors."""
+    import ray
+
+    await asyncio.gather(*(h.stop.remote() for h in hosts), return_exceptions=True)
+    for host in hosts:
+        ray.kill(host)
+
+
+def _colocated_on_accelerator(config: RunConfig) -> bool:
+    return config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu"
+
+
+async def _engine_shares(config: RunConfig, hosts: Sequence[Any]) -> MemoryShares | None:
+    """Colocated on an accelerator: the engines' share of each device (the device's memory as the
+    hosts read it, else ``cluster.accelerator_memory_gib``); ``None`` otherwise or when unknown."""
+    if not hosts or not _colocated_on_accelerator(config):
+        return None
+    read = [m for m in await asyncio.gather(*(h.device_memory_bytes.remote() for h in hosts)) if m]
+    capacity = min(read) if read else (int(config.cluster.accelerator_memory_gib * GIB)
+                                       if config.cluster.accelerator_memory_gib else None)
+    resident = trainer_resident_bytes(config)
+    if capacity is None or resident is None:
+        return None
+    return colocated_shares(capacity, resident, engine_fraction=config.rollout.engines.mem_fraction_static)
+
+
 async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any = None, cpu: Any = None,
                       rollout_only: bool = False, node_resource_engines: str | None = None,
                       node_resource_trainer: str | None = None, runtime: RayRuntime | None = None,
-                      warmup_dir: str | None = None) -> Sides:
-    """Starts Ray (or reuses it), places and starts the rollout actor and the train group; with
-    ``warmup_dir`` the train group runs the config's warm-up while the engines boot."""
+                      warmup_dir: str | None = None, trainer_cls: type = TrainRank,
+                      train_device: str | None = None) -> Sides:
+    """Starts Ray (or reuses it), places the engines' hosts, the rollout actor and the train group
+    (:class:`~agentrl.runner.placement.PlacementPlan`), starts every engine on its own devices and
+    records the :class:`~agentrl.runner.devices.DeviceMap`. With ``warmup_dir`` the train group runs
+    the config's warm-up while the engines boot; colocated on an accelerator the engines boot first
+    (SGLang sizes its memory against what is free when it starts) and the trainer builds after.
+
+    ``trainer_cls`` (built on every rank as ``trainer_cls(config_dict, threads)``) and
+    ``train_device`` (``None``: the cluster's accelerator) let a test record what each rank gets."""
     runtime = runtime or run_runtime(config)
     placed = None
     rollout = None
+    hosts: list[Any] = []
     try:
-        plan = PlacementPlan.build(config.cluster, engines=config.rollout.engines.count,
-                                   trainer_ranks=config.train.world_size,
-                                   node_resource_engines=node_resource_engines,
-                                   node_resource_trainer=node_resource_trainer)
+        plan = PlacementPlan.for_run(config, node_resource_engines=node_resource_engines,
+                                     node_resource_trainer=node_resource_trainer)
         placed = await asyncio.to_thread(plan.create)
-        rollout = spawn(RolloutActor, config.to_dict(), env_factory, group_filter, cpu,
-                        placement=placed.engine(0), max_concurrency=64)
-        booting: Any = rollout.setup.remote()  # the engines boot while the train actors build the model
+        accelerator = config.cluster.accelerator
+        hosts = [spawn(EngineHost, accelerator, e, cpu, placement=placed.engine(e), max_concurrency=8)
+                 for e in range(plan.engines)]
+        rollout = spawn(RolloutActor, config.to_dict(), env_factory, group_filter, cpu, placement=placed.rollout(),
+                        max_concurrency=64)
+        where = list(await asyncio.gather(*(h.where.remote() for h in hosts)))
+        rollout_node = await rollout.node_id.remote()
+        shares = await _engine_shares(config, hosts)
+        starters = [HostStarter(h, "127.0.0.1" if w["node"] == rollout_node else w["ip"])
+                    for h, w in zip(hosts, where, strict=True)]
+        # the engines boot while the train actors build the model (colocated on an accelerator: before)
+        booting: Any = rollout.setup.remote(starters if hosts else None,
+                                            shares.engine_fraction if shares is not None else None)
+        if _colocated_on_accelerator(config):
+            await booting
         trainer = None
+        rank_places: list[tuple[str, str | None]] = []
         if not rollout_only:
             threads = cpu.trainer_threads if cpu is not None else None
             env = {"OMP_NUM_THREADS": str(threads)} if threads is not None else None
-            group = await asyncio.to_thread(TrainGroup.start, TrainRank, config.to_dict(), threads,
-                                            world_size=config.train.world_size, placement=placed,
-                                            device=config.cluster.train_device, env_vars=env)
+            group = await asyncio.to_thread(
+                TrainGroup.start, trainer_cls, config.to_dict(), threads, world_size=config.train.world_size,
+                placement=placed, device=train_device or config.cluster.train_device, env_vars=env,
+                rank_env=_rank_env(plan, where, accelerator))
             trainer = GroupTrainer(group)
+            rank_places = group.devices(accelerator)
+        device_map = None
+        if trainer is not None:
+            device_map = DeviceMap.from_assignments(plan, [(w["node"], w["devices"]) for w in where], rank_places,
+                                                    memory=shares)
         warm: dict[str, Any] = {}
         if trainer is not None and warmup_dir is not None:
             warm = await trainer.warmup(warmup_dir)
         await booting
-        sides = Sides(runtime, placed, rollout, trainer)
+        sides = Sides(runtime, placed, rollout, trainer, hosts, device_map)
         sides.warmup = warm
         return sides
     except BaseException:
@@ -237,10 +326,27 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
                 await rollout.shutdown.remote()
             finally:
                 ray.kill(rollout)
+        await _stop_hosts(hosts)
         if placed is not None:
             placed.remove()
         runtime.shutdown()
         raise
+
+
+def _rank_env(plan: PlacementPlan, where: Sequence[dict[str, Any]], accelerator: str) -> list[dict[str, str]] | None:
+    """Per trainer rank, the environment that gives a colocated rank its device: the engine host
+    holds the bundle's accelerators, so Ray names none to the rank; the map does."""
+    if accelerator == "cpu":
+        return None
+    out: list[dict[str, str]] = []
+    for slot in plan.trainer_slots:
+        if slot.colocated_with is None:
+            out.append({})
+            continue
+        engine, tp_rank = slot.colocated_with
+        device = where[engine]["devices"][tp_rank]
+        out.append({**noset_env(accelerator), **visible_devices_env(accelerator, [device])})
+    return out
 
 
 async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings, *, run_dir: RunDirectory,

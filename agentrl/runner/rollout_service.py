@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from agentrl.rollout.health import EngineGroup
     from agentrl.runner.config import RunConfig
 
-__all__ = ["RolloutService", "WeightLoader"]
+__all__ = ["MEMORY_TAGS", "RolloutService", "WeightLoader"]
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+"""What a colocated engine releases around the train step (SGLang's ``release_memory_occupation`` tags)."""
 
 
 class WeightLoader(Protocol):
@@ -60,18 +63,23 @@ class RolloutService:
         self._on_shutdown = on_shutdown
         self.group: EngineGroup | None = None
         self.collecting = False
+        self._released: set[str] = set()
 
     # -- building from a config ------------------------------------------------------------------
     @classmethod
     async def launch(cls, config: RunConfig, env_factory: Callable[[dict[str, Any]], Any], *,
-                     group_filter: Any = None, cpu: Any = None) -> RolloutService:
+                     group_filter: Any = None, cpu: Any = None, starters: Sequence[Any] | None = None,
+                     engine_fraction: float | None = None) -> RolloutService:
         """Starts the router and the engines (logs under the run folder's ``logs/``), then builds
         the client, the data source (rows checked against the environment), the scheduler and the
         disk weight loader. ``cpu``: a :class:`~agentrl.runner.cpu.CpuPlan` (threads and pinning of each
-        engine on a CPU machine). Everything started is stopped again if a later part fails."""
+        engine on a CPU machine). ``starters``: one :class:`~agentrl.rollout.engine.EngineStarter` per
+        engine (``None``: subprocesses here); ``engine_fraction``: the engines' ``mem_fraction_static``
+        from the device map. Everything started is stopped again if a later part fails."""
         from agentrl.runner._launch import launch_rollout
 
-        return await launch_rollout(cls, config, env_factory, group_filter=group_filter, cpu=cpu)
+        return await launch_rollout(cls, config, env_factory, group_filter=group_filter, cpu=cpu, starters=starters,
+                                    engine_fraction=engine_fraction)
 
     # -- the step ------------------------------------------------------------------------------
     async def collect(self) -> StepBatch:
@@ -123,14 +131,22 @@ class RolloutService:
         return [n for n, (_, _, every, _) in self.eval_sets.items() if final or step % every == 0]
 
     async def release_memory(self) -> None:
-        """Colocated on an accelerator: every engine frees its weights and KV cache for the trainer."""
-        if self.group is not None:
-            await asyncio.gather(*(e.release_memory_occupation() for e in self.group.engines))
+        """Colocated on an accelerator: every engine in rotation frees its weights, KV cache and CUDA
+        graphs for the trainer (idle by then: the step's requests were collected or aborted). The
+        weights are lost (no CPU backup): the next weight sync restores them after :meth:`resume_memory`."""
+        if self.group is None or self._released:
+            return
+        await asyncio.gather(*(e.release_memory_occupation() for e in self.group.in_rotation()))
+        self._released = set(MEMORY_TAGS)
 
-    async def resume_memory(self) -> None:
-        """Every engine takes its memory back (before the weight sync and the next rollout)."""
-        if self.group is not None:
-            await asyncio.gather(*(e.resume_memory_occupation() for e in self.group.engines))
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        """The engines in rotation take back the released memory of ``tags`` (``None``: all), in the order
+        SGLang needs: ``weights`` first, then the weight sync, then ``kv_cache`` and ``cuda_graph``."""
+        wanted = [t for t in (tags or MEMORY_TAGS) if t in self._released]
+        if self.group is None or not wanted:
+            return
+        await asyncio.gather(*(e.resume_memory_occupation(wanted) for e in self.group.in_rotation()))
+        self._released -= set(wanted)
 
     # -- state -----------------------------------------------------------------------------------
     async def state_dict(self) -> dict[str, Any]:

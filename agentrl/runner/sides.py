@@ -45,6 +45,12 @@ class LocalTrainer:
     async def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
         return await asyncio.to_thread(self.service.warmup, run_dir)
 
+    async def offload(self) -> dict[str, float]:
+        return await asyncio.to_thread(self.service.offload)
+
+    async def onload(self) -> dict[str, float]:
+        return await asyncio.to_thread(self.service.onload)
+
 
 class ActorProxy:
     """``await proxy.name(*args)`` calls the actor method ``name`` and awaits its result."""

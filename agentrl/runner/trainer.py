@@ -138,6 +138,20 @@ class TrainService:
         metrics["train/step_s"] = time.perf_counter() - started
         return metrics
 
+    # -- sharing the device with colocated engines -------------------------------------------------
+    def offload(self) -> dict[str, float]:
+        """Frees the gradients and moves the optimizer state to host memory, keeping the weights on the
+        device (for the probe and the export): colocated engines then have the rest of it."""
+        from agentrl.train.offload import offload
+
+        return offload(self.backend.model.parameters(), self.backend.optimizer, self.backend.device)
+
+    def onload(self) -> dict[str, float]:
+        """The optimizer state back on the device, before the next step."""
+        from agentrl.train.offload import onload
+
+        return onload(self.backend.optimizer, self.backend.device)
+
     # -- weights -------------------------------------------------------------------------------
     def export(self, folder: str | Path) -> str:
         """Writes the current weights as a Hugging Face folder (with the tokenizer)."""

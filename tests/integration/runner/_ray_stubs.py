@@ -112,3 +112,14 @@ class TinyTrainer:
         moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(self.backend.model.parameters(), before,
                                                                           strict=True))
         return {"loss": float(metrics["loss"]), "param_abs_change": moved, "step_s": elapsed}
+
+
+class RecordingRank:
+    """Stands in for a trainer rank (``TrainRank(config, threads)``): builds nothing, reports what the
+    rank's process was given (the placement tests run it where a GPU trainer would run)."""
+
+    def __init__(self, config: dict[str, object], threads: int | None = None) -> None:
+        self.threads = threads
+
+    def env(self) -> dict[str, str | None]:
+        return {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")}

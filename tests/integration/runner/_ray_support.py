@@ -13,7 +13,8 @@ from agentrl.runner import RayRuntime
 RAY_HOST_A = "host_a"
 RAY_HOST_B = "host_b"
 RAY_OBJECT_STORE = 100 * 1024 * 1024
-RAY_FAKE_GPUS = 2  # declared on host_a so GPU plans can be placed; no CUDA device is touched
+RAY_FAKE_GPUS = 8  # declared on each node so GPU plans can be placed; no CUDA device is touched
+RAY_FAKE_NPUS = 8  # declared on host_b (Ray's NPU accelerator: ids and ASCEND_RT_VISIBLE_DEVICES, no device)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Ray for the runner's integration tests: ONE two-node cluster for the whole session.
 
 ``ray_two_hosts`` starts a ``ray.cluster_utils.Cluster`` on this machine: a head node carrying the
-custom resource ``host_a`` and two declared GPUs (Ray's bookkeeping only: no device is used), and
-a second node carrying ``host_b`` (standing for two hosts), one CPU and a 100 MiB object store each, sockets and logs in a short private temp folder. The test process
+custom resource ``host_a`` and eight declared GPUs (Ray hands out their ids: no device is used), and
+a second node carrying ``host_b``, eight GPUs and eight NPUs (standing for two hosts), one CPU and a 100 MiB object store each, sockets and logs in a short private temp folder. The test process
 is connected to it through :class:`agentrl.runner.RayRuntime`. At the end of the session the
 cluster is shut down (never ``ray stop``) and no process that ran in its temp folder may remain.
 """
@@ -17,7 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _ray_support import RAY_FAKE_GPUS, RAY_HOST_A, RAY_HOST_B, RAY_OBJECT_STORE, RayTwoHosts, ray_processes
+from _ray_support import (
+    RAY_FAKE_GPUS,
+    RAY_FAKE_NPUS,
+    RAY_HOST_A,
+    RAY_HOST_B,
+    RAY_OBJECT_STORE,
+    RayTwoHosts,
+    ray_processes,
+)
 
 from agentrl.runner import RayRuntime
 from agentrl.runner.cluster import QUIET_ENV
@@ -39,7 +47,8 @@ def ray_two_hosts() -> Iterator[RayTwoHosts]:
         "num_cpus": 1, "num_gpus": RAY_FAKE_GPUS, "resources": {RAY_HOST_A: 1}, "object_store_memory": RAY_OBJECT_STORE,
         "include_dashboard": False, "temp_dir": str(temp_dir)})
     try:
-        cluster.add_node(num_cpus=1, resources={RAY_HOST_B: 1}, object_store_memory=RAY_OBJECT_STORE)
+        cluster.add_node(num_cpus=1, num_gpus=RAY_FAKE_GPUS, resources={RAY_HOST_B: 1, "NPU": RAY_FAKE_NPUS},
+                         object_store_memory=RAY_OBJECT_STORE)
         cluster.wait_for_nodes()
         runtime = RayRuntime.start(address=cluster.address, namespace="agentrl-tests")
         started = ray_processes(str(temp_dir))

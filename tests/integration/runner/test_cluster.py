@@ -13,7 +13,7 @@ import time
 import pytest
 import ray
 from _ray_stubs import Counter, DistStub, TinyTrainer
-from _ray_support import RAY_HOST_A, RAY_HOST_B, RayTwoHosts, ray_processes
+from _ray_support import RAY_FAKE_GPUS, RAY_HOST_A, RAY_HOST_B, RayTwoHosts, ray_processes
 
 from agentrl.runner import (
     ClusterSection,
@@ -91,7 +91,7 @@ def test_runtime_reuses_the_process_ray_and_leaves_it_running(ray_two_hosts: Ray
     with RayRuntime.start(namespace="another", num_cpus=8) as runtime:
         assert runtime.reused and not runtime.owns_cluster
         assert runtime.namespace == "agentrl-tests" and runtime.address == ray_two_hosts.runtime.address
-        assert runtime.cluster_resources()["CPU"] == 2.0 and runtime.cluster_resources()["GPU"] == 2.0
+        assert runtime.cluster_resources()["CPU"] == 2.0 and runtime.cluster_resources()["GPU"] == 2 * RAY_FAKE_GPUS
     assert ray.is_initialized()
     with pytest.raises(ValueError, match=r"address='10.0.0.1:6379': this process is already connected to Ray"):
         RayRuntime.start(address="10.0.0.1:6379")
@@ -127,7 +127,7 @@ def _two_host_plan(**kwargs: float) -> PlacementPlan:
 
 
 def test_placement_refuses_what_the_cluster_cannot_hold(ray_two_hosts: RayTwoHosts) -> None:
-    with pytest.raises(PlacementError, match=r"short of CPU \(asked 5.25, has 2.0\)"):
+    with pytest.raises(PlacementError, match=r"short of CPU \(asked 5.5, has 2.0\)"):
         _two_host_plan(cpus_per_rank=5).create(timeout_s=5)
     with pytest.raises(PlacementError, match=r"short of host_c \(asked 0.001, has 0.0\)"):
         PlacementPlan.build(ClusterSection(placement="disaggregated"), engines=1, trainer_ranks=1,
@@ -142,13 +142,13 @@ def test_placement_not_ready_by_the_deadline_is_removed_and_explained(ray_two_ho
 
     before = live_groups()
     with _two_host_plan(cpus_per_engine=0.6, cpus_per_rank=0.6).create(timeout_s=30) as held:
-        assert live_groups() == before + 2
+        assert live_groups() == before + 3
         t0 = time.perf_counter()
         with pytest.raises(PlacementError, match=r"were not ready within 2.0 s; the cluster has .*available now"):
             _two_host_plan(cpus_per_engine=0.6, cpus_per_rank=0.6).create(timeout_s=2.0)
         assert time.perf_counter() - t0 < 10
-        assert live_groups() == before + 2
-        assert set(held.groups) == {"engines", "trainer"}
+        assert live_groups() == before + 3
+        assert set(held.groups) == {"engines", "trainer", "rollout"}
     assert live_groups() == before
 
 
@@ -202,20 +202,21 @@ def test_two_hosts_engine_and_trainer_apart_and_a_train_step_runs(ray_two_hosts:
             ray.kill(engine)
 
 
-def test_gpu_plans_share_an_accelerator_when_colocated_and_not_when_disaggregated(
+def test_gpu_plans_give_an_engine_all_its_accelerators_and_nothing_to_a_rank_sharing_them(
         ray_two_hosts: RayTwoHosts) -> None:
     def gpu_ids(actor: object) -> list[str]:
         return list(ray.get(actor.where.remote())["gpu_ids"])  # type: ignore[attr-defined]
 
     colocated = PlacementPlan.build(ClusterSection(accelerator="gpu"), engines=1, accelerators_per_engine=2,
-                                    trainer_ranks=2)
+                                    trainer_ranks=2, node_resource_engines=RAY_HOST_A,
+                                    node_resource_trainer=RAY_HOST_A)
     with colocated.create(timeout_s=30) as placed:
         engine = spawn(Counter, placement=placed.engine(0))
         ranks = [spawn(Counter, placement=slot) for slot in placed.trainers()]
         try:
-            engine_gpus, rank_gpus = gpu_ids(engine), [gpu_ids(r) for r in ranks]
-            assert len(engine_gpus) == 1 and engine_gpus == rank_gpus[0]  # half of the same GPU each
-            assert sorted(g for ids in rank_gpus for g in ids) == ["0", "1"]
+            # the engine's host reserves both GPUs of its bundle; the ranks on them ask none of Ray
+            # (the run gives each its device through the device map)
+            assert len(set(gpu_ids(engine))) == 2 and [gpu_ids(r) for r in ranks] == [[], []]
         finally:
             for actor in (engine, *ranks):
                 ray.kill(actor)
@@ -229,6 +230,9 @@ def test_gpu_plans_share_an_accelerator_when_colocated_and_not_when_disaggregate
         finally:
             ray.kill(engine)
             ray.kill(trainer)
-    with pytest.raises(PlacementError, match=r"short of GPU \(asked 3.0, has 2.0\)"):
-        PlacementPlan.build(ClusterSection(placement="disaggregated", accelerator="gpu"), engines=2,
+    with pytest.raises(PlacementError, match=r"short of .*GPU \(asked 17.0, has 16.0\)"):
+        PlacementPlan.build(ClusterSection(placement="disaggregated", accelerator="gpu"), engines=16,
                             trainer_ranks=1).create(timeout_s=5)
+    with pytest.raises(PlacementError, match=r"bundle \{'CPU': 0.25, 'GPU': 9\} fits on no single node"):
+        PlacementPlan.build(ClusterSection(placement="disaggregated", accelerator="gpu"), engines=1,
+                            accelerators_per_engine=9, trainer_ranks=1).create(timeout_s=5)

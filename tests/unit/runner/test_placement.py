@@ -23,19 +23,21 @@ def _actors_per_bundle(plan: PlacementPlan) -> dict[tuple[str, int], list[ActorP
 
 def test_cpu_colocated_shares_bundles_and_uses_cpus_only() -> None:
     plan = PlacementPlan.build(_cluster(), engines=1, trainer_ranks=2)
-    assert [g.name for g in plan.groups] == ["colocated"]
+    assert [g.name for g in plan.groups] == ["colocated", "rollout"]
     assert plan.groups[0].bundles == ({"CPU": 0.5}, {"CPU": 0.25})
     assert plan.engine_slots == (ActorPlacement("colocated", 0, {"CPU": 0.25}),)
     assert [(s.bundle, dict(s.resources)) for s in plan.trainer_slots] == [(0, {"CPU": 0.25}), (1, {"CPU": 0.25})]
+    assert plan.rollout_slot == ActorPlacement("rollout", 0, {"CPU": 0.25})
     assert plan.accelerators_needed == 0
-    assert plan.totals() == {"CPU": 0.75}
+    assert plan.totals() == {"CPU": 1.0}
 
 
 def test_cpu_disaggregated_pins_each_group_to_its_node_resource() -> None:
     plan = PlacementPlan.build(_cluster("disaggregated"), engines=2, trainer_ranks=1, cpus_per_engine=0.5,
                                node_resource_engines="host_a", node_resource_trainer="host_b")
     groups = {g.name: g.bundles for g in plan.groups}
-    assert groups == {"engines": ({"CPU": 0.5, "host_a": 0.001},) * 2, "trainer": ({"CPU": 0.25, "host_b": 0.001},)}
+    assert groups == {"engines": ({"CPU": 0.5, "host_a": 0.001},) * 2, "trainer": ({"CPU": 0.25, "host_b": 0.001},),
+                      "rollout": ({"CPU": 0.25, "host_a": 0.001},)}
     assert [(s.group, s.bundle) for s in plan.engine_slots] == [("engines", 0), ("engines", 1)]
     assert [(s.group, s.bundle) for s in plan.trainer_slots] == [("trainer", 0)]
     # Actors ask only CPUs of their bundle: the node resource is the bundle's, not theirs.
@@ -43,24 +45,30 @@ def test_cpu_disaggregated_pins_each_group_to_its_node_resource() -> None:
                for s in (*plan.engine_slots, *plan.trainer_slots))
 
 
-def test_gpu_colocated_engines_span_bundles_and_share_them_with_ranks() -> None:
-    plan = PlacementPlan.build(_cluster(accelerator="gpu"), engines=2, accelerators_per_engine=2, trainer_ranks=4)
-    (group,) = plan.groups
-    assert [b["GPU"] for b in group.bundles] == [1.0] * 4
-    assert [s.bundle for s in plan.engine_slots] == [0, 2]
-    assert plan.engine_bundles(1) == (2, 3)
-    assert {s.resources["GPU"] for s in (*plan.engine_slots, *plan.trainer_slots)} == {0.5}
-    assert plan.accelerators_needed == 4
+def test_gpu_colocated_engine_bundles_hold_their_accelerators_and_the_ranks_sharing_them() -> None:
+    plan = PlacementPlan.build(_cluster(accelerator="gpu"), engines=2, accelerators_per_engine=2, trainer_ranks=5)
+    group = plan.groups[0]
+    # one bundle per engine (its 2 GPUs on one node, the CPUs of its host and of the 2 ranks on them),
+    # then a bundle of one GPU for the rank beyond the engines' devices
+    assert [dict(b) for b in group.bundles] == [{"CPU": 0.75, "GPU": 2}, {"CPU": 0.75, "GPU": 2},
+                                                {"CPU": 0.25, "GPU": 1.0}]
+    assert [s.bundle for s in plan.engine_slots] == [0, 1]
+    assert plan.engine_bundles(1) == (1,)
+    assert [dict(s.resources) for s in plan.engine_slots] == [{"CPU": 0.25, "GPU": 2}] * 2
+    assert [(s.bundle, s.colocated_with, dict(s.resources)) for s in plan.trainer_slots] == [
+        (0, (0, 0), {"CPU": 0.25}), (0, (0, 1), {"CPU": 0.25}), (1, (1, 0), {"CPU": 0.25}),
+        (1, (1, 1), {"CPU": 0.25}), (2, None, {"CPU": 0.25, "GPU": 1.0})]
+    assert plan.accelerators_needed == 5
 
 
 def test_gpu_disaggregated_counts_both_sides_against_num_accelerators() -> None:
     plan = PlacementPlan.build(_cluster("disaggregated", "gpu"), engines=2, accelerators_per_engine=2,
                                trainer_ranks=2)
     assert plan.accelerators_needed == 6
-    assert {g.name: len(g.bundles) for g in plan.groups} == {"engines": 4, "trainer": 2}
-    # Only the bundle an engine's actor sits on holds CPUs; the spanned one holds just the GPU.
-    assert [dict(b) for b in plan.groups[0].bundles[:2]] == [{"CPU": 0.25, "GPU": 1.0}, {"GPU": 1.0}]
-    assert plan.engine_slots[0].resources == {"CPU": 0.25, "GPU": 1.0}
+    assert {g.name: len(g.bundles) for g in plan.groups} == {"engines": 2, "trainer": 2, "rollout": 1}
+    # An engine's bundle holds all its GPUs (Ray keeps a bundle on one node); its host asks them all.
+    assert [dict(b) for b in plan.groups[0].bundles] == [{"CPU": 0.25, "GPU": 2}] * 2
+    assert plan.engine_slots[0].resources == {"CPU": 0.25, "GPU": 2}
     with pytest.raises(ValueError, match=r"cluster.num_accelerators=5: the disaggregated plan needs 6"):
         PlacementPlan.build(_cluster("disaggregated", "gpu", num_accelerators=5), engines=2,
                             accelerators_per_engine=2, trainer_ranks=2)
@@ -72,12 +80,12 @@ def test_npu_is_a_custom_resource_and_section_default_per_engine() -> None:
     plan = PlacementPlan.build(_cluster("disaggregated", "npu", accelerators_per_engine=4), engines=1,
                                trainer_ranks=1)
     assert plan.accelerators_per_engine == 4
-    assert plan.totals() == {"CPU": 0.5, "NPU": 5.0}
+    assert plan.totals() == {"CPU": 0.75, "NPU": 5.0}
 
 
 def test_train_only_plan_has_no_engine_group() -> None:
     plan = PlacementPlan.build(_cluster("disaggregated"), engines=0, trainer_ranks=2)
-    assert [g.name for g in plan.groups] == ["trainer"]
+    assert [g.name for g in plan.groups] == ["trainer", "rollout"]
     with pytest.raises(IndexError, match=r"engine=0: expected 0 <= engine < 0"):
         plan.engine_bundles(0)
 
@@ -94,6 +102,8 @@ def test_every_actor_fits_its_bundle(placement: str, accelerator: str, engines: 
                                node_resource_engines="h", node_resource_trainer="h")
     bundles = {g.name: g.bundles for g in plan.groups}
     for (group, index), actors in _actors_per_bundle(plan).items():
+        if accelerator != "cpu":  # a rank sharing an engine's device asks none of it: the host holds them
+            assert all(plan.resource not in a.resources for a in actors if a.colocated_with is not None)
         bundle = bundles[group][index]
         for name in {k for a in actors for k in a.resources}:
             assert sum(a.resources.get(name, 0.0) for a in actors) <= bundle.get(name, 0.0) + 1e-9, (group, index)

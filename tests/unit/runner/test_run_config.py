@@ -300,9 +300,10 @@ def test_engine_accelerators_must_match_tensor_and_data_parallel_size() -> None:
     assert "cluster.accelerators_per_engine=1 but rollout.engines.tp_size × dp_size = 2 × 1 = 2" in message
 
 
-def test_accelerator_counts_are_refused_on_cpu_and_npu_engines_are_not_wired() -> None:
+def test_accelerator_counts_are_refused_on_cpu_and_npu_runs_are_accepted() -> None:
     assert "num_accelerators=2 with accelerator='cpu'" in error_of(cluster={"num_accelerators": 2})
-    assert "cluster.accelerator='npu'" in error_of(cluster={"accelerator": "npu"})
+    config = RunConfig.from_dict({**MINIMAL, "cluster": {"accelerator": "npu", "num_accelerators": 2}})
+    assert config.engine_config().device == "npu" and config.cluster.train_device == "npu"
 
 
 def test_colocated_engines_must_release_memory_on_an_accelerator() -> None:

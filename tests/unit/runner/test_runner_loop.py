@@ -133,8 +133,16 @@ async def test_colocated_engines_release_their_memory_around_each_train_step(tmp
     async def release() -> None:
         events.append("release")
 
-    async def resume() -> None:
-        events.append("resume")
+    async def resume(tags: list[str] | None = None) -> None:
+        events.append(f"resume {','.join(tags) if tags else 'all'}")
+
+    async def offload() -> dict[str, float]:
+        events.append("offload")
+        return {}
+
+    async def onload() -> dict[str, float]:
+        events.append("onload")
+        return {}
 
     async def train(batch: Any, step: int) -> dict[str, float]:
         events.append("train")
@@ -145,10 +153,11 @@ async def test_colocated_engines_release_their_memory_around_each_train_step(tmp
         return await original_load(version, folder)
 
     rollout.release_memory, rollout.resume_memory = release, resume  # type: ignore[method-assign]
-    trainer.train = train  # type: ignore[method-assign]
+    trainer.train, trainer.offload, trainer.onload = train, offload, onload  # type: ignore[method-assign]
     rollout.weights.load = load  # type: ignore[method-assign]
     await runner.run()
-    assert events == ["release", "train", "resume", "sync"] * 2
+    # SGLang's order: released weights come back first and are filled by the sync, then the KV cache
+    assert events == ["release", "onload", "train", "offload", "resume weights", "sync", "resume all"] * 2
 
 
 async def test_mismatch_before_and_after_the_step_is_logged(tmp_path: Path) -> None:
