@@ -17,7 +17,9 @@ samples per step, objective, eval sets, token budget) and the problems found, sp
 Engines given by ``rollout.engines.urls`` must answer ``GET /server_info`` within
 :data:`URL_TIMEOUT_S` (a problem naming the URL otherwise). Packages are looked up, not imported.
 
-Torch is imported only when the config asks for an accelerator or the megatron backend.
+Torch is imported only for the megatron backend (its layout check). On an accelerator the plan shows
+the device map (:mod:`agentrl.runner.device_plan`): the nodes come from ``cluster.ray_address``, or
+this machine's accelerators (``nvidia-smi``/``npu-smi``), or, where there are none, the config.
 """
 
 from __future__ import annotations
@@ -50,13 +52,15 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     machine: list[str] = field(default_factory=list)
     environment: Any = None
+    device_map: Any = None  # a DeviceMap on an accelerator
+    device_source: str = ""
 
     def add(self, name: str, value: object) -> None:
         self.lines.append((name, str(value)))
 
     def format(self) -> str:
         width = max((len(n) for n, _ in self.lines), default=0)
-        out = [f"{n:<{width}}  {v}" for n, v in self.lines]
+        out = [f"{n:<{width}}  {v}" for n, v in self.lines]  # an empty name continues the line above
         out += [f"missing on this machine: {m}" for m in self.machine]
         return "\n".join(out)
 
@@ -181,25 +185,43 @@ def _machine(cfg: RunConfig, plan: Plan) -> None:
                                 f"trainer one more ({engines.count + 1}), but this machine gives {cores} cores: "
                                 f"expected rollout.engines.count <= {max(cores - 1, 1)}")
         return
-    import torch
+    _device_map(cfg, plan)
+    if cluster.placement == "colocated" and engines.enable_memory_saver is not False \
+            and not _has_module("torch_memory_saver"):
+        plan.machine.append(
+            f"placement='colocated' on {cluster.accelerator!r}: the engines release their memory around each train "
+            "step through SGLang's --enable-memory-saver, which needs the torch-memory-saver package (without it "
+            "the engine refuses the flag); expected pip install torch-memory-saver==0.0.10 (scripts/setup.sh installs "
+            "it on a GPU machine) or cluster.placement='disaggregated'")
 
-    if cluster.accelerator == "gpu":
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        what = "CUDA GPU"
-    else:
-        try:
-            import torch_npu  # noqa: F401
 
-            have = int(torch.npu.device_count())  # type: ignore[attr-defined]  # added by torch_npu
-        except ImportError:
-            have = 0
-        what = "Ascend NPU"
+def _device_map(cfg: RunConfig, plan: Plan) -> None:
+    """Where every engine (TP rank) and trainer rank would go, and the colocated memory shares: on the
+    nodes of ``cluster.ray_address``, else on this machine's accelerators; where those are missing,
+    on the nodes the config implies (the map still shows, the machine problem is reported)."""
+    from agentrl.runner.device_plan import cluster_nodes, planned_device_map
+    from agentrl.runner.devices import PlacementMapError
+
+    cluster = cfg.cluster
+    what = {"gpu": "CUDA GPU", "npu": "Ascend NPU"}[cluster.accelerator]
     need = _accelerators_needed(cfg)
-    if have == 0:
+    try:
+        nodes, source = cluster_nodes(cfg)
+    except Exception as exc:  # an unreachable cluster address
+        plan.machine.append(f"cluster.ray_address={cluster.ray_address!r}: cannot read the cluster's nodes "
+                            f"({type(exc).__name__}: {exc}); expected a running Ray cluster there")
+        nodes, source = cluster_nodes(cfg, from_config=True)
+    have = sum(len(n.devices) for n in nodes) if source != "config" else 0
+    if source == "config":
         plan.machine.append(f"cluster.accelerator={cluster.accelerator!r}: no {what} is visible here; expected "
                             f"{need} (or cluster.accelerator='cpu')")
     elif have < need:
-        plan.machine.append(f"the placement needs {need} accelerators, this machine has {have} {what}s")
+        plan.machine.append(f"the placement needs {need} accelerators, the {source} has {have} {what}s")
+    try:
+        plan.device_map = planned_device_map(cfg, nodes)
+        plan.device_source = f"{len(nodes)} node(s) from {source}"
+    except (PlacementMapError, ValueError) as exc:
+        (plan.problems if source == "config" else plan.machine).append(str(exc))
 
 
 def _sinks(cfg: RunConfig, plan: Plan) -> None:
@@ -316,6 +338,11 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
                  f"{cl.accelerators_per_engine or eng.accelerators_per_engine} (tp={eng.tp_size} dp={eng.dp_size}), "
                  f"trainer x {cl.trainer_accelerators or train.world_size}")
     plan.add("placement", f"{cl.placement}, {where}; mode {cfg.mode}")
+    if plan.device_map is not None:
+        plan.add("devices", f"planned on {plan.device_source} (Ray names the actual ids at launch; the run "
+                            "writes them to device_map.json)")
+        for line in plan.device_map.format():
+            plan.add("", line)
     plan.add("trainer", f"{train.backend}, dp={train.data_parallel_size} tp={train.tensor_parallel_size} "
                         f"pp={train.pipeline_parallel_size}, {train.dtype}")
     steps: object = train.steps

@@ -117,6 +117,31 @@ class RunConfig(Section):
         """``logging.run_dir``, or ``runs/<first 12 hex digits of the hash>``."""
         return Path(self.logging.run_dir) if self.logging.run_dir is not None else Path("runs") / self.hash()[:12]
 
+    def with_absolute_paths(self, base: Path | None = None) -> RunConfig:
+        """This config with every path made absolute against ``base`` (default: the working directory)
+        and the run folder written out: what the run's actors get, since each resolves a relative path
+        in its own working directory, on its own node. (The hash of the copy differs: it stays the
+        driver's business, which keeps the original.)"""
+        root = (base or Path.cwd()).resolve()
+
+        def absolute(value: str | None) -> str | None:
+            return None if value is None else str(root / Path(value).expanduser())
+
+        data = self.to_dict()
+        data["logging"]["run_dir"] = absolute(str(self.run_dir()))
+        model = data["model"]
+        model["path"], model["tokenizer_path"] = absolute(model["path"]), absolute(model["tokenizer_path"])
+        for dataset in (data["data"]["train"], *data["data"]["eval"]):
+            dataset["path"] = absolute(dataset["path"])
+        engines = data["rollout"]["engines"]
+        engines["boot_path"] = absolute(engines["boot_path"])
+        data["checkpoint"]["resume"] = absolute(data["checkpoint"]["resume"])
+        if data.get("warmup") is not None:
+            data["warmup"]["data"] = absolute(data["warmup"]["data"])
+            if data["warmup"].get("check") is not None:
+                data["warmup"]["check"]["path"] = absolute(data["warmup"]["check"]["path"])
+        return RunConfig.from_dict(data)
+
     # -- runtime objects that combine sections -------------------------------------------------
     def engine_config(self) -> EngineConfig:
         """The config of each engine: the model, its dtype, the cluster's device, memory release when

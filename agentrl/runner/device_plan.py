@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 from typing import TYPE_CHECKING
@@ -27,7 +28,7 @@ from agentrl.runner.placement import ACCELERATOR_RESOURCES, PlacementPlan
 if TYPE_CHECKING:
     from agentrl.runner.config import RunConfig
 
-__all__ = ["cluster_nodes", "local_accelerators", "planned_device_map", "trainer_resident_bytes"]
+__all__ = ["cluster_nodes", "local_accelerators", "local_memory_bytes", "planned_device_map", "trainer_resident_bytes"]
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
@@ -42,34 +43,51 @@ def trainer_resident_bytes(config: RunConfig) -> int | None:
 
 def local_accelerators(accelerator: str) -> list[str]:
     """The accelerator ids visible on this machine, without importing torch: the visible-devices
-    variable when set, else ``nvidia-smi -L`` (GPUs); ``[]`` when none can be found."""
+    variable when set, else ``nvidia-smi -L`` (GPUs) or ``npu-smi info -l`` (NPUs); ``[]`` when none
+    can be found."""
     var = {"gpu": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}.get(accelerator)
     if var is None:
         return []
     visible = os.environ.get(var)
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()]
-    if accelerator != "gpu" or shutil.which("nvidia-smi") is None:
+    tool, args, pattern = (("nvidia-smi", ["-L"], r"^GPU (\d+):") if accelerator == "gpu"
+                           else ("npu-smi", ["info", "-l"], r"NPU ID\s*:\s*(\d+)"))
+    if shutil.which(tool) is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([tool, *args], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [str(i) for i, line in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU"))]
+    return re.findall(pattern, out, flags=re.MULTILINE)
 
 
-def cluster_nodes(config: RunConfig, *, memory_bytes: int | None = None) -> tuple[list[NodeDevices], str]:
-    """The nodes the run would use and where that came from (``"ray cluster"``, ``"this machine"``,
-    ``"config"``). ``memory_bytes``: each accelerator's memory (default ``cluster.accelerator_memory_gib``)."""
+def local_memory_bytes() -> int | None:
+    """The smallest total memory of this machine's GPUs (``nvidia-smi``), ``None`` when unknown."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        sizes = [int(float(line)) for line in out.split() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(sizes) * (1 << 20) if sizes else None  # MiB
+
+
+def cluster_nodes(config: RunConfig, *, from_config: bool = False) -> tuple[list[NodeDevices], str]:
+    """The nodes the run would use and where that came from: ``"ray cluster"`` (``cluster.ray_address``),
+    ``"this machine"`` (its visible accelerators) or ``"config"`` (``num_accelerators``, or what the plan
+    needs, split by ``accelerators_per_node``; always with ``from_config``). Each accelerator's memory
+    is ``cluster.accelerator_memory_gib``, else read on this machine (``nvidia-smi``), else unknown."""
     cluster = config.cluster
-    if memory_bytes is None and cluster.accelerator_memory_gib is not None:
-        memory_bytes = int(cluster.accelerator_memory_gib * GIB)
+    memory_bytes = int(cluster.accelerator_memory_gib * GIB) if cluster.accelerator_memory_gib is not None else None
     resource = ACCELERATOR_RESOURCES[cluster.accelerator]
-    if cluster.ray_address is not None:
+    if not from_config and cluster.ray_address is not None:
         return _ray_nodes(cluster.ray_address, resource, memory_bytes), "ray cluster"
-    local = local_accelerators(cluster.accelerator)
+    local = [] if from_config else local_accelerators(cluster.accelerator)
     if local and cluster.accelerators_per_node is None:
-        return [NodeDevices("node-0", tuple(local), memory_bytes)], "this machine"
+        return [NodeDevices("node-0", tuple(local), memory_bytes or local_memory_bytes())], "this machine"
     total = cluster.num_accelerators or PlacementPlan.for_run(config).accelerators_needed
     per_node = cluster.accelerators_per_node or max(total, 1)
     nodes = [NodeDevices(f"node-{i}", tuple(str(d) for d in range(min(per_node, total - i * per_node))), memory_bytes)

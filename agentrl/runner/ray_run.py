@@ -11,8 +11,13 @@ was already connected to is left running.
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+
+import orjson
 
 from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.cluster import RayRuntime, TrainGroup, spawn
@@ -27,7 +32,7 @@ from agentrl.runner.devices import (
     visible_devices_env,
 )
 from agentrl.runner.engine_host import EngineHost, HostStarter
-from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunSummary
+from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunnerError, RunSummary
 from agentrl.runner.placement import PlacementPlan
 from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.sides import ActorProxy
@@ -36,7 +41,9 @@ from agentrl.train.batching import TrainingBatch
 if TYPE_CHECKING:
     from agentrl.runner.loop import RolloutSide
 
-__all__ = ["GroupTrainer", "RolloutActor", "TrainRank", "run_on_ray", "start_sides"]
+__all__ = ["GroupTrainer", "RolloutActor", "TrainRank", "check_weights_folder", "run_on_ray", "start_sides"]
+
+logger = logging.getLogger(__name__)
 
 
 class RolloutActor:
@@ -156,6 +163,12 @@ class TrainRank:
 
         return str(ray.get_runtime_context().get_node_id())
 
+    def write_marker(self, path: str, token: str) -> str:
+        """Writes ``token`` to ``path`` (folders made); returns this rank's node id."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(token, encoding="utf-8")
+        return self.node_id()
+
 
 class GroupTrainer:
     """The runner's trainer side over a :class:`TrainGroup`: every call runs on every rank (the
@@ -197,6 +210,10 @@ class GroupTrainer:
 
     async def node_ids(self) -> list[str]:
         return [str(x) for x in await asyncio.to_thread(self.group.call, "node_id")]
+
+    async def write_marker(self, path: str, token: str) -> str:
+        """Rank 0 writes ``token`` to ``path``; returns its node id."""
+        return str(await asyncio.to_thread(self.group.call_rank, 0, "write_marker", path, token))
 
     async def group_env(self) -> list[Any]:
         """Every rank's ``env()`` (the placement tests' recording ranks)."""
@@ -264,16 +281,19 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
                       rollout_only: bool = False, node_resource_engines: str | None = None,
                       node_resource_trainer: str | None = None, runtime: RayRuntime | None = None,
                       warmup_dir: str | None = None, trainer_cls: type = TrainRank,
-                      train_device: str | None = None) -> Sides:
+                      train_device: str | None = None, host_cls: type = EngineHost) -> Sides:
     """Starts Ray (or reuses it), places the engines' hosts, the rollout actor and the train group
     (:class:`~agentrl.runner.placement.PlacementPlan`), starts every engine on its own devices and
     records the :class:`~agentrl.runner.devices.DeviceMap`. With ``warmup_dir`` the train group runs
     the config's warm-up while the engines boot; colocated on an accelerator the engines boot first
     (SGLang sizes its memory against what is free when it starts) and the trainer builds after.
 
-    ``trainer_cls`` (built on every rank as ``trainer_cls(config_dict, threads)``) and
-    ``train_device`` (``None``: the cluster's accelerator) let a test record what each rank gets."""
+    The actors get the config with every path made absolute here (each would resolve a relative path
+    in its own working directory, on its own node). ``trainer_cls`` (built on every rank as
+    ``trainer_cls(config_dict, threads)``), ``train_device`` (``None``: the cluster's accelerator) and
+    ``host_cls`` (an :class:`EngineHost`) let a test record or alter what each actor does."""
     runtime = runtime or run_runtime(config)
+    config = config.with_absolute_paths()
     placed = None
     rollout = None
     hosts: list[Any] = []
@@ -282,7 +302,7 @@ async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any 
                                      node_resource_trainer=node_resource_trainer)
         placed = await asyncio.to_thread(plan.create)
         accelerator = config.cluster.accelerator
-        hosts = [spawn(EngineHost, accelerator, e, cpu, placement=placed.engine(e), max_concurrency=8)
+        hosts = [spawn(host_cls, accelerator, e, cpu, placement=placed.engine(e), max_concurrency=8)
                  for e in range(plan.engines)]
         rollout = spawn(RolloutActor, config.to_dict(), env_factory, group_filter, cpu, placement=placed.rollout(),
                         max_concurrency=64)
@@ -349,6 +369,36 @@ def _rank_env(plan: PlacementPlan, where: Sequence[dict[str, Any]], accelerator:
     return out
 
 
+async def check_weights_folder(sides: Sides, folder: Path) -> None:
+    """Disk weight sync needs the trainer's export folder on every engine's node, at the same path:
+    trainer rank 0 writes a marker into ``folder`` and every engine host must read it back. Raises
+    :class:`~agentrl.runner.loop.RunnerError` naming the engines and nodes that cannot, and the ways out.
+    A no-op without launched engines or a trainer."""
+    if not sides.hosts or sides.trainer is None:
+        return
+    marker, token = folder / ".agentrl-shared-folder", secrets.token_hex(8)
+    writer = await sides.trainer.write_marker(str(marker), token)
+    seen = await asyncio.gather(*(h.reads.remote(str(marker), token) for h in sides.hosts))
+    blind = [e for e, ok in enumerate(seen) if not ok]
+    if blind:
+        where = await asyncio.gather(*(sides.hosts[e].where.remote() for e in blind))
+        nodes = sorted({w["node"] for w in where})
+        raise RunnerError(
+            f"disk weight sync: engine(s) {blind} on node(s) {nodes} cannot read {str(marker)!r}, which trainer "
+            f"rank 0 wrote on node {writer}; every engine loads each weight version from that folder. Expected a "
+            "filesystem shared by trainer rank 0 and every engine node at the same path (put logging.run_dir on "
+            "it), or a weight sync that does not go through disk")
+    marker.unlink(missing_ok=True)
+
+
+def _record_device_map(sides: Sides, run_dir: RunDirectory) -> None:
+    if sides.device_map is None:
+        return
+    (run_dir.root / "device_map.json").write_bytes(orjson.dumps(sides.device_map.to_dict(), option=orjson.OPT_INDENT_2))
+    for line in sides.device_map.format():
+        logger.info("device map: %s", line)
+
+
 async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings, *, run_dir: RunDirectory,
                      checkpointer: RunCheckpointer, callbacks: Sequence[RunCallback] = (), resume: str | None = None,
                      group_filter: Any = None, cpu: Any = None, warmup_dir: str | None = None) -> RunSummary:
@@ -362,6 +412,8 @@ async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings
         sides = await start_sides(config, env_factory, group_filter=group_filter, cpu=cpu,
                                   rollout_only=settings.rollout_only, warmup_dir=warmup_dir, runtime=runtime)
         try:
+            _record_device_map(sides, run_dir)
+            await check_weights_folder(sides, config.with_absolute_paths().run_dir() / "weights")
             runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, settings, run_dir=run_dir,
                             checkpointer=checkpointer, callbacks=callbacks, resume=resume, warmup=sides.warmup)
             return await runner.run()

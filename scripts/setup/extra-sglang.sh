@@ -2,7 +2,7 @@
 # Installs SGLang 0.5.23 and sglang-router 0.3.2 into the project's .venv. Idempotent.
 #
 # GPU machine (nvidia-smi lists a GPU): the normal `pip install sglang==0.5.23` (CUDA torch, sgl-kernel,
-# flashinfer; SGLang pins its own torch there).
+# flashinfer; SGLang pins its own torch there) and torch-memory-saver (colocated placement).
 # CPU-only machine: the slim recipe, which keeps torch 2.13.0 (CPU build), transformers 5.19.0 and
 # tokenizers 0.23.2:
 #   1. SGLang's own requirements minus the CUDA-only packages (sglang-cpu-requirements.txt, pinned),
@@ -34,7 +34,9 @@ case "$mode" in
     exit 0
     ;;
   gpu)
-    "${PIP[@]}" "sglang==$SGLANG_VERSION" "sglang-router==$ROUTER_VERSION"
+    # torch-memory-saver: what --enable-memory-saver needs, so colocated engines really free their memory
+    # around the train step (without it the engine refuses to start with the flag)
+    "${PIP[@]}" "sglang==$SGLANG_VERSION" "sglang-router==$ROUTER_VERSION" "torch-memory-saver==0.0.10"
     ;;
   cpu)
     "${PIP[@]}" "torch==2.13.0"

@@ -342,13 +342,16 @@ def test_subprocess_errors_and_dry_run(run_files: dict[str, Path]) -> None:
 
 
 def test_checks_and_dry_run_import_neither_torch_nor_ray(run_files: dict[str, Path]) -> None:
-    """Every check runs before the heavy stacks load: Python's own import log of a dry run (and of
-    a config mistake) names no torch, Ray or SGLang module, nor the rollout's HTTP clients (aiohttp,
-    httptools, httpx), which only a running rollout needs."""
-    for extra in (["--dry-run"], ["train.steps=0"]):
+    """Every check runs before the heavy stacks load: Python's own import log of a dry run (a CPU
+    one and a GPU one with its device map, and of a config mistake) names no torch, Ray or SGLang
+    module, nor the rollout's HTTP clients (aiohttp, httptools, httpx), which only a running rollout needs."""
+    gpu = ["--dry-run", "cluster.accelerator=gpu", "cluster.placement=disaggregated", "cluster.accelerator_memory_gib=80"]
+    for extra in (["--dry-run"], ["train.steps=0"], gpu):
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "agentrl.cli.main", "train",
                                str(run_files["config"]), *extra], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == (0 if extra == ["--dry-run"] else 2), proc.stderr[-2000:]
+        assert proc.returncode == (2 if extra == ["train.steps=0"] else 0), proc.stderr[-2000:]
+        if extra is gpu:  # the device map is planned without torch (nvidia-smi, the config)
+            assert "node 0 GPU 0: engine 0" in proc.stdout
         imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "import time:" in line}
         assert "agentrl.runner.config" in imported
         heavy = sorted(m for m in imported

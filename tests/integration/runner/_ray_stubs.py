@@ -31,6 +31,9 @@ class Counter:
     def env(self, name: str) -> str | None:
         return os.environ.get(name)
 
+    def cwd(self) -> str:
+        return os.getcwd()
+
     def where(self) -> dict[str, object]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
@@ -123,3 +126,27 @@ class RecordingRank:
 
     def env(self) -> dict[str, str | None]:
         return {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")}
+
+    def write_marker(self, path: str, token: str) -> str:
+        from agentrl.runner.ray_run import TrainRank
+
+        return TrainRank.write_marker(self, path, token)  # type: ignore[arg-type]
+
+    def node_id(self) -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+
+def _blind_host_class() -> type:
+    from agentrl.runner.engine_host import EngineHost
+
+    class BlindHost(EngineHost):
+        """An engine host on a node that does not see the trainer's files (stands for a second host
+        without a shared filesystem: both fake nodes of the test cluster share one disk)."""
+
+        def reads(self, path: str, token: str) -> bool:
+            return False
+
+    return BlindHost
+
+
+BlindHost = _blind_host_class()

@@ -19,13 +19,16 @@ from typing import Any
 
 import orjson
 import pytest
-from _ray_stubs import RecordingRank
+import ray
+from _ray_stubs import BlindHost, Counter, RecordingRank
 from _ray_support import RAY_HOST_A, RAY_HOST_B, RayTwoHosts
 
-from agentrl.runner import RunConfig
-from agentrl.runner.devices import GIB
+from agentrl.runner import RunConfig, spawn
+from agentrl.runner.device_plan import cluster_nodes, planned_device_map
+from agentrl.runner.devices import GIB, PlacementMapError
 from agentrl.runner.envs import environment_factory
-from agentrl.runner.ray_run import start_sides
+from agentrl.runner.loop import RunnerError
+from agentrl.runner.ray_run import check_weights_folder, start_sides
 from agentrl.testing import build_tiny_model
 from agentrl.testing.runner import index_reward
 
@@ -36,6 +39,7 @@ STANDIN = Path(__file__).resolve().parent / "sglang_standin"
 
 def _config(tmp_path: Path, *, placement: str, engines: int, tp: int, ranks: int, accelerator: str = "gpu",
             **cluster: Any) -> RunConfig:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "rows.jsonl"
     data.write_bytes(b"".join(orjson.dumps({"question": f"What is {a} + 1?", "answer": str(a + 1)}) + b"\n" for a in range(8)))
     record = tmp_path / "engines"
@@ -130,3 +134,51 @@ async def test_npu_plan_names_ascend_devices(tmp_path: Path, ray_two_hosts: RayT
     seen = await _start(config, RAY_HOST_B, RAY_HOST_B)
     _check(seen, accelerator="npu", engines=2, tp=2, ranks=2, colocated=False)
     assert all(e["env"]["CUDA_VISIBLE_DEVICES"] is None for e in seen["engines"])
+
+
+async def test_relative_paths_reach_the_actors_absolute_and_an_unshared_export_folder_stops_the_run(
+        tmp_path: Path, ray_two_hosts: RayTwoHosts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver works in ``tmp_path`` with relative paths; Ray's workers do not (checked). The engine
+    still starts on the right model folder, and a node that cannot read the trainer's export folder is
+    named before step 1 (the fake nodes share one disk, so the engine host is told not to see it)."""
+    config = _config(tmp_path, placement="disaggregated", engines=1, tp=1, ranks=1)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny").symlink_to(build_tiny_model())
+    relative = config.to_dict()
+    relative["model"]["path"] = "models/tiny"
+    relative["data"]["train"]["path"] = "rows.jsonl"
+    relative["logging"]["run_dir"] = "run"
+    monkeypatch.chdir(tmp_path)
+    config = RunConfig.from_dict(relative)
+    worker_cwd = ray.get(spawn(Counter, num_cpus=0.01).cwd.remote())
+    assert Path(worker_cwd).resolve() != tmp_path.resolve()  # a relative path would miss there
+    sides = await start_sides(config, environment_factory(config, reward=index_reward), trainer_cls=RecordingRank,
+                              train_device="cpu", node_resource_engines=RAY_HOST_A, node_resource_trainer=RAY_HOST_B,
+                              host_cls=BlindHost)
+    try:
+        with pytest.raises(RunnerError, match=r"disk weight sync: engine\(s\) \[0\] on node\(s\) \['[0-9a-f]+'\] "
+                                              r"cannot read .*run/weights/.agentrl-shared-folder', which trainer rank "
+                                              r"0 wrote on node [0-9a-f]+.*Expected a filesystem shared by trainer "
+                                              r"rank 0 and every engine node"):
+            await check_weights_folder(sides, config.with_absolute_paths().run_dir() / "weights")
+    finally:
+        await sides.stop()
+    (entry,) = [json.loads(p.read_text()) for p in (tmp_path / "engines").glob("*.json")]
+    argv = entry["argv"]
+    assert argv[argv.index("--model-path") + 1] == str(tmp_path.resolve() / "models" / "tiny")
+
+
+async def test_the_dry_run_map_reads_the_cluster_nodes(tmp_path: Path, ray_two_hosts: RayTwoHosts) -> None:
+    """With ``cluster.ray_address`` the pre-flight places the plan on the cluster's nodes (8 GPUs each
+    here), not on this machine: a plan that needs both nodes fits, an engine larger than a node does not."""
+    config = _config(tmp_path, placement="disaggregated", engines=4, tp=2, ranks=8,
+                     ray_address=ray_two_hosts.cluster.address)
+    nodes, source = cluster_nodes(config)
+    assert source == "ray cluster" and sorted(len(n.devices) for n in nodes) == [8, 8]
+    assert {n.node for n in nodes} == set(ray_two_hosts.node_of.values())
+    device_map = planned_device_map(config, nodes)
+    assert len({p.node for p in device_map.engines}) == 1 and len({r.node for r in device_map.ranks}) == 1
+    big = _config(tmp_path / "big", placement="disaggregated", engines=1, tp=12, ranks=1,
+                  ray_address=ray_two_hosts.cluster.address)
+    with pytest.raises(PlacementMapError, match=r"an engine with 12 accelerators .* fits on no node.*largest 8"):
+        planned_device_map(big, cluster_nodes(big)[0])
