@@ -35,6 +35,7 @@ import functools
 import operator
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +76,10 @@ class ClientConfig:
     ``deadline_s`` is the default total time of one :meth:`InferenceClient.generate` call including
     retries (``None``: no deadline). Backoff before retry ``n`` is
     ``min(backoff_max_s, backoff_initial_s * backoff_multiplier**n)`` times a random factor in
-    ``[1 - jitter, 1 + jitter]``. ``via_router``: ``base_url`` is an sglang-router (set by
+    ``[1 - jitter, 1 + jitter]``. ``unavailable_wait_s``: after ``max_retries``, keep retrying an
+    unavailable engine (transport errors, 5xx) until that many seconds have passed since the first
+    failure (within the deadline): what a request does while the health monitor restarts the only
+    engine, instead of failing its episode. ``via_router``: ``base_url`` is an sglang-router (set by
     :meth:`EngineGroup.client`); sampling options the router would silently drop are then refused.
     """
 
@@ -88,6 +92,7 @@ class ClientConfig:
     backoff_multiplier: float = 2.0
     backoff_max_s: float = 5.0
     jitter: float = 0.2
+    unavailable_wait_s: float = 0.0
     abort_grace_s: float = 5.0
     control_timeout_s: float = 10.0
     via_router: bool = False
@@ -105,6 +110,8 @@ class ClientConfig:
             raise ValueError(f"ClientConfig.deadline_s={self.deadline_s!r}: expected > 0 or None")
         if not 0.0 <= self.jitter < 1.0:
             raise ValueError(f"ClientConfig.jitter={self.jitter!r}: expected a value in [0, 1)")
+        if self.unavailable_wait_s < 0:
+            raise ValueError(f"ClientConfig.unavailable_wait_s={self.unavailable_wait_s!r}: expected >= 0")
 
 
 class _DeadlineState:
@@ -344,7 +351,9 @@ class InferenceClient:
         cfg = self.config
         last: _Retryable | None = None
         attempts = 0
-        for attempt in range(cfg.max_retries + 1):
+        first_failure: float | None = None
+        attempt = 0
+        while True:
             if (state is not None and state.expired) or rid in self._client_aborted:
                 break
             attempt_rid = rid if attempt == 0 else f"{rid}-retry{attempt}"
@@ -355,9 +364,13 @@ class InferenceClient:
                 body = await self._post_generate(payload, headers)
             except _Retryable as err:
                 last = err
-                if attempt < cfg.max_retries:
-                    delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**attempt)
-                    await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if attempt >= cfg.max_retries and now - first_failure >= cfg.unavailable_wait_s:
+                    break
+                delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier**min(attempt, 30))
+                await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
+                attempt += 1
                 continue
             return self._attribute(parse_generate_response(body, rid, attempts=attempts), rid, state)
         expired = state is not None and state.expired

@@ -329,9 +329,11 @@ class SGLangEngine:
         """For a launched engine: its process runs. For an attached engine: always True (use healthy)."""
         return self.process.alive() if self.process is not None else True
 
-    async def healthy(self, timeout_s: float = 5.0) -> bool:
+    async def healthy(self, timeout_s: float = 5.0, *, generate: bool = True) -> bool:
+        """Whether ``/health_generate`` (a one-token generation when the engine is idle; ``generate=False``:
+        ``/health``, the HTTP server alone) answers 200 within ``timeout_s``."""
         try:
-            await self._call("GET", "/health_generate", timeout_s=timeout_s)
+            await self._call("GET", "/health_generate" if generate else "/health", timeout_s=timeout_s)
             return True
         except EngineError:
             return False

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -33,11 +33,15 @@ __all__ = ["EngineGroup", "HealthConfig", "HealthEvent"]
 
 @dataclass(frozen=True)
 class HealthConfig:
-    """Monitor settings. ``http_checks`` adds ``/health_generate`` probes to the process check (needed
-    to notice a hung or an attached engine); ``max_restarts`` bounds restarts per engine."""
+    """Monitor settings. ``http_checks`` adds HTTP probes to the process check (needed to notice a hung
+    or an attached engine): ``/health_generate`` (a one-token generation when the engine is idle), or
+    ``/health`` with ``http_generate=False`` (no request that shows in the engine's load; SGLang's own
+    watchdog ends a scheduler stuck in a batch, which the process check then sees). ``max_restarts``
+    bounds restarts per engine."""
 
     check_interval_s: float = 1.0
     http_checks: bool = True
+    http_generate: bool = True
     http_timeout_s: float = 30.0
     failure_threshold: int = 3
     restart: bool = True
@@ -87,6 +91,9 @@ class EngineGroup:
         self._tracked = [_Tracked(e) for e in engines]
         self.events: list[HealthEvent] = []
         self._monitor: asyncio.Task[None] | None = None
+        # called with a restarted engine before it goes back into rotation (a training run loads the
+        # current weight version into it there); raising keeps the engine out, on record
+        self.before_readmit: Callable[[SGLangEngine], Awaitable[object]] | None = None
 
     @classmethod
     async def launch(cls, engine_configs: Sequence[EngineConfig], router_config: RouterConfig | None = None,
@@ -132,6 +139,13 @@ class EngineGroup:
     @property
     def engines(self) -> list[SGLangEngine]:
         return [t.engine for t in self._tracked]
+
+    def is_in_rotation(self, engine: SGLangEngine) -> bool:
+        return any(t.engine is engine and t.in_rotation for t in self._tracked)
+
+    async def serving(self, engine: SGLangEngine) -> bool:
+        """In rotation and its process alive (the monitor may not have seen a death yet)."""
+        return self.is_in_rotation(engine) and await asyncio.to_thread(engine.alive)
 
     def in_rotation(self) -> list[SGLangEngine]:
         """The engines currently in the router's rotation (not dead, not being restarted)."""
@@ -186,7 +200,7 @@ class EngineGroup:
             code = engine.process.returncode() if engine.process else None
             reason = f"process exited with code {code}"
         elif self.health.http_checks:
-            if await engine.healthy(timeout_s=self.health.http_timeout_s):
+            if await engine.healthy(timeout_s=self.health.http_timeout_s, generate=self.health.http_generate):
                 tracked.failures = 0
             else:
                 tracked.failures += 1
@@ -220,6 +234,8 @@ class EngineGroup:
             return
         try:
             await engine.restart()
+            if self.before_readmit is not None:
+                await self.before_readmit(engine)
             await self.router.add_worker(engine.url)
         except Exception as err:  # whatever failed, the engine stays out and the failure is on record
             self.events.append(HealthEvent(time.time(), engine.url, "given_up", f"restart failed: {err}"))
@@ -228,6 +244,15 @@ class EngineGroup:
         tracked.in_rotation = True
         tracked.recovering = False
         self.events.append(HealthEvent(time.time(), engine.url, "restarted", f"restart #{engine.restarts}"))
+
+    async def wait_any_in_rotation(self, timeout_s: float) -> None:
+        """Waits until at least one engine is in rotation (raises ``TimeoutError`` after ``timeout_s``,
+        naming the health events)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(t.in_rotation for t in self._tracked):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no engine in rotation after {timeout_s} s: {self.events[-6:]}")
+            await asyncio.sleep(0.2)
 
     async def wait_all_in_rotation(self, timeout_s: float) -> None:
         """Waits until no engine is being recovered (raises ``TimeoutError`` after ``timeout_s``)."""

@@ -60,6 +60,7 @@ class StepReport:
     failure_kinds: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # episode errors by kind (agentrl.trajectory.ErrorKind)
     stop_reasons: dict[str, int] = field(default_factory=dict)
+    engine_events: dict[str, int] = field(default_factory=dict)  # health monitor: dead, removed, restarted, given_up
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -17,7 +17,7 @@ from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
 from agentrl.runner.weights import DiskWeightSync
 
 if TYPE_CHECKING:
-    from agentrl.rollout.engine import EngineStarter
+    from agentrl.rollout.engine import EngineStarter, SGLangEngine
     from agentrl.runner.config import RunConfig
     from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.rollout_service import RolloutService
@@ -29,17 +29,25 @@ class EngineWeights:
     """The engines' :class:`~agentrl.runner.rollout_service.WeightLoader` over a
     :class:`~agentrl.runner.weights.DiskWeightSync`: the trainer (maybe in another process) writes
     version *v* into a staging folder ``root/.export-v000003``; the sync's export step moves its files
-    into the version folder (a rename on the same disk), then every engine loads it."""
+    into the version folder (a rename on the same disk), then every engine in rotation loads it.
+    :meth:`resync` gives a restarted engine the current version before it serves again."""
 
-    def __init__(self, sync: DiskWeightSync) -> None:
+    def __init__(self, sync: DiskWeightSync, group: EngineGroup | None = None, wait_s: float = 600.0) -> None:
         self.sync = sync
+        self.group = group
+        self.wait_s = wait_s
 
     def folder(self, version: int) -> Path:
         return self.sync.root / f".export-{self.sync.folder(version).name}"
 
+    async def resync(self, engine: SGLangEngine) -> None:
+        await self.sync.load_current(engine)
+
     async def load(self, version: int, folder: Path) -> dict[str, float]:
         if not folder.is_dir():
             raise FileNotFoundError(f"weight sync v{version}: the trainer did not write {str(folder)!r}")
+        if self.group is not None:  # every engine is being restarted: wait for one (it then gets this version)
+            await self.group.wait_any_in_rotation(self.wait_s)
 
         def move(target: Path) -> None:
             for item in folder.iterdir():
@@ -82,8 +90,9 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
                    for i in range(config.rollout.engines.count)]
     router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
     urls = config.rollout.engines.urls
-    group = await (EngineGroup.attach(urls, router_cfg) if urls
-                   else EngineGroup.launch(engine_cfgs, router_cfg, starters=starters))
+    health = config.rollout.health.to_config()
+    group = await (EngineGroup.attach(urls, router_cfg, health) if urls
+                   else EngineGroup.launch(engine_cfgs, router_cfg, health, starters=starters))
     try:
         if cpu is not None and not urls and starters is None:  # SGLang binds threads itself only on AMX/arm64
             # (a host actor pins the engine it starts)
@@ -102,14 +111,20 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
 
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer, local_files_only=True)
     template = ChatTemplate.from_name(config.model.template, tokenizer=tokenizer)
-    client = group.client()
+    health = config.rollout.health
+    wait = health.unavailable_wait_s
+    if wait is None:
+        wait = config.rollout.engines.startup_timeout_s + 60.0 if health.restart else 0.0
+    client = group.client(unavailable_wait_s=wait)
     data = DataSource(config.data.train.to_config(), validate=row_validator(env_factory))
     sched_cfg = scheduler_config(config)
     scheduler = Scheduler(env_factory, template, client, data, sched_cfg, agent=config.agent_config(),
                           group_filter=group_filter, load_probe=group.active_requests,
                           engines=len(group.engines))
-    weights = EngineWeights(DiskWeightSync(group.engines, config.run_dir() / "weights",
-                                           config.sync.to_config(), on_remove=group.take_out))
+    weights = EngineWeights(DiskWeightSync(group.engines, config.run_dir() / "weights", config.sync.to_config(),
+                                           on_remove=group.take_out, eligible=group.serving),
+                            group, wait_s=wait)
+    group.before_readmit = weights.resync
     evals: dict[str, tuple[list[dict[str, Any]], Any, int, bool]] = {}
     for section in config.data.eval:
         good, _bad = read_rows(section.to_config(), validate=row_validator(env_factory))
@@ -124,6 +139,7 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
 
     service = cls(scheduler, weights, scoring=client, eval_sets=evals, on_shutdown=stop)
     service.group = group
+    group.start_monitor()  # dead or hung engines: out of rotation, restarted, re-synced, back
     # this process drives the rollouts: freeze what was built (tokenizer, template, data) and collect the
     # young generation less often; with CPython's defaults the collector took ~0.35 ms per episode
     tune_gc()

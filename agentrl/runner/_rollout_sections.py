@@ -15,12 +15,13 @@ from pydantic import Field, JsonValue, model_validator
 
 from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.engine import EngineConfig
+from agentrl.rollout.health import HealthConfig
 from agentrl.rollout.router import RouterConfig, RouterPolicy
 from agentrl.rollout.scheduler import SchedulerConfig
 from agentrl.rollout.types import SamplingParams
 from agentrl.runner._base import Section
 
-__all__ = ["AgentSection", "EnginesSection", "RolloutSection", "RouterSection", "SamplingSection",
+__all__ = ["AgentSection", "EnginesSection", "HealthSection", "RolloutSection", "RouterSection", "SamplingSection",
            "SchedulerSection"]
 
 EngineDevice = Literal["auto", "cpu", "cuda", "npu"]
@@ -82,6 +83,33 @@ class EnginesSection(Section):
         if bad:
             raise ValueError(f"urls: {bad[0]!r} is not an http(s) URL; expected e.g. 'http://127.0.0.1:30000'")
         return self
+
+
+class HealthSection(Section):
+    """The engines' health monitor in a run (:class:`~agentrl.rollout.HealthConfig`): every
+    ``check_interval_s`` it checks each engine's process, and its ``/health`` (``http_generate``:
+    ``/health_generate``, a one-token generation whenever the engine is idle, which shows in its
+    load); an engine that fails ``failure_threshold`` checks of ``http_timeout_s`` in a row counts as
+    hung. A dead
+    or hung engine is taken out of the router's rotation, restarted (``restart``, at most
+    ``max_restarts`` times), given the current weight version, and put back. ``unavailable_wait_s``:
+    how long a request keeps retrying while no engine can take it (``None``: the engines'
+    ``startup_timeout_s`` plus a minute, so a restart of the only engine loses no episode)."""
+
+    check_interval_s: float = Field(default=2.0, gt=0.0)
+    http_checks: bool = True
+    http_generate: bool = False
+    http_timeout_s: float = Field(default=60.0, gt=0.0)
+    failure_threshold: int = Field(default=3, ge=1)
+    restart: bool = True
+    max_restarts: int = Field(default=3, ge=0)
+    unavailable_wait_s: float | None = Field(default=None, ge=0.0)
+
+    def to_config(self) -> HealthConfig:
+        return HealthConfig(check_interval_s=self.check_interval_s, http_checks=self.http_checks,
+                            http_generate=self.http_generate,
+                            http_timeout_s=self.http_timeout_s, failure_threshold=self.failure_threshold,
+                            restart=self.restart, max_restarts=self.max_restarts)
 
 
 class RouterSection(Section):
@@ -202,9 +230,11 @@ class AgentSection(Section):
 
 
 class RolloutSection(Section):
-    """Everything that produces trajectories: engines, router, sampling, scheduler, agent loop."""
+    """Everything that produces trajectories: engines (and their health monitor), router, sampling,
+    scheduler, agent loop."""
 
     engines: EnginesSection = Field(default_factory=EnginesSection)
+    health: HealthSection = Field(default_factory=HealthSection)
     router: RouterSection = Field(default_factory=RouterSection)
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)

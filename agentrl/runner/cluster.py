@@ -278,7 +278,10 @@ class TrainGroupError(RuntimeError):
 class _RankWorker:
     """The actor of one data-parallel rank: joins the process group, then holds the plain object."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        # set before anything initialises a device: a colocated rank's visible device (a variable given
+        # to this process alone, so Ray need not build a runtime environment per rank)
+        os.environ.update(env or {})
         self.obj: Any = None
         self.rank = -1
 
@@ -420,8 +423,8 @@ class TrainGroup:
                              "expected one per rank")
         if rank_env is not None and len(rank_env) != world_size:
             raise ValueError(f"rank_env has {len(rank_env)} entries with world_size={world_size}: expected one per rank")
-        actors = [spawn(_RankWorker, placement=None if slots is None else slots[r], num_cpus=num_cpus,
-                        env_vars={**(env_vars or {}), **(rank_env[r] if rank_env is not None else {})} or None)
+        actors = [spawn(_RankWorker, None if rank_env is None else dict(rank_env[r]),
+                        placement=None if slots is None else slots[r], num_cpus=num_cpus, env_vars=env_vars)
                   for r in range(world_size)]
         try:
             t0 = time.perf_counter()

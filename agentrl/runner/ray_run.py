@@ -102,7 +102,7 @@ class RolloutActor:
     async def engine_versions(self) -> list[str]:
         """The weight version each engine reports (``/model_info``)."""
         group = self.service.group
-        return [await e.weight_version() for e in group.engines] if group is not None else []
+        return [await e.weight_version() for e in group.in_rotation()] if group is not None else []
 
     async def active_requests(self) -> int:
         return int(await self.service.active_requests())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -64,6 +65,7 @@ class RolloutService:
         self.group: EngineGroup | None = None
         self.collecting = False
         self._released: set[str] = set()
+        self._events_seen = 0
 
     # -- building from a config ------------------------------------------------------------------
     @classmethod
@@ -83,11 +85,16 @@ class RolloutService:
 
     # -- the step ------------------------------------------------------------------------------
     async def collect(self) -> StepBatch:
+        """One step's batch; its report counts the engines' health events since the last step."""
         self.collecting = True
         try:
-            return await self.scheduler.collect()
+            batch = await self.scheduler.collect()
         finally:
             self.collecting = False
+        if self.group is not None:
+            events, self._events_seen = self.group.events[self._events_seen:], len(self.group.events)
+            batch.report.add_counts("engine_events", Counter(e.kind for e in events))
+        return batch
 
     async def progress(self) -> RolloutProgress | None:
         """Where the step being collected stands (``None`` between steps)."""

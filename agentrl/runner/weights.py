@@ -121,7 +121,8 @@ class WeightSyncConfig:
 
 @dataclass(frozen=True)
 class SyncReport:
-    """What one sync did. Times are seconds; ``engines_updated`` hold the new version."""
+    """What one sync did. Times are seconds; ``engines_updated`` hold the new version;
+    ``engines_recovering`` left the rotation during it and get it when they come back."""
 
     version: int
     folder: Path
@@ -137,6 +138,7 @@ class SyncReport:
     aborted_requests: int = 0
     failures: tuple[str, ...] = field(default=())
     active_requests: int = 0
+    engines_recovering: tuple[str, ...] = ()  # out of rotation during the sync: they load it when back
 
     def to_metrics(self) -> dict[str, float]:
         """Step metrics under ``sync/``."""
@@ -147,6 +149,7 @@ class SyncReport:
             "sync/engines_removed": float(len(self.engines_removed)), "sync/retries": float(self.retries),
             "sync/aborted_requests": float(self.aborted_requests),
             "sync/active_requests": float(self.active_requests),
+            "sync/engines_recovering": float(len(self.engines_recovering)),
         }
 
 
@@ -165,19 +168,25 @@ class DiskWeightSync:
     """Syncs weights through a shared folder to ``engines`` (SGLang engines or fake workers).
 
     ``on_remove(engine)`` (sync or async) is called for an engine that still fails after the
-    retries, e.g. the engine group's router removal; that engine is not synced again. Calls to
-    :meth:`sync` are serialised. Not thread-safe: use it from one event loop.
+    retries, e.g. the engine group's router removal; that engine is not synced again until
+    :meth:`load_current` brings it back. ``eligible(engine)``: whether a sync includes an engine
+    (default all; a run passes "in the router's rotation", so a dead engine being restarted is not
+    waited on: :meth:`load_current` gives it the current version before it serves again). Calls to
+    :meth:`sync` and :meth:`load_current` are serialised. Not thread-safe: use it from one event loop.
     """
 
     def __init__(self, engines: Sequence[SGLangEngine], root: str | os.PathLike[str], config: WeightSyncConfig | None = None,
-                 *, on_remove: Callable[[SGLangEngine], object] | None = None) -> None:
+                 *, on_remove: Callable[[SGLangEngine], object] | None = None,
+                 eligible: Callable[[SGLangEngine], bool | Awaitable[bool]] | None = None) -> None:
         if not engines:
             raise ValueError("DiskWeightSync(engines=[]): expected at least one engine")
         self.engines = list(engines)
         self.root = Path(root)
         self.config = config or WeightSyncConfig()
         self.on_remove = on_remove
+        self.eligible = eligible
         self.removed: list[SGLangEngine] = []
+        self.current: int | None = None  # the version the last successful sync loaded
         self._lock = asyncio.Lock()
 
     def folder(self, version: int) -> Path:
@@ -196,18 +205,25 @@ class DiskWeightSync:
         start = time.perf_counter()
         folder = await _deadline("export", cfg.export_s, self._export(version, export))
         export_s = time.perf_counter() - start
-        run = _SyncRun(self, folder, str(version))
+        eligible = [await self._eligible(e) for e in self.engines]
+        run = _SyncRun(self, folder, str(version), [e for e, ok in zip(self.engines, eligible, strict=True) if ok])
+        skipped = [e for e, ok in zip(self.engines, eligible, strict=True) if not ok]
         try:
             await run.execute()
         finally:
             await run.resume()
-        if not run.updated:  # all still serve the old version alike: nothing is removed, the run stops
+        # an engine that left the rotation during the sync (it died: the health monitor restarts it) is
+        # not a failure of the sync: load_current gives it this version before it serves again
+        recovering = skipped + [e for e in run.failed if not await self._eligible(e)]
+        run.failed = [e for e in run.failed if e not in recovering]
+        if not run.updated and not recovering:  # all still serve the old version alike: nothing is removed
             url, cause = run.last_failure or (None, "no engine accepted the update")
             raise WeightSyncError(run.failed_phase, cause, url)
         removed = run.finish_removals()
         if self.on_remove is not None:
             for engine in removed:
                 await _maybe_await(self.on_remove(engine))
+        self.current = version
         self._prune(version)
         t = run.timings
         return SyncReport(version=version, folder=folder, export_s=export_s, pause_s=t["pause"], load_s=t["load"],
@@ -215,7 +231,35 @@ class DiskWeightSync:
                           engines_updated=tuple(e.url for e in run.updated),
                           engines_removed=tuple(e.url for e in removed), retries=run.retries,
                           aborted_requests=run.aborted, failures=tuple(run.failures),
-                          active_requests=run.active)
+                          active_requests=run.active, engines_recovering=tuple(e.url for e in recovering))
+
+    async def _eligible(self, engine: SGLangEngine) -> bool:
+        return True if self.eligible is None else bool(await _maybe_await(self.eligible(engine)))
+
+    async def load_current(self, engine: SGLangEngine) -> str | None:
+        """Brings ``engine`` (e.g. just restarted, serving its boot weights) to the version the last
+        sync loaded, verifies it, and includes it in later syncs again; waits for a sync in progress.
+        Returns the version loaded (``None`` before the first sync: the engine's own weights are version
+        0 then). Raises :class:`WeightSyncError` when the load or the check fails."""
+        async with self._lock:
+            if self.current is None:
+                return None
+            version = str(self.current)
+            folder = self.folder(self.current)
+            try:
+                await _deadline("load", self.config.load_s,
+                                engine.update_weights_from_disk(folder, version, flush_cache=True))
+            except (EngineError, ModelFolderError) as err:
+                raise WeightSyncError("load", str(err), engine.url) from err
+            got = await _deadline("verify", self.config.verify_s, engine.weight_version())
+            if got != version:
+                raise WeightSyncError("verify", f"/model_info reports weight_version {got!r}, expected {version!r}",
+                                      engine.url)
+            if engine in self.removed:
+                self.removed.remove(engine)
+            if engine not in self.engines:
+                self.engines.append(engine)
+            return version
 
     async def _export(self, version: int, export: Callable[[Path], object]) -> Path:
         folder = self.folder(version)
@@ -244,12 +288,12 @@ class DiskWeightSync:
 class _SyncRun:
     """The engine-side phases of one sync, with per-engine retries and bookkeeping."""
 
-    def __init__(self, owner: DiskWeightSync, folder: Path, version: str) -> None:
+    def __init__(self, owner: DiskWeightSync, folder: Path, version: str, engines: list[SGLangEngine]) -> None:
         self.owner = owner
         self.cfg = owner.config
         self.folder = folder
         self.version = version
-        self.engines = list(owner.engines)
+        self.engines = engines
         self.paused: list[SGLangEngine] = []
         self.updated: list[SGLangEngine] = []
         self.failed: list[SGLangEngine] = []

@@ -89,6 +89,25 @@ async def test_retries_exhausted_come_back_aborted(cluster: FakeCluster) -> None
     assert sum(len(w.state.requests) for w in cluster.workers) == 3
 
 
+async def test_an_unavailable_engine_is_waited_for_beyond_the_retries(cluster: FakeCluster) -> None:
+    """``unavailable_wait_s``: while every engine is down (a restart in progress) a request keeps trying
+    past ``max_retries`` until that long after its first failure; then it comes back aborted."""
+    for w in cluster.workers:
+        w.state.fail_next = 12
+    async with _client(cluster, max_retries=1, backoff_max_s=0.05,
+                       unavailable_wait_s=30.0) as client:
+        res = await client.generate([5], SamplingParams(max_new_tokens=2), routing_key="k")
+    assert not res.aborted and res.attempts == 13
+    for w in cluster.workers:
+        w.state.fail_next = 1000
+    async with _client(cluster, max_retries=1, backoff_max_s=0.05,
+                       unavailable_wait_s=0.5) as client:
+        t0 = time.monotonic()
+        res = await client.generate([5], SamplingParams(max_new_tokens=2), routing_key="k")
+    assert res.aborted and res.finish_reason.cause is AbortCause.UNAVAILABLE and res.attempts > 2
+    assert 0.5 <= time.monotonic() - t0 < 5
+
+
 async def test_4xx_is_never_retried(cluster: FakeCluster) -> None:
     async with _client(cluster) as client:
         with pytest.raises(PromptTooLongError, match="context length"):

@@ -161,6 +161,77 @@ async def test_monitor_takes_a_dead_engine_out_of_rotation() -> None:
     assert not router.process.alive()
 
 
+class _ThreadStarter:
+    """An :class:`EngineStarter` whose "process" is a fake worker in a thread (a run on Ray starts each
+    engine through its host actor the same way): stopping it is the engine dying."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+        self.worker: FakeWorker | None = None
+
+    async def start(self, config: EngineConfig, port: int | None) -> tuple[str, object]:
+        self.starts += 1
+        self.worker = FakeWorker(FakeWorkerState(name=f"start{self.starts}", weight_version="default"),
+                                 port=port or 0)
+        url = await asyncio.to_thread(self.worker.start)
+        return url, _ThreadProcess(self.worker)
+
+
+class _ThreadProcess:
+    def __init__(self, worker: FakeWorker) -> None:
+        self.worker, self.running = worker, True
+
+    @property
+    def pid(self) -> int:
+        return 0
+
+    def alive(self) -> bool:
+        return self.running
+
+    def returncode(self) -> int | None:
+        return None if self.running else -9
+
+    def stop(self) -> None:
+        if self.running:
+            self.running = False
+            self.worker.stop()
+
+
+async def test_a_dead_engine_is_restarted_through_its_starter_and_readmitted_after_the_hook() -> None:
+    """The monitor restarts a dead engine through the starter that launched it; ``before_readmit``
+    runs on the new process before the router sees it again (a run loads the current weights there)."""
+    starter = _ThreadStarter()
+    router = await Router.launch(RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING))
+    group = await EngineGroup.launch([EngineConfig(model_path="unused", device="cpu")], None,
+                                     HealthConfig(check_interval_s=0.1, http_checks=False), starters=[starter])
+    await asyncio.to_thread(group.router.stop)
+    group.router = router
+    engine = group.engines[0]
+    await router.add_worker(engine.url)
+    seen: list[tuple[str, list[str]]] = []
+
+    async def before_readmit(e: SGLangEngine) -> None:
+        seen.append((await e.weight_version(), [w["url"] for w in await router.workers()]))
+        assert starter.worker is not None
+        starter.worker.state.weight_version = "7"  # what loading the current version does
+
+    group.before_readmit = before_readmit
+    try:
+        group.start_monitor()
+        assert isinstance(engine.process, _ThreadProcess)
+        engine.process.stop()  # the engine dies
+        for _ in range(200):
+            if any(e.kind in ("restarted", "given_up") for e in group.events):
+                break
+            await asyncio.sleep(0.05)
+        assert starter.starts == 2 and [e.kind for e in group.events] == ["dead", "removed", "restarted"]
+        assert seen == [("default", [])]  # the hook saw the restarted engine while the router had none
+        assert [w["url"] for w in await router.workers()] == [engine.url] and await engine.weight_version() == "7"
+    finally:
+        await group.shutdown()
+    assert not router.process.alive()
+
+
 async def test_drain_aborts_running_requests_and_waits_idle() -> None:
     workers = [FakeWorker(FakeWorkerState(name=f"d{i}", token_delay_s=0.01)) for i in range(2)]
     for w in workers:

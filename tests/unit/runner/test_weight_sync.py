@@ -213,3 +213,54 @@ def test_construction_and_version_are_checked(tmp_path: Path) -> None:
     sync = DiskWeightSync([SGLangEngine("http://127.0.0.1:9", None, None)], tmp_path)
     with pytest.raises(ValueError, match=r"sync\(version=-1\): expected an int >= 0"):
         asyncio.run(sync.sync(-1, write_model))
+
+
+async def test_an_engine_out_of_rotation_is_skipped_then_brought_to_the_current_version(
+        tmp_path: Path, workers: list[FakeWorker], engines: list[SGLangEngine]) -> None:
+    """A run's sync includes the engines in rotation only; ``load_current`` gives one coming back the
+    version the last sync loaded (waiting for a sync in progress) and includes it in later syncs."""
+    out: set[str] = set()
+    sync = DiskWeightSync(engines, tmp_path, FAST, eligible=lambda e: e.url not in out)
+    assert await sync.load_current(engines[0]) is None  # nothing synced yet: the boot weights are version 0
+    await sync.sync(1, write_model)
+    out.add(engines[1].url)
+    report = await sync.sync(2, write_model)
+    assert report.engines_updated == (engines[0].url,) and workers[1].state.weight_version == "1"
+    assert await sync.load_current(engines[1]) == "2" and workers[1].state.weight_version == "2"
+    out.clear()
+    report = await sync.sync(3, write_model)
+    assert set(report.engines_updated) == {e.url for e in engines}
+    workers[1].state.weight_version, workers[1].state.keep_version = "default", True  # restarted; the load
+    with pytest.raises(WeightSyncError, match=rf"phase 'verify' on {engines[1].url}: .*'default', expected '3'"):
+        await sync.load_current(engines[1])  # does not take: refused, naming the engine
+
+
+async def test_engines_dying_during_a_sync_get_the_version_when_they_come_back(
+        tmp_path: Path, workers: list[FakeWorker], engines: list[SGLangEngine]) -> None:
+    """Every engine is in rotation when the sync starts and dies during it (its load fails, and it has
+    left the rotation when the sync judges): the sync does not fail the run; the version is current
+    and each engine loads it on its return. An engine that fails while still in rotation does fail it."""
+    dead = {"now": False}
+
+    async def serving(engine: SGLangEngine) -> bool:
+        return not dead["now"]
+
+    def export_then_die(folder: Path) -> None:
+        write_model(folder)
+        for w in workers:
+            w.state.fail_updates = -1
+        dead["now"] = True
+
+    sync = DiskWeightSync(engines, tmp_path, FAST, eligible=serving)
+    await sync.sync(1, write_model)
+    report = await sync.sync(2, export_then_die)
+    assert report.engines_updated == () and len(report.engines_recovering) == 2 and sync.current == 2
+    assert report.to_metrics()["sync/engines_recovering"] == 2.0 and report.engines_removed == ()
+    for w in workers:
+        w.state.fail_updates = 0
+    dead["now"] = False
+    assert await sync.load_current(engines[0]) == "2" and workers[0].state.weight_version == "2"
+    for w in workers:
+        w.state.fail_updates = -1
+    with pytest.raises(WeightSyncError, match=r"phase 'load'"):  # alive and in rotation: a real failure
+        await sync.sync(3, write_model)
