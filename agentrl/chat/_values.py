@@ -14,6 +14,12 @@ steps so that the values a tool receives in training are the values it would rec
 Two places where this code deliberately does not follow SGLang: values that JSON cannot carry
 (``inf``, ``nan``, sets, bytes, complex numbers) are rejected, where SGLang sends non-standard
 JSON or fails on the whole turn.
+
+The rules are those of SGLang 0.5.23, the version the project pins, also where newer SGLang
+changed them: an integer beyond 2**53 written for a ``number`` parameter goes through ``float()``
+and arrives rounded (``9007199254740993`` becomes ``9007199254740992``; an ``integer`` parameter
+keeps it exact), which is reported as a tolerated note. Validation reads OpenAPI's
+``nullable: true`` as SGLang's grammar does (:func:`nullable_as_union`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import ast
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,31 +73,36 @@ def _standard_name(raw: Any) -> Any:
     return raw
 
 
-def _normalized(schema: Any) -> Any:
-    if isinstance(schema, list):
-        return [_normalized(s) for s in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    out = dict(schema)
-    t = out.get("type")
+def _renamed(node: dict[str, Any]) -> dict[str, Any]:
+    t = node.get("type")
     if isinstance(t, str):
-        out["type"] = _standard_name(t)
+        node["type"] = _standard_name(t)
     elif isinstance(t, list):
         names: list[Any] = []
         for name in map(_standard_name, t):
             if name not in names:
                 names.append(name)
-        out["type"] = names
+        node["type"] = names
+    return node
+
+
+def _rewritten(schema: Any, rewrite: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """``schema`` with ``rewrite`` applied to a copy of every subschema, children first."""
+    if isinstance(schema, list):
+        return [_rewritten(s, rewrite) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
     for key in _NESTED_MAPS:
         if isinstance(out.get(key), Mapping):
-            out[key] = {k: _normalized(v) for k, v in out[key].items()}
+            out[key] = {k: _rewritten(v, rewrite) for k, v in out[key].items()}
     for key in _NESTED_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_normalized(v) for v in out[key]]
+            out[key] = [_rewritten(v, rewrite) for v in out[key]]
     for key in _NESTED_ONE:
         if key in out:
-            out[key] = _normalized(out[key])
-    return out
+            out[key] = _rewritten(out[key], rewrite)
+    return rewrite(out)
 
 
 def normalize_schema_types(schema: Any) -> Any:
@@ -104,7 +115,33 @@ def normalize_schema_types(schema: Any) -> Any:
     beyond the recursion limit is returned unchanged.
     """
     try:
-        return _normalized(schema)
+        return _rewritten(schema, _renamed)
+    except RecursionError:
+        return schema
+
+
+def _null_allowed(node: dict[str, Any]) -> dict[str, Any]:
+    if node.get("nullable") is not True:
+        return node
+    del node["nullable"]  # gone from the rewritten copy, so that rewriting it again changes nothing
+    return {"anyOf": [node, {"type": "null"}]}
+
+
+def nullable_as_union(schema: Any) -> Any:
+    """A copy of ``schema`` where every subschema marked ``nullable: true`` also accepts ``null``.
+
+    ``nullable`` is OpenAPI's (and Gemini's, and pydantic v1's) way to say a value may be null;
+    JSON schema ignores it, so a validator alone would reject ``null`` for ``{"type": "number",
+    "nullable": true}``. SGLang 0.5.23 reads it as ``{"anyOf": [schema, {"type": "null"}]}`` when it
+    constrains tool arguments (``response_template_structural_tag._json_value_schema``), and so
+    does this. ``schema`` itself is not modified; one nested beyond the recursion limit is
+    returned unchanged. The root is the arguments object and never null: a ``nullable`` there is dropped.
+    """
+    if not isinstance(schema, Mapping):
+        return schema
+    root = {k: v for k, v in schema.items() if k != "nullable"}
+    try:
+        return _rewritten(root, _null_allowed)
     except RecursionError:
         return schema
 
@@ -232,8 +269,23 @@ def _number(raw: str) -> Converted:
     except (ValueError, OverflowError) as exc:
         return Converted(raw, f"expected a number, got {raw!r:.200} ({exc}); the text is passed on as it is")
     if "." not in raw and "e" not in raw.lower() and value.is_integer():
-        return Converted(int(value))
+        # SGLang 0.5.23 reads a number through float() even when it is an integer, so one beyond
+        # 2**53 arrives rounded; newer SGLang keeps it exact. The pinned version decides.
+        served = int(value)
+        exact = _exact_int(raw)
+        if exact is not None and exact != served:
+            return Converted(served, f"the integer {raw.strip()!r:.80} is beyond what a float holds exactly and "
+                                     f"arrives as {served} (SGLang 0.5.23 reads numbers through float()); "
+                                     "declare the parameter an integer to keep it exact")
+        return Converted(served)
     return _served(value, raw, "a number")
+
+
+def _exact_int(raw: str) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:  # also past int()'s digit limit: then nothing is said about rounding
+        return None
 
 
 def _container(raw: str, kind: str) -> Converted:

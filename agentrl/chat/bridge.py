@@ -19,7 +19,15 @@ When ``N`` does not start with ``P`` the template is not append-only for this st
 query strips earlier reasoning in Qwen3/Qwen3.5, Qwen3 drops an empty think block once a turn is no
 longer last, a template rewrites history). The result then says so, with the ids of the full
 render, so the caller can fork a new sequence from them or re-render; nothing is appended
-silently. The bridge counts nothing itself: the caller records metrics from ``outcome``.
+silently. The bridge records nothing itself: the caller counts metrics from ``outcome``, and
+from ``control_tokens`` / ``notes`` (control-token strings in the new environment text, which
+tokenise as the control tokens unless the template escapes them: a tolerated diagnostic).
+
+Whether the sampled ids re-render identically (``history_matches``, ``SAMPLED_TEXT_DIFFERS``) is
+judged true to the bytes, never on decoded text alone: ids equal to the render's own ids match
+(environment text a tokenizer normalises, such as decomposed Unicode, included), ids that spell
+the render's bytes match, and ids whose bytes are not valid UTF-8 never match the U+FFFD their
+decoded text shows.
 """
 
 from __future__ import annotations
@@ -76,9 +84,11 @@ class BridgeResult:
     - ``reason``: a human-readable explanation (where the renders diverge, when they do).
     - ``full_render_ids``: ids of the full render with the generation prompt, set for
       ``NOT_APPEND_ONLY`` (the sequence to fork from) and in audit mode.
-    - ``history_matches``: audit mode only: whether the given ids decode to exactly ``P`` (after
-      the synthetic turn close), i.e. the sampled text re-renders identically from the parsed
-      message. None when not audited.
+    - ``history_matches``: audit mode only (and every :class:`BridgeSession` step): whether the given
+      ids spell exactly ``P`` (after the synthetic turn close), true to the bytes (module doc), i.e.
+      the sampled text re-renders identically from the parsed message. None when not audited.
+    - ``control_tokens``: how many control-token strings (``<|im_end|>``, ``<|im_start|>``...) the new
+      environment messages hold; ``notes`` says which, and whether they were escaped (tolerated).
     """
 
     outcome: BridgeOutcome
@@ -88,6 +98,8 @@ class BridgeResult:
     reason: str
     full_render_ids: tuple[int, ...] | None = None
     history_matches: bool | None = None
+    control_tokens: int = 0
+    notes: tuple[str, ...] = ()
 
     @property
     def ids(self) -> list[int]:
@@ -109,6 +121,42 @@ def _divergence(short: str, long: str) -> str:
     lo = max(0, i - 30)
     return (f"the render with the new messages differs from the history at character {i}: "
             f"{short[lo:i + 40]!r} became {long[lo:i + 40]!r}")
+
+
+def _control_fields(template: ChatTemplate, added: list[dict[str, Any]]) -> dict[str, Any]:
+    """``control_tokens`` and ``notes`` of a result, for the new environment messages ``added``."""
+    found = template.count_control_tokens(added)
+    if not found:
+        return {}
+    listed = ", ".join(f"{token!r} x{n}" for token, n in sorted(found.items()))
+    if template.escape_control_tokens:
+        how = "rendered escaped (escape_control_tokens=True), so they tokenise as plain text"
+    else:
+        how = ("tokenised as the control tokens themselves, as apply_chat_template and serving tokenise them; "
+               "ChatTemplate(escape_control_tokens=True) escapes them")
+    return {"control_tokens": sum(found.values()), "notes": (f"environment text holds control tokens ({listed}): {how}",)}
+
+
+def _spells(template: ChatTemplate, ids: Sequence[int], text: str) -> bool:
+    """Whether ``ids`` are ``text``, true to the bytes: its own ids, or ids spelling its UTF-8 bytes."""
+    if list(ids) == template.tokenize(text):
+        return True  # exact, even where the tokenizer normalises the text (NFC) before splitting it
+    spelled = template.token_bytes(ids)
+    if spelled is not None:
+        return spelled == text.encode("utf-8")
+    decoded = template.decode(ids)  # bytes unknown: a U+FFFD may hide invalid bytes, so it never matches
+    return decoded == text and "\ufffd" not in decoded
+
+
+def _decodes_cleanly(template: ChatTemplate, ids: Sequence[int], decoded: str) -> bool:
+    """Whether ``decoded`` (``template.decode(ids)``) holds exactly the bytes ``ids`` spell: no invalid
+    UTF-8 turned into U+FFFD. Decoded text without U+FFFD always does."""
+    if "\ufffd" not in decoded:
+        return True
+    spelled = template.token_bytes(ids)
+    if spelled is not None:
+        return spelled == decoded.encode("utf-8")
+    return list(ids) == template.tokenize(decoded)
 
 
 def _history_prefix(template: ChatTemplate, history: list[dict[str, Any]], tools: Sequence[Any] | None,
@@ -148,24 +196,24 @@ def bridge_turn(template: ChatTemplate, token_ids: Sequence[int], messages: Sequ
     close_id = template.turn_close_id
     ids = [int(t) for t in token_ids]
     turn_closed = bool(ids) and ids[-1] == close_id
+    control = _control_fields(template, added)
 
     prefix = _history_prefix(template, history, tools, template_kwargs)
     full = template.render(history + added, tools, add_generation_prompt=True, **template_kwargs)
     full_ids = tuple(template.tokenize(full)) if audit else None
     history_matches: bool | None = None
     if audit:
-        seen = template.decode(ids) + ("" if turn_closed else template.turn_close)
-        history_matches = seen == prefix
+        history_matches = _spells(template, ids if turn_closed else [*ids, close_id], prefix)
 
     if not full.startswith(prefix):
         return BridgeResult(BridgeOutcome.NOT_APPEND_ONLY, (), prefix_ok=False, turn_closed=turn_closed,
                             reason=_divergence(prefix, full),
                             full_render_ids=full_ids if full_ids is not None else tuple(template.tokenize(full)),
-                            history_matches=history_matches)
+                            history_matches=history_matches, **control)
     pieces = _pieces(template, turn_closed, full[len(prefix):], _env_kind(added))
     reason = "prefix property holds" + ("" if turn_closed else "; synthetic turn close added (not sampled)")
     return BridgeResult(BridgeOutcome.APPEND, pieces, prefix_ok=True, turn_closed=turn_closed,
-                        reason=reason, full_render_ids=full_ids, history_matches=history_matches)
+                        reason=reason, full_render_ids=full_ids, history_matches=history_matches, **control)
 
 
 def _pieces(template: ChatTemplate, turn_closed: bool, segment: str, kind: PieceKind) -> tuple[BridgePiece, ...]:
@@ -250,25 +298,29 @@ class BridgeSession:
         added = normalize_messages(new_messages)
         ids = [int(t) for t in sampled_ids]
         turn_closed = bool(ids) and ids[-1] == tpl.turn_close_id
-        seen = self._text + tpl.decode(ids) + ("" if turn_closed else tpl.turn_close)
+        control = _control_fields(tpl, added)
+        decoded = tpl.decode(ids)
+        seen = self._text + decoded + ("" if turn_closed else tpl.turn_close)
         history = [*self.messages, reply]
         full = tpl.render_normalized(history + added, self.tools, add_generation_prompt=True, **self.template_kwargs)
         kind = _env_kind(added)
-        if full.startswith(seen):
+        clean = _decodes_cleanly(tpl, ids, decoded)
+        if full.startswith(seen) and clean:
             segment = full[len(seen):]
             self.messages = history + added
             self._text = full
             reason = "next prompt equals the full render" + ("" if turn_closed else "; synthetic turn close added")
             return BridgeResult(BridgeOutcome.APPEND, _pieces(tpl, turn_closed, segment, kind), prefix_ok=True,
-                                turn_closed=turn_closed, reason=reason, history_matches=True)
+                                turn_closed=turn_closed, reason=reason, history_matches=True, **control)
         self.closed = True
         full_ids = tuple(tpl.tokenize(full))
         prefix = _history_prefix(tpl, history, self.tools, self.template_kwargs)
         if not full.startswith(prefix):
             return BridgeResult(BridgeOutcome.NOT_APPEND_ONLY, (), prefix_ok=False, turn_closed=turn_closed,
                                 reason=_divergence(prefix, full), full_render_ids=full_ids,
-                                history_matches=seen == prefix)
+                                history_matches=clean and seen == prefix, **control)
+        why = (_divergence(seen, prefix) if seen != prefix else "its bytes are not valid UTF-8; they decode to "
+               "U+FFFD, which the parsed message re-renders as other bytes")
         return BridgeResult(BridgeOutcome.SAMPLED_TEXT_DIFFERS, _pieces(tpl, turn_closed, full[len(prefix):], kind),
-                            prefix_ok=True, turn_closed=turn_closed,
-                            reason="the sampled turn re-renders differently: " + _divergence(seen, prefix),
-                            full_render_ids=full_ids, history_matches=False)
+                            prefix_ok=True, turn_closed=turn_closed, reason="the sampled turn re-renders differently: "
+                            + why, full_render_ids=full_ids, history_matches=False, **control)

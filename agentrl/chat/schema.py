@@ -31,7 +31,7 @@ import jsonschema.exceptions
 import jsonschema.validators
 import orjson
 
-from agentrl.chat._values import normalize_schema_types, xml_value
+from agentrl.chat._values import normalize_schema_types, nullable_as_union, xml_value
 from agentrl.chat.types import FailureKind, ToolCallFailure
 
 __all__ = [
@@ -158,7 +158,8 @@ def convert_xml_value(raw: str, param_name: str, properties: Mapping[str, Any]) 
     ``float``/``int``/``str``/``bool``/``dict``/``list``): ``null`` (any case) is ``None`` for every
     type; a parameter missing from the schema stays a string; string-like types stay strings;
     integer types use ``int()`` and keep the text when that fails; number types use ``float()`` and
-    become ``int`` when the text has no ``.``/``e``; a boolean that is not ``true``/``false`` reads as
+    become ``int`` when the text has no ``.``/``e`` (an integer beyond 2**53 thus arrives rounded, with
+    an error saying so, as in SGLang 0.5.23; newer SGLang keeps it exact); a boolean that is not ``true``/``false`` reads as
     ``False`` (with an error saying so); object/array types use ``json.loads`` then
     ``ast.literal_eval``; other types try ``ast.literal_eval`` and keep the string when that fails.
     A union type (``["integer", "string"]``) converts by its first non-null member. One deliberate
@@ -176,8 +177,9 @@ def convert_xml_value(raw: str, param_name: str, properties: Mapping[str, Any]) 
 
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
-    """A checked jsonschema validator for one (canonically serialised) schema, type aliases rewritten."""
-    schema = normalize_schema_types(json.loads(schema_json))
+    """A checked jsonschema validator for one (canonically serialised) schema, type aliases rewritten
+    and ``nullable: true`` read as SGLang reads it (:func:`~agentrl.chat._values.nullable_as_union`)."""
+    schema = nullable_as_union(normalize_schema_types(json.loads(schema_json)))
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
     return cls(schema)
@@ -200,7 +202,8 @@ def check_parameters_schema(tool_name: str, schema: Any) -> None:
 
     ``{}`` and ``None`` are valid (anything accepted); non-standard type names that SGLang rewrites
     (``float``, ``int``, ``str``, ``bool``, ``dict``, ``list``, ...) are accepted as their JSON-schema
-    equivalents. This is the check for tool registration; the parser never raises on a schema.
+    equivalents, and OpenAPI's ``nullable: true`` also accepts ``null``, as in SGLang. This is the
+    check for tool registration; the parser never raises on a schema.
     """
     if schema is None:
         return
@@ -253,6 +256,7 @@ def validate_arguments(tool_name: str, arguments: Mapping[str, Any], schema: Map
     schema's order), then at most one ``invalid_argument_type`` failure per offending argument
     (wrong type, enum violated, nested schema failure, or an argument the schema forbids through
     ``additionalProperties: false``), each naming the argument, its value and the expectation.
+    Type aliases are rewritten and ``nullable: true`` accepts ``null``, as SGLang reads them.
     An empty list means the call is valid. Raises ``ValueError`` only when ``schema`` itself is
     not a valid JSON schema (a tool definition bug, not a model error).
     """

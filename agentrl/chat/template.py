@@ -11,6 +11,10 @@ ids to append after a sampled assistant turn (see :mod:`agentrl.chat.bridge`), a
 :meth:`ChatTemplate.stop_token_ids` / :meth:`ChatTemplate.stop_strings` say where a generation
 turn ends. Token ids are always resolved by string from the tokenizer, never hard-coded.
 
+Control tokens in environment text (``<|im_end|>`` in a tool result) tokenise as the control tokens
+themselves, as under ``apply_chat_template`` and in serving; ``escape_control_tokens=True`` renders
+them escaped in every non-assistant message instead (:mod:`agentrl.chat._control`, docs/chat.md).
+
 Instances are immutable after construction and safe to share between threads.
 
 Example::
@@ -27,11 +31,15 @@ Example::
 from __future__ import annotations
 
 import importlib.resources
+from collections import Counter
 from collections.abc import Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import jinja2
 
+from agentrl.chat._bytes import TokenBytes
+from agentrl.chat._control import ControlTokens
 from agentrl.chat._jinja import compile_template, normalize_messages, normalize_tools
 
 if TYPE_CHECKING:
@@ -103,16 +111,19 @@ class ChatTemplate:
 
     Attributes: ``name``, ``source`` (the Jinja text), ``tool_call_format`` (``"json"`` or
     ``"xml"``), ``tokenizer`` (a Hugging Face tokenizer or None), ``turn_close`` (the string that
-    ends a turn, ``<|im_end|>`` for Qwen) and ``call_close`` (``</tool_call>``, or None when the
-    template has no tool calls).
+    ends a turn, ``<|im_end|>`` for Qwen), ``call_close`` (``</tool_call>``, or None when the
+    template has no tool calls) and ``escape_control_tokens`` (off by default: see the module doc).
     """
 
     def __init__(self, source: str, *, name: str = "custom", tokenizer: Any = None,
-                 tool_call_format: ToolCallFormat | None = None, turn_close: str | None = None) -> None:
+                 tool_call_format: ToolCallFormat | None = None, turn_close: str | None = None,
+                 escape_control_tokens: bool = False) -> None:
         if not isinstance(source, str) or not source.strip():
             raise ValueError(f"ChatTemplate.source: expected the Jinja template text, got {source!r:.80}")
         if tool_call_format not in (None, "json", "xml"):
             raise ValueError(f"ChatTemplate.tool_call_format: expected 'json' or 'xml', got {tool_call_format!r}")
+        if not isinstance(escape_control_tokens, bool):
+            raise ValueError(f"ChatTemplate.escape_control_tokens: expected True or False, got {escape_control_tokens!r}")
         self.name = name
         self.source = source
         self.tokenizer = tokenizer
@@ -123,6 +134,10 @@ class ChatTemplate:
         self._special_tokens: dict[str, Any] = {}
         self._turn_close_id: int | None = None
         self._stop_ids: dict[bool, tuple[int, ...]] = {}  # resolved once: every episode asks
+        self.escape_control_tokens = escape_control_tokens
+        self._control = ControlTokens.of(tokenizer)
+        if escape_control_tokens:
+            self._control.check_escapable()
         if tokenizer is not None:
             # apply_chat_template passes the special tokens (bos_token, eos_token, ...) to the template too.
             self._special_tokens = {k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {})).items()
@@ -132,15 +147,15 @@ class ChatTemplate:
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_name(cls, name: str, tokenizer: Any = None) -> ChatTemplate:
+    def from_name(cls, name: str, tokenizer: Any = None, *, escape_control_tokens: bool = False) -> ChatTemplate:
         """A template shipped with agentrl: ``"qwen3"``, ``"qwen3_5"`` or ``"qwen3_coder"``."""
         if name not in _SHIPPED_FORMATS:
             raise ValueError(f"ChatTemplate.from_name: unknown template {name!r}; expected one of {TEMPLATE_NAMES}")
-        return cls(_shipped_source(name), name=name, tokenizer=tokenizer,
-                   tool_call_format=_SHIPPED_FORMATS[name], turn_close=_QWEN_TURN_CLOSE)
+        return cls(_shipped_source(name), name=name, tokenizer=tokenizer, tool_call_format=_SHIPPED_FORMATS[name],
+                   turn_close=_QWEN_TURN_CLOSE, escape_control_tokens=escape_control_tokens)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any) -> ChatTemplate:
+    def from_tokenizer(cls, tokenizer: Any, *, escape_control_tokens: bool = False) -> ChatTemplate:
         """The tokenizer's own ``chat_template`` (the ``"default"`` entry if it holds several).
 
         The tool-call format is detected from the text (XML if it contains ``<function=`` or
@@ -152,7 +167,7 @@ class ChatTemplate:
         if not isinstance(source, str) or not source.strip():
             raise ValueError(f"ChatTemplate.from_tokenizer: tokenizer {type(tokenizer).__name__} has no chat_template")
         name = str(getattr(tokenizer, "name_or_path", "") or "tokenizer")
-        return cls(source, name=name, tokenizer=tokenizer)
+        return cls(source, name=name, tokenizer=tokenizer, escape_control_tokens=escape_control_tokens)
 
     def _default_turn_close(self) -> str | None:
         if _QWEN_TURN_CLOSE in self.source:
@@ -186,6 +201,8 @@ class ChatTemplate:
         """:meth:`render` for input already passed through ``normalize_messages``/``normalize_tools``
         (the bridge keeps its history normalised and skips that work on every turn)."""
         variables: dict[str, Any] = {**self._special_tokens, "documents": None, **template_kwargs}
+        if self.escape_control_tokens:
+            messages = self._control.escape(messages)
         try:
             return self._compiled.render(messages=messages, tools=tools,
                                          add_generation_prompt=add_generation_prompt, **variables)
@@ -217,6 +234,20 @@ class ChatTemplate:
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens kept (what the parser should read)."""
         return decode_keeping_special_tokens(self._require_tokenizer("decode"), token_ids)
+
+    def token_bytes(self, token_ids: Sequence[int]) -> bytes | None:
+        """The bytes ``token_ids`` spell (invalid UTF-8 included, where :meth:`decode` shows U+FFFD), or
+        None when the tokenizer's vocabulary is not byte-level BPE. Padding ids spell nothing."""
+        return self._token_bytes(token_ids)
+
+    @cached_property
+    def _token_bytes(self) -> TokenBytes:
+        return TokenBytes(self._require_tokenizer("token_bytes"))
+
+    def count_control_tokens(self, messages: list[dict[str, Any]]) -> Counter[str]:
+        """How often each control token of the tokenizer (its added tokens flagged special) occurs in the
+        text of the non-assistant ``messages`` (normalised dicts), escaped or not when rendered."""
+        return self._control.count(messages)
 
     # -- tokens and stops ---------------------------------------------------------------------
     def token_id(self, token: str) -> int:

@@ -538,6 +538,9 @@ class EpisodeRunner:
         traj = self.traj
         if bridge.outcome is BridgeOutcome.SAMPLED_TEXT_DIFFERS or bridge.history_matches is False:
             self.metrics["bridge/sampled_text_differs"] += 1
+        if bridge.control_tokens:  # tolerated: serving tokenises the same text the same way (docs/chat.md)
+            self.metrics["bridge/control_tokens_in_env_text"] += bridge.control_tokens
+            traj.info.setdefault("control_tokens_in_env_text", bridge.notes[0])
         if bridge.outcome is BridgeOutcome.NOT_APPEND_ONLY:
             assert bridge.full_render_ids is not None
             if self.context is not None and len(bridge.full_render_ids) >= self.context:

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.chat import parse_tool_calls
+from agentrl.chat.parse import CallFormat
 from agentrl.chat.schema import (
     convert_xml_value,
     json_value,
@@ -132,6 +134,17 @@ def test_other_types_use_literal_eval_with_string_fallback() -> None:
     assert convert_xml_value("42", "p", props("tuple")) == (42, None)  # tuple is an alias of array
 
 
+@pytest.mark.parametrize("type_", ["number", "float"])
+def test_an_integer_beyond_2_53_for_a_number_arrives_rounded_with_a_note(type_: str) -> None:
+    """SGLang 0.5.23 reads a ``number`` through float(); the value changes, so it is said."""
+    value, err = convert_xml_value("9007199254740993", "p", props(type_))
+    assert value == 9007199254740992 and isinstance(value, int)
+    assert err is not None and "9007199254740992" in err and "integer" in err
+    assert convert_xml_value("-18446744073709551615", "p", props(type_))[0] == -(2**64)
+    assert convert_xml_value("9007199254740992", "p", props(type_)) == (2**53, None)  # exact in a float: no note
+    assert convert_xml_value("9007199254740993", "p", props("integer")) == (2**53 + 1, None)
+
+
 def test_zip_code_stays_a_string() -> None:
     schema = {"zip_code": {"type": "string"}}
     assert convert_xml_value("03106", "zip_code", schema) == ("03106", None)
@@ -216,6 +229,33 @@ def test_additional_properties_false() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
     (f,) = validate_arguments("t", {"a": 1, "zz": 2}, schema)
     assert f.kind is FailureKind.INVALID_ARGUMENT_TYPE and f.argument == "zz" and "'a'" in f.message
+
+
+def test_nullable_true_accepts_null_at_every_level() -> None:
+    """OpenAPI's ``nullable: true``, read as SGLang reads it: null is allowed, other types are not."""
+    schema = {"type": "object", "nullable": True, "required": ["x"],
+              "properties": {"x": {"type": "number", "nullable": True}, "y": {"type": "number"},
+                             "e": {"type": "string", "enum": ["a"], "nullable": True},
+                             "o": {"type": "object", "properties": {"z": {"type": "int", "nullable": True}}}}}
+    assert validate_arguments("f", {"x": None, "e": None, "o": {"z": None}}, schema) == []
+    assert [f.argument for f in validate_arguments("f", {"x": None, "y": None}, schema)] == ["y"]
+    assert [f.argument for f in validate_arguments("f", {"x": "abc"}, schema)] == ["x"]
+    assert [f.kind for f in validate_arguments("f", {}, schema)] == [FailureKind.MISSING_REQUIRED_ARGUMENT]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("json", '<tool_call>\n{"name": "f", "arguments": {"x": null}}\n</tool_call>'),
+    ("xml", "<tool_call>\n<function=f>\n<parameter=x>\nnull\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_null_for_a_nullable_number_runs_the_call(fmt: CallFormat, text: str) -> None:
+    nullable = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number", "nullable": True}}}}}]
+    reply = parse_tool_calls(text, fmt, nullable)
+    assert [(c.name, c.arguments) for c in reply.calls] == [("f", {"x": None})] and reply.failures == []
+    plain = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number"}}}}}]
+    refused = parse_tool_calls(text, fmt, plain)
+    assert refused.calls == [] and [f.kind for f in refused.failures] == [FailureKind.INVALID_ARGUMENT_TYPE]
 
 
 def test_empty_or_missing_schema_accepts_anything() -> None:
