@@ -156,7 +156,8 @@ class ErrorKind(NamedEnum):
     TOOL = "tool"  # failure policy ``end`` on a tool that raised or timed out
     SANDBOX = "sandbox"  # failure policy ``end`` on a sandbox failure
     BRIDGE = "bridge"  # the chat template rejected the conversation
-    REWARD = "reward"  # the reward function raised or ran past its deadline
+    REWARD = "reward"  # the reward function raised or returned no number
+    REWARD_TIMEOUT = "reward_timeout"  # the reward function ran past its deadline
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from typing import Any
 
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.base import Environment, EpisodeDoneError, StepResult
+from agentrl.rewards.pool import shared_pool
 from agentrl.rewards.types import as_reward, score
 from agentrl.trajectory import Trajectory
 
@@ -304,7 +305,7 @@ class _Episode:
     async def check_reward(self, env: Environment, messages: list[Message]) -> None:
         traj = Trajectory.from_prompt([0], messages=messages)
         try:
-            reward = await score(env.reward, traj, timeout_s=60)
+            reward = await score(env.reward, traj, timeout_s=60, pool=shared_pool())
         except Exception as exc:
             self.fail("reward_range" if isinstance(exc, TypeError | ValueError) else "exception",
                       f"reward() failed: {type(exc).__name__}: {str(exc)[:200]}")
@@ -397,6 +398,9 @@ async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, 
     if row_numbers is not None and len(row_numbers) < min(len(rows), max_rows):
         raise ValueError(f"check_environment: row_numbers has {len(row_numbers)} entries for {len(rows)} rows")
     report = CheckReport(env_name=f"{env_cls.__module__}:{env_cls.__qualname__}")
+    # the reward pool is a run's infrastructure, started before any episode (as a run starts it): its
+    # worker processes are not the episode's
+    await asyncio.to_thread(shared_pool().warm)
     every: list[_Episode] = []
     for index, row in enumerate(rows[:max_rows]):
         line = row_numbers[index] if row_numbers is not None else None

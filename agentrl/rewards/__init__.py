@@ -8,6 +8,7 @@ from agentrl.rewards.math import (
     math_answer_reward,
     math_equal,
 )
+from agentrl.rewards.pool import RewardPool, RewardTimeout, shared_pool
 from agentrl.rewards.types import GroupRewardFn, Reward, RewardFn, RewardValue, as_reward, score, score_group
 
 __all__ = [
@@ -15,6 +16,8 @@ __all__ = [
     "MathReward",
     "Reward",
     "RewardFn",
+    "RewardPool",
+    "RewardTimeout",
     "RewardValue",
     "as_reward",
     "extract_answer_line",
@@ -24,4 +27,5 @@ __all__ = [
     "math_equal",
     "score",
     "score_group",
+    "shared_pool",
 ]

@@ -85,15 +85,34 @@ def math_equal(answer: str, label: str) -> bool:
     a, b = answer.strip(), label.strip()
     if a == b:
         return bool(a)
-    # math_verify times out with SIGALRM, which only works on the main thread.
     return _math_equal(a, b, threading.current_thread() is threading.main_thread())
+
+
+COMPARE_TIMEOUT_S = 5
+"""math_verify's own deadline per parse and per comparison; the pool's is a second longer."""
 
 
 @functools.lru_cache(maxsize=16384)
 def _math_equal(answer: str, label: str, main_thread: bool) -> bool:
+    # math_verify times out with SIGALRM, which only works on a main thread; elsewhere (a reward thread,
+    # a Ray actor's event loop) the comparison runs in the reward pool, whose worker is killed at the deadline
+    if main_thread:
+        return _compare(answer, label, timeout=COMPARE_TIMEOUT_S)
+    from agentrl.rewards.pool import RewardTimeout, shared_pool
+
+    try:
+        return shared_pool().call(_compare_in_worker, answer, label, timeout_s=COMPARE_TIMEOUT_S + 1)
+    except RewardTimeout:
+        return False  # as math_verify's own timeout answers
+
+
+def _compare_in_worker(answer: str, label: str) -> bool:
+    return _compare(answer, label, timeout=COMPARE_TIMEOUT_S)  # the worker's main thread: SIGALRM works
+
+
+def _compare(answer: str, label: str, *, timeout: int | None) -> bool:
     from math_verify import parse, verify  # imported lazily: it pulls in sympy
 
-    timeout: int | None = 5 if main_thread else None
     gold = parse(_as_latex(label), parsing_timeout=timeout)  # type: ignore[arg-type]
     pred = parse(_as_latex(answer), parsing_timeout=timeout)  # type: ignore[arg-type]
     if not gold or not pred:

@@ -2,7 +2,18 @@
 
 A reward function takes what it scores and returns a ``float`` or a :class:`Reward` (a value with
 named parts), either directly or as an awaitable. :func:`score` and :func:`score_group` call any
-of these shapes the same way, with a deadline, and always return :class:`Reward` objects:
+of these shapes the same way, with a deadline, and always return :class:`Reward` objects. A reward
+never runs on the caller's event loop (one pathological answer must not stall every rollout):
+
+- an ``async`` function is awaited within the deadline;
+- a sync function that pickles (a module-level function, a ``functools.partial`` of one, a
+  picklable callable object) runs in a :class:`~agentrl.rewards.pool.RewardPool` worker process
+  when :func:`score` is given one: past the deadline the worker is killed (a hard deadline);
+- any other sync function (a method of an environment, a closure) runs in a reward thread: past the
+  deadline the wait ends, while the thread finishes on its own (a thread cannot be killed; put the
+  CPU-heavy part in the pool, as :class:`~agentrl.rewards.math.MathReward`'s comparisons are).
+
+Past its deadline a call raises :class:`~agentrl.rewards.pool.RewardTimeout`.
 
 - per trajectory: ``fn(trajectory) -> float | Reward | Awaitable[float | Reward]``;
 - per group: ``fn(trajectories) -> Sequence[float | Reward] | Awaitable[...]`` — one value per
@@ -19,11 +30,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import pickle
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["GroupRewardFn", "Reward", "RewardFn", "RewardValue", "as_reward", "score", "score_group"]
+from agentrl.rewards.pool import RewardTimeout
+
+if TYPE_CHECKING:
+    from agentrl.rewards.pool import RewardPool
+
+__all__ = ["GroupRewardFn", "Reward", "RewardFn", "RewardTimeout", "RewardValue", "as_reward", "score", "score_group"]
 
 T = TypeVar("T")
 
@@ -62,24 +80,59 @@ def as_reward(value: object, *, where: str = "reward") -> Reward:
     return Reward(float(value))
 
 
-async def _resolve(result: T | Awaitable[T], timeout_s: float | None) -> T:
-    if inspect.isawaitable(result):
-        return await asyncio.wait_for(result, timeout_s)
+# sync reward functions that cannot go to a worker process: their own threads, so one that never
+# returns holds a reward thread, never the loop's default executor
+_THREADS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentrl-reward")
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    call = None if inspect.isfunction(fn) or inspect.ismethod(fn) else vars(type(fn)).get("__call__")
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
+
+
+def _pickles(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` can run in a worker process: not a bound method (an environment's state stays
+    with the environment), and it pickles."""
+    if inspect.ismethod(fn):
+        return False
+    try:
+        pickle.dumps(fn)
+    except Exception:  # any object can refuse to pickle in its own way
+        return False
+    return True
+
+
+async def _call(fn: Callable[..., Any], item: Any, timeout_s: float | None, pool: RewardPool | None) -> Any:
+    """``fn(item)`` off the event loop, within ``timeout_s`` (see the module doc)."""
+    loop = asyncio.get_running_loop()
+    if _is_async(fn):
+        work: Awaitable[Any] = fn(item)
+    elif pool is not None and _pickles(fn):
+        return await pool.run(fn, item, timeout_s=timeout_s)
+    else:
+        work = loop.run_in_executor(_THREADS, fn, item)
+    started = loop.time()
+    try:
+        result = await asyncio.wait_for(work, timeout_s)
+        if inspect.isawaitable(result):  # a sync callable that returned an awaitable
+            left = None if timeout_s is None else max(0.0, timeout_s - (loop.time() - started))
+            result = await asyncio.wait_for(result, left)
+    except TimeoutError:
+        raise RewardTimeout(f"{_name(fn)} ran past its deadline of {timeout_s:g} s") from None
     return result
 
 
-async def score(fn: RewardFn, item: Any, *, timeout_s: float | None = None) -> Reward:
-    """Calls a per-trajectory reward function (sync or async) and normalises its result.
-
-    ``timeout_s`` bounds an async function; a sync function runs inline (keep it fast, or make
-    it async and offload heavy work to a thread).
-    """
-    return as_reward(await _resolve(fn(item), timeout_s), where=f"{_name(fn)} result")
+async def score(fn: RewardFn, item: Any, *, timeout_s: float | None = None, pool: RewardPool | None = None) -> Reward:
+    """Calls a per-trajectory reward function (sync or async) off the event loop and normalises its
+    result; raises :class:`~agentrl.rewards.pool.RewardTimeout` past ``timeout_s`` (module doc)."""
+    return as_reward(await _call(fn, item, timeout_s, pool), where=f"{_name(fn)} result")
 
 
-async def score_group(fn: GroupRewardFn, items: Sequence[Any], *, timeout_s: float | None = None) -> list[Reward]:
+async def score_group(fn: GroupRewardFn, items: Sequence[Any], *, timeout_s: float | None = None,
+                      pool: RewardPool | None = None) -> list[Reward]:
     """Calls a per-group reward function and checks it returned exactly one value per member."""
-    values = await _resolve(fn(items), timeout_s)
+    values = await _call(fn, items, timeout_s, pool)
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise TypeError(f"{_name(fn)} result: expected a sequence of {len(items)} rewards, got {type(values).__name__}")
     if len(values) != len(items):

@@ -112,14 +112,17 @@ _LOST_KINDS = (ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT, ErrorKind.ENV)
 
 
 def lost_reason(episode: Episode) -> str | None:
-    """Why an episode is not usable for training for an infrastructure reason (None: usable):
-    ``<kind>_error`` of its first engine or environment error, ``reward_error``, ``unscored`` or ``aborted``."""
+    """Why an episode is not usable for training (None: usable): ``<kind>_error`` of its first engine or
+    environment error, ``reward_error`` / ``reward_timeout`` (a reward failure under the ``drop_group``
+    policy), ``unscored`` or ``aborted``."""
     traj = episode.trajectory
     if traj.status is Status.FAILED:
         error = traj.error_of(*_LOST_KINDS)
         if error is not None:
             return f"{error.kind.value}_error"
     if traj.reward is None and traj.status is not Status.ABORTED:
+        if traj.error_of(ErrorKind.REWARD_TIMEOUT) is not None:
+            return "reward_timeout"
         return "reward_error" if traj.error_of(ErrorKind.REWARD) is not None else "unscored"
     if traj.status is Status.ABORTED:
         return "aborted"

@@ -87,8 +87,7 @@ import functools
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
@@ -96,7 +95,9 @@ from agentrl.chat.template import ChatTemplate
 from agentrl.chat.types import Message, ToolCallFailure
 from agentrl.environments.base import Environment, StepResult
 from agentrl.episode import Episode
-from agentrl.rewards.types import score
+from agentrl.rewards.pool import RewardTimeout, shared_pool
+from agentrl.rewards.types import Reward, score
+from agentrl.rollout._agent_config import AgentConfig, env_hook
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.types import (
@@ -162,51 +163,6 @@ def record_step_failure(traj: Trajectory, step: StepResult) -> None:
     kinds = ", ".join(k.value for k in step.failures) or "none"
     traj.add_error(ErrorKind.ENV, f"step() ended the episode as failed without an error (failures: {kinds})",
                    component="step")
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """Settings of the agent loop.
-
-    - ``sampling``: per-request sampling; its ``max_new_tokens`` is the per-turn cap. The loop
-      sets ``max_new_tokens`` (the budget) on each request and adds the template's stop ids to
-      ``stop_token_ids``.
-    - ``context_length``: the engine's context window (None: only the environment's budget).
-    - ``one_call_per_turn``: also stop on ``</tool_call>`` (the bridge then adds a synthetic turn close).
-    - ``strict_parsing`` / ``max_calls_per_turn``: passed to the tool-call parser.
-    - ``template_kwargs``: extra template variables (``enable_thinking``...), used for every render.
-    - ``routing``: ``"episode"`` (default) or ``"group"``: the routing key's scope.
-    - ``reward_timeout_s``: deadline for an async reward function.
-    - ``audit``: after a ``sampled_text_differs`` turn, keep comparing the sampled history with a full
-      render each turn (slower; the bridge session does this for free until then).
-    - ``vocab_size``: the model's vocabulary (its embedding rows, ``config.json``'s ``vocab_size``;
-      see :func:`agentrl.rollout.model_vocab_size`): the bound every sampled id is checked against
-      and each trajectory's ``vocab_size``. ``None``: unknown, ids are only checked to be >= 0.
-    """
-
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=1024))
-    context_length: int | None = None
-    one_call_per_turn: bool = False
-    strict_parsing: bool = False
-    max_calls_per_turn: int | None = None
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    routing: str = "episode"
-    reward_timeout_s: float | None = 300.0
-    audit: bool = False
-    vocab_size: int | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.sampling, SamplingParams):
-            raise TypeError(f"AgentConfig.sampling: expected SamplingParams, got {type(self.sampling).__name__}")
-        if self.sampling.max_new_tokens < 1:
-            raise ValueError(f"AgentConfig.sampling.max_new_tokens: got {self.sampling.max_new_tokens}; expected >= 1")
-        if self.context_length is not None and self.context_length < 2:
-            raise ValueError(f"AgentConfig.context_length: got {self.context_length!r}; expected None or >= 2")
-        if self.routing not in ("episode", "group"):
-            raise ValueError(f"AgentConfig.routing: got {self.routing!r}; expected 'episode' or 'group'")
-        if self.vocab_size is not None and (isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int)
-                                            or self.vocab_size < 1):
-            raise ValueError(f"AgentConfig.vocab_size: got {self.vocab_size!r}; expected None or an int >= 1")
 
 
 async def run_episode(env: Environment, template: ChatTemplate, client: GenerateClient,
@@ -348,13 +304,14 @@ class EpisodeRunner:
         return self._result
 
     async def close(self) -> None:
-        """Closes the environment (once)."""
+        """Closes the environment (once), within the environment's deadline (past it, the close is
+        left behind: a hook cannot be killed)."""
         if not self._closed:
             self._closed = True
-            await self.env.close()
+            await env_hook("close", self.env.close(), self.config.env_timeout_s)
 
     async def _start(self) -> None:
-        opening = await self.env.reset()
+        opening = await env_hook("reset", self.env.reset(), self.config.env_timeout_s)
         self.tools = self.env.tool_specs()
         if self.opening_cache is not None:
             self.bridge_session = self.opening_cache.session(opening, tools=self.tools, **self.kwargs)
@@ -488,12 +445,13 @@ class EpisodeRunner:
     async def _env_turn(self, message: Message) -> StopReason | None:
         """One environment step and its bridge. Returns a stop reason when the episode ends."""
         traj = self.traj
+        deadline = self.config.env_timeout_s
         try:
             if self.tool_slots is not None and message.tool_calls:
                 async with self.tool_slots:
-                    step = await self.env.step(message, self._pending_failures)
+                    step = await env_hook("step", self.env.step(message, self._pending_failures), deadline)
             else:
-                step = await self.env.step(message, self._pending_failures)
+                step = await env_hook("step", self.env.step(message, self._pending_failures), deadline)
         except Exception as exc:  # the environment's bug ends the episode as a value, not a crash
             traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step")
             return StopReason.FAILED
@@ -584,10 +542,15 @@ class EpisodeRunner:
         if last.status is Status.ABORTED:
             return
         try:
-            reward = await score(self.env.reward, last, timeout_s=self.config.reward_timeout_s)
-        except Exception as exc:
-            last.add_error(ErrorKind.REWARD, f"{type(exc).__name__}: {exc}", component="reward")
-            return
+            reward = await score(self.env.reward, last, timeout_s=self.config.reward_timeout_s,
+                                 pool=shared_pool() if self.config.reward_pool else None)
+        except Exception as exc:  # a reward failure: scored by the policy, never resampled
+            kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
+            last.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward")
+            last.metrics["reward_failed"] = 1.0
+            if self.config.reward_failure != "zero":
+                return
+            reward = Reward(0.0, parts={"reward_failed": 0.0})
         parts = dict(reward.parts) or {"reward": reward.value}
         for name, value in self.reward_parts.items():
             parts[name] = parts.get(name, 0.0) + value

@@ -37,6 +37,7 @@ import httpx
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.base import Environment
 from agentrl.episode import Episode
+from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import score
 from agentrl.rollout.agent import record_step_failure
 from agentrl.rollout.eval import EvalConfig, EvalReport, _report
@@ -235,9 +236,10 @@ class _MessageEpisode:
 
     async def _score(self, traj: Trajectory, timeout_s: float | None) -> None:
         try:
-            reward = await score(self.env.reward, traj, timeout_s=timeout_s)
+            reward = await score(self.env.reward, traj, timeout_s=timeout_s, pool=shared_pool())
         except Exception as exc:
-            traj.add_error(ErrorKind.REWARD, f"{type(exc).__name__}: {exc}", component="reward")
+            kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
+            traj.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward")
             return
         parts = dict(reward.parts) or {"reward": reward.value}
         for name, value in self.reward_parts.items():

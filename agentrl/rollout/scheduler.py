@@ -87,6 +87,9 @@ EnvFactory = Callable[[dict[str, Any]], Environment]
 LoadProbe = Callable[[], Awaitable[int]]
 
 
+REWARD_FAILURES = ("reward_error", "reward_timeout")
+
+
 class Scheduler:
     """Collects training steps from a data source; see the module doc.
 
@@ -379,7 +382,9 @@ class Scheduler:
             if too_long is not None:  # the opening prompt itself: another attempt would fail the same way
                 member.episode, member.lost = episode, f"prompt_too_long: {too_long.message.removeprefix(PROMPT_TOO_LONG)}"
                 return
-            if lost is not None and member.retries < self.config.member_retries and not step.aborted:
+            reward_failure = lost is not None and lost.startswith(REWARD_FAILURES)  # never resampled
+            if lost is not None and not reward_failure and member.retries < self.config.member_retries \
+                    and not step.aborted:
                 member.runner = None
                 member.retries += 1
                 group.regenerated += 1
@@ -432,6 +437,10 @@ class Scheduler:
         kept = [m for m in group.members if m.episode is not None and m.lost is None]
         report.members_regenerated += group.regenerated
         report.members_lost += len(group.members) - len(kept)
+        dropped = next((m.lost for m in group.members if m.lost and m.lost.startswith(REWARD_FAILURES)), None)
+        if dropped is not None:  # the drop_group policy: a group with a failed reward is not trained
+            report.count("failed", dropped.split(":")[0])
+            return "failed"
         if len(kept) < self.config.min_group_size:
             reasons = Counter((m.lost or "unfinished").split(":")[0] for m in group.members if m not in kept)
             reason = reasons.most_common(1)[0][0] if reasons else "too_few_members"

@@ -4,6 +4,7 @@ fails."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataSource, read_rows
+from agentrl.rewards.pool import shared_pool
 from agentrl.rollout.health import EngineGroup
 from agentrl.rollout.pacing import tune_gc
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
@@ -91,8 +93,14 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
     router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
     urls = config.rollout.engines.urls
     health = config.rollout.health.to_config()
-    group = await (EngineGroup.attach(urls, router_cfg, health) if urls
-                   else EngineGroup.launch(engine_cfgs, router_cfg, health, starters=starters))
+    # the reward pool's workers start (and import sympy) while the engines boot
+    warming = asyncio.ensure_future(asyncio.to_thread(shared_pool().warm)) if config.rollout.agent.reward_pool else None
+    try:
+        group = await (EngineGroup.attach(urls, router_cfg, health) if urls
+                       else EngineGroup.launch(engine_cfgs, router_cfg, health, starters=starters))
+    finally:
+        if warming is not None:
+            await asyncio.gather(warming, return_exceptions=True)
     try:
         if cpu is not None and not urls and starters is None:  # SGLang binds threads itself only on AMX/arm64
             # (a host actor pins the engine it starts)

@@ -205,6 +205,8 @@ class SchedulerSection(Section):
 
 class AgentSection(Section):
     """The agent loop (:class:`AgentConfig`) minus its sampling, which is the rollout's ``sampling``.
+    ``reward_timeout_s``, ``reward_pool`` and ``reward_failure``: how a reward runs, its deadline, and
+    what a failed one means; ``env_timeout_s``: the environment hooks' soft deadline (see :class:`AgentConfig`).
 
     ``context_length`` ``None``: the engines' ``context_length`` (or only the environment's budget
     when that is unset too).
@@ -217,6 +219,9 @@ class AgentSection(Section):
     template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     routing: Literal["episode", "group"] = "episode"
     reward_timeout_s: float | None = Field(default=300.0, gt=0.0)
+    env_timeout_s: float | None = Field(default=600.0, gt=0.0)
+    reward_pool: bool = True
+    reward_failure: Literal["zero", "drop_group"] = "zero"
     audit: bool = False
 
     def to_config(self, sampling: SamplingParams, *, context_length: int | None = None) -> AgentConfig:
@@ -225,7 +230,9 @@ class AgentSection(Section):
             sampling=sampling, context_length=self.context_length if self.context_length is not None
             else context_length, one_call_per_turn=self.one_call_per_turn, strict_parsing=self.strict_parsing,
             max_calls_per_turn=self.max_calls_per_turn, template_kwargs=dict(self.template_kwargs),
-            routing=self.routing, reward_timeout_s=self.reward_timeout_s, audit=self.audit,
+            routing=self.routing, reward_timeout_s=self.reward_timeout_s, env_timeout_s=self.env_timeout_s,
+            reward_pool=self.reward_pool,
+            reward_failure=self.reward_failure, audit=self.audit,
         )
 
 

@@ -4,6 +4,7 @@ step report counts errors by kind and the viewer and run index show them."""
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import pickle
@@ -127,10 +128,10 @@ class CalcEnv(Environment):
         return 0.0
 
 
-async def _run(tok: Any, env: Environment, script: list[str]) -> Episode:
+async def _run(tok: Any, env: Environment, script: list[str], **config: Any) -> Episode:
     template = ChatTemplate.from_name("qwen3", tokenizer=tok)
     return await run_episode(env, template, ScriptedClient(tok, script),
-                             AgentConfig(sampling=SamplingParams(max_new_tokens=64)))
+                             AgentConfig(sampling=SamplingParams(max_new_tokens=64), **config))
 
 
 @pytest.mark.parametrize(("tool", "failure", "kind"), [("calc", "tool_error", ErrorKind.TOOL),
@@ -147,10 +148,29 @@ async def test_failure_policy_end_is_a_typed_error_naming_the_call(tok: Any, too
     assert error.message.startswith(f"failure policy 'end' on {failure}: ")
 
 
-async def test_a_reward_that_raises_is_a_typed_error(tok: Any) -> None:
+async def test_a_reward_that_raises_is_a_typed_error_scored_by_the_policy(tok: Any) -> None:
+    """The default policy scores it 0.0 (the error on record, the text kept); ``drop_group`` leaves it
+    unscored for the scheduler to drop its group. Never a reason to resample the episode."""
+    error = EpisodeError(ErrorKind.REWARD, "ValueError: no answer", turn=1, component="reward")
     ep = await _run(tok, CalcEnv({}, reward_raises=True), [ANSWER])
-    assert ep.status is Status.COMPLETED and ep.reward is None
-    assert ep.trajectory.errors == [EpisodeError(ErrorKind.REWARD, "ValueError: no answer", turn=1, component="reward")]
+    assert ep.status is Status.COMPLETED and ep.reward == 0.0 and ep.trajectory.metrics["reward_failed"] == 1.0
+    assert ep.trajectory.errors == [error]
+    dropped = await _run(tok, CalcEnv({}, reward_raises=True), [ANSWER], reward_failure="drop_group")
+    assert dropped.reward is None and dropped.trajectory.errors == [error]
+
+
+async def test_an_environment_hook_past_its_soft_deadline_ends_the_episode_with_an_env_error(tok: Any) -> None:
+    class Stalls(CalcEnv):
+        async def step(self, reply: Message, failures: Any = ()) -> StepResult:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+    t0 = asyncio.get_running_loop().time()
+    ep = await _run(tok, Stalls({}), [CALL % "calc"], env_timeout_s=0.3)
+    assert asyncio.get_running_loop().time() - t0 < 5
+    [error] = ep.trajectory.errors
+    assert (ep.status, error.kind, error.component) == (Status.FAILED, ErrorKind.ENV, "step")
+    assert "step() ran past its deadline of 0.3 s (rollout.agent.env_timeout_s)" in error.message
 
 
 async def test_an_environment_failing_without_saying_why_gets_an_env_error(tok: Any) -> None:

@@ -254,7 +254,8 @@ async def test_staleness_bound_is_exact_and_enforced_by_admission(tok: Any, temp
 
 
 class FlakyEnv(ToyArithmeticEnv):
-    """Raises in step() for some episodes (a crashing environment) and in reward() for others."""
+    """Raises in step() for some episodes (a crashing environment: regenerated) and in reward() for
+    others (a reward failure: scored 0.0 by the default policy, never regenerated)."""
 
     async def step(self, reply: Message, failures: Sequence[ToolCallFailure] = ()) -> StepResult:
         if _coin(self.task.question + str(id(self)), 0.05):
