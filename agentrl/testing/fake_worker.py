@@ -85,6 +85,8 @@ class FakeWorker:
         app.router.add_post("/continue_generation", self._control)
         app.router.add_post("/update_weights_from_disk", self._update_weights)
         app.router.add_get("/v1/loads", self._loads)
+        app.router.add_post("/release_memory_occupation", self._memory)
+        app.router.add_post("/resume_memory_occupation", self._memory)
         return app
 
     async def _ok(self, request: web.Request) -> web.Response:
@@ -102,6 +104,12 @@ class FakeWorker:
         if mode == "abort":
             self.state.aborted.update(self.state.running)
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _memory(self, request: web.Request) -> web.Response:
+        """``/release_memory_occupation`` and ``/resume_memory_occupation``: recorded with their tags."""
+        tags = (await request.json() or {}).get("tags") or ["all"]
+        self.state.control_calls.append(f"{request.path} {','.join(tags)}")
+        return web.json_response({"success": True})
 
     async def _wait_unpaused(self, rid: str | None = None) -> None:
         while self.state.paused and (rid is None or rid not in self.state.aborted):
