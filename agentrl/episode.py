@@ -7,7 +7,8 @@ the :class:`Episode` — not its last sequence — is the unit to save, load and
 
 - :meth:`Episode.to_dict` / :meth:`Episode.from_dict` and :func:`save_episodes` /
   :func:`load_episodes` (one episode per JSONL line) round-trip it losslessly, validating every
-  sequence and that they belong together;
+  sequence and that they belong together; :func:`load_episodes` also reads gzipped files and a
+  run folder's ``trajectories/step_*.jsonl.gz`` (``load_episodes("runs/exp1")``);
 - :func:`agentrl.train.build_training_batch` accepts episodes (each sequence becomes a training
   sequence; group statistics count the rollout once).
 
@@ -23,8 +24,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from agentrl._runfiles import TRAJECTORY_FILE_RE
 from agentrl.trajectory import Status, StopReason, Trajectory, TrajectoryError, iter_records, write_records
 
 __all__ = ["Episode", "iter_episodes", "load_episodes", "save_episodes"]
@@ -112,10 +115,32 @@ def save_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode], *, 
     return write_records(path, (e.to_dict() for e in episodes), append=append)
 
 
+def _is_step_header(record: Any) -> bool:
+    """The first line of a run folder's step file: ``{"config_hash", "step", "count", ...}``."""
+    return isinstance(record, dict) and "config_hash" in record and "sequences" not in record
+
+
+def _episode_files(path: Path) -> list[Path]:
+    """``path`` itself, or the step files of a run folder (or of its ``trajectories/``) in step order."""
+    if not path.is_dir():
+        return [path]
+    folder = path / "trajectories" if (path / "trajectories").is_dir() else path
+    steps = sorted((int(m.group(1)), f) for f in folder.iterdir() if (m := TRAJECTORY_FILE_RE.fullmatch(f.name)))
+    if not steps:
+        raise TrajectoryError(f"{path}: no trajectories/step_*.jsonl.gz files in it; expected a run folder that "
+                              "saved trajectories (logging.save_trajectories), or a JSONL file of episodes")
+    return [f for _, f in steps]
+
+
 def iter_episodes(path: str | os.PathLike[str]) -> Iterator[Episode]:
-    """Yields episodes from a JSONL file; a bad line raises naming the file and line number."""
-    return iter_records(path, Episode.from_dict)
+    """Yields the episodes of ``path``: a JSONL file of episode records (gzipped when its name ends in
+    ``.gz``), or a run folder (or its ``trajectories/`` folder), whose ``step_*.jsonl.gz`` files are
+    read in step order with their header lines skipped. A bad line raises :class:`TrajectoryError`
+    naming the file and line number."""
+    for file in _episode_files(Path(path)):
+        yield from iter_records(file, Episode.from_dict, skip=_is_step_header)
 
 
 def load_episodes(path: str | os.PathLike[str]) -> list[Episode]:
+    """Every episode of ``path`` (see :func:`iter_episodes`), e.g. ``load_episodes("runs/exp1")``."""
     return list(iter_episodes(path))

@@ -45,6 +45,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -531,16 +532,29 @@ def write_records(path: str | os.PathLike[str], records: Iterable[dict[str, Any]
     return n
 
 
-def iter_records(path: str | os.PathLike[str], build: Callable[[dict[str, Any]], T]) -> Iterator[T]:
-    """Yields ``build(record)`` per non-blank line; a bad line raises naming the file and line number."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield build(json.loads(line))
-            except (json.JSONDecodeError, TrajectoryError) as exc:
-                raise TrajectoryError(f"{os.fspath(path)}:{lineno}: {exc}") from exc
+def iter_records(path: str | os.PathLike[str], build: Callable[[dict[str, Any]], T], *,
+                 skip: Callable[[Any], bool] | None = None) -> Iterator[T]:
+    """Yields ``build(record)`` per non-blank line of a JSONL file (gzipped when its name ends in
+    ``.gz``), leaving out the records ``skip`` accepts; a bad line raises naming the file and line
+    number, a file that cannot be decoded raises naming the file."""
+    name = os.fspath(path)
+    lineno = 0
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") if name.endswith(".gz") else open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    if skip is None or not skip(record):
+                        yield build(record)
+                except (json.JSONDecodeError, TrajectoryError) as exc:
+                    raise TrajectoryError(f"{name}:{lineno}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        hint = "" if name.endswith(".gz") else " (a gzipped file needs a name ending in .gz)"
+        raise TrajectoryError(f"{name}:{lineno + 1}: not UTF-8 text{hint}: {exc}") from exc
+    except (gzip.BadGzipFile, EOFError) as exc:
+        raise TrajectoryError(f"{name}: not a complete gzip file ({type(exc).__name__}: {exc})") from exc
 
 
 def save_jsonl(path: str | os.PathLike[str], trajectories: Iterable[Trajectory], *, append: bool = False) -> int:

@@ -11,13 +11,27 @@ schema, a reply with an unknown tool and a parse failure, a final answer), then 
 - ``shared_state``: the row or a class attribute changed, or two identical episodes diverged;
 - ``step_after_done``: ``step`` accepted after the episode was done (it must raise);
 - ``pickle``: a fresh environment that cannot be pickled (naming the attributes at fault);
-- ``leak``: processes (or Docker containers) started during the episode still alive after ``close``;
+- ``leak``: processes (or Docker containers) started during the episode still alive after ``close``
+  (processes that already-running ones start, e.g. a shared pool's workers preparing their next
+  execution, are not the episode's);
 - ``reward_range``: a reward outside the class's declared ``reward_range``, or not a number.
 
+With ``reward=fn`` (``agentrl env check --reward module:fn``), a reward function
+``(trajectory, task) -> float`` like the one ``agentrl train --reward`` takes is called on every
+scripted episode's conversation, and on it cut after its first assistant reply (an episode that
+ends without an answer, as a truncated one does):
+
+- ``reward_fn``: it raised, ran past 60 s, returned ``None``, something else than a number or
+  :class:`~agentrl.rewards.Reward`, or a number that is not finite; the message quotes the last
+  assistant text it was given.
+
 Warnings do not fail the check: a tool that raised on every call the checker made (with arguments
-made up from its schema), and, from the command line, ``--rows`` beyond the file. Each problem is
-reported once per row (with how many episodes showed it); rows are named by their file line when
-the caller passes ``row_numbers``. ``verbose=True`` keeps every episode's transcript for
+made up from its schema), a tool whose function returned ``None`` (a forgotten ``return``: the
+model is shown an empty result), processes that only the check's first episode left behind while
+no later one started more (``shared_processes``: a pool shared across episodes, started once per
+process), and, from the command line, ``--rows`` beyond the file. Each problem is reported once
+per row (with how many episodes showed it); rows are named by their file line when the caller
+passes ``row_numbers``. ``verbose=True`` keeps every episode's transcript for
 :meth:`CheckReport.format`.
 
 Example::
@@ -38,11 +52,12 @@ import os
 import pickle
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
+from agentrl.environments._check_probes import ReturnWatch, reward_problem
 from agentrl.environments.base import Environment, EpisodeDoneError, StepResult
 from agentrl.rewards.pool import shared_pool
 from agentrl.rewards.types import as_reward, score
@@ -51,6 +66,7 @@ from agentrl.trajectory import Trajectory
 __all__ = ["CheckReport", "Violation", "check_environment", "example_arguments"]
 
 _FINAL_ANSWER = "The answer is \\boxed{0}."
+_REWARD_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,8 @@ class CheckReport:
     violations: list[Violation] = field(default_factory=list)
     warnings: list[Violation] = field(default_factory=list)
     transcripts: list[str] = field(default_factory=list)  # filled with verbose=True
+    reward_name: str | None = None  # the reward function checked (reward=), if any
+    reward_calls: int = 0
 
     @property
     def ok(self) -> bool:
@@ -96,6 +114,8 @@ class CheckReport:
                 f"{len(self.violations)} violation(s)")
         if self.warnings:
             head += f", {len(self.warnings)} warning(s)"
+        if self.reward_name is not None:
+            head += f", reward {self.reward_name} called {self.reward_calls} times"
         lines = [*self.transcripts, head + ("" if self.violations else " — OK")]
         lines += [f"  {v}" for v in self.violations]
         lines += [f"  warning: {w}" for w in self.warnings]
@@ -121,8 +141,8 @@ def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _descendants() -> set[tuple[int, str]]:
-    """(pid, start time) of every live descendant process of this one (Linux /proc)."""
+def _descendants() -> dict[tuple[int, str], int]:
+    """(pid, start time) -> parent pid of every live descendant process of this one (Linux /proc)."""
     parent: dict[int, int] = {}
     start: dict[int, str] = {}
     for entry in os.listdir("/proc"):
@@ -136,14 +156,31 @@ def _descendants() -> set[tuple[int, str]]:
         if fields[0] == "Z":  # a zombie is dead; its parent just has not reaped it yet
             continue
         parent[int(entry)], start[int(entry)] = int(fields[1]), fields[19]
-    me, found, frontier = os.getpid(), set(), [os.getpid()]
+    me, frontier = os.getpid(), [os.getpid()]
+    found: dict[tuple[int, str], int] = {}
     while frontier:
         p = frontier.pop()
         for child, ppid in parent.items():
             if ppid == p and child != me and (child, start[child]) not in found:
-                found.add((child, start[child]))
+                found[(child, start[child])] = ppid
                 frontier.append(child)
     return found
+
+
+def _started_here(new: set[tuple[int, str]], parents: dict[tuple[int, str], int]) -> set[tuple[int, str]]:
+    """The processes of ``new`` that this process started (directly, or through other new ones). The
+    others are the work of processes that were running before (a shared pool's worker preparing its
+    next execution), not the episode's."""
+    new_pids, me = {pid for pid, _ in new}, os.getpid()
+    by_pid = {pid: ppid for (pid, _), ppid in parents.items()}
+    out = set()
+    for key in new:
+        pid = key[0]
+        while by_pid.get(pid) in new_pids:
+            pid = by_pid[pid]
+        if by_pid.get(pid) == me:
+            out.add(key)
+    return out
 
 
 def _containers() -> set[str] | None:
@@ -190,9 +227,13 @@ class _Episode:
     row: Any
     row_index: int
     script: str
+    reward_fn: Callable[..., Any] | None = None
     violations: list[Violation] = field(default_factory=list)
     transcript: list[Any] = field(default_factory=list)
     tool_outcomes: list[tuple[str, dict[str, Any], str | None]] = field(default_factory=list)  # name, args, error
+    leaks: list[str] = field(default_factory=list)  # what outlived close(): judged per row (_leak_findings)
+    none_returns: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # calls whose function gave None
+    reward_calls: int = 0
 
     def fail(self, check: str, message: str) -> None:
         self.violations.append(Violation(check, message, self.row_index))
@@ -223,7 +264,7 @@ class _Episode:
             return False, None
 
     async def run(self) -> None:
-        procs0, containers0 = _descendants(), _containers()
+        procs0, containers0 = set(_descendants()), _containers()
         try:
             env = self.env_cls(self.row)
         except Exception as exc:
@@ -252,6 +293,8 @@ class _Episode:
             return
         messages = list(opening)
         self.transcript.append([m.to_dict() for m in opening])
+        if self.script == "tools":  # tools registered in reset() included; the private map is the one step() calls
+            env._tools = {name: ReturnWatch(t, self.none_returns) for name, t in env.tool_map.items()}
         script = self.replies(env)
         limit = env.limits.max_turns + 2
         done = False
@@ -277,6 +320,8 @@ class _Episode:
             return
         await self.check_step_after_done(env, script[-1])
         await self.check_reward(env, messages)
+        if self.reward_fn is not None:
+            await self.check_reward_fn(env, messages)
 
     def record_tool_outcomes(self, reply: Message, res: StepResult) -> None:
         if self.script != "tools":
@@ -315,20 +360,37 @@ class _Episode:
             self.fail("reward_range", f"reward {reward.value!r} lies outside the declared reward_range ({lo}, {hi})")
         self.transcript.append(reward.value)
 
+    async def check_reward_fn(self, env: Environment, messages: list[Message]) -> None:
+        """Calls ``reward_fn(trajectory, task)`` on the conversation, and on it cut after the first
+        assistant reply (no final answer), as ``agentrl train --reward`` would score them."""
+        assert self.reward_fn is not None
+        first = next(i for i, m in enumerate(messages) if m.role == "assistant")
+        cases = [("the episode", messages)]
+        if first + 1 < len(messages):
+            cases.append(("the episode cut after its first reply", messages[:first + 1]))
+        for what, conversation in cases:
+            traj = Trajectory.from_prompt([0], messages=conversation)
+            problem = await reward_problem(self.reward_fn, traj, env.task, timeout_s=_REWARD_TIMEOUT_S)
+            self.reward_calls += 1
+            if problem is not None:
+                last = str(conversation[-1].content or "")
+                self.fail("reward_fn", f"the reward function {problem} on {what} (last assistant text {last!r:.80})")
+
     async def check_leaks(self, procs0: set[tuple[int, str]], containers0: set[str] | None) -> None:
         leaked: set[tuple[int, str]] = set()
         for _ in range(20):  # give terminated processes up to ~1 s to disappear
-            leaked = _descendants() - procs0
+            tree = _descendants()
+            leaked = _started_here(set(tree) - procs0, tree)
             if not leaked:
                 break
             await asyncio.sleep(0.05)
         if leaked:
-            self.fail("leak", f"{len(leaked)} process(es) started during the episode are alive after close(): "
-                      + ", ".join(_describe(pid) for pid, _ in sorted(leaked)[:5]))
+            self.leaks.append(f"{len(leaked)} process(es) started during the episode are alive after close(): "
+                              + ", ".join(_describe(pid) for pid, _ in sorted(leaked)[:5]))
         containers1 = _containers() if containers0 is not None else None
         if containers0 is not None and containers1 is not None and containers1 - containers0:
-            self.fail("leak", f"{len(containers1 - containers0)} Docker container(s) created during the episode "
-                      "still exist after close()")
+            self.leaks.append(f"{len(containers1 - containers0)} Docker container(s) created during the episode "
+                              "still exist after close()")
 
 
 def _not_picklable(obj: Any) -> bool:
@@ -362,6 +424,18 @@ def _merge(episodes: Sequence[_Episode]) -> list[Violation]:
                       v.row) for k, v in first.items()]
 
 
+def _leak_findings(runs: Sequence[_Episode], index: int, first: bool) -> tuple[list[Violation], list[Violation]]:
+    """``(violations, warnings)`` for what outlived the row's episodes. When only the check's very
+    first episode left processes and no later one did, they are a pool shared across episodes
+    (started once per process, e.g. a warm sandbox pool): a warning naming them, not a leak."""
+    leaking = [ep for ep in runs if ep.leaks]
+    if first and leaking == [runs[0]]:
+        return [], [Violation("shared_processes", "; ".join(runs[0].leaks) + ", and no later episode started more: "
+                              "a pool shared across episodes? (its owner closes it; an episode's own processes "
+                              "must not outlive close())", index)]
+    return [Violation("leak", f"{text} (in the {ep.script} episode)", index) for ep in leaking for text in ep.leaks], []
+
+
 def _tool_warnings(episodes: Sequence[_Episode]) -> list[Violation]:
     calls: dict[str, list[tuple[dict[str, Any], str | None]]] = {}
     for ep in episodes:
@@ -373,6 +447,14 @@ def _tool_warnings(episodes: Sequence[_Episode]) -> list[Violation]:
             args, error = outcomes[0]
             out.append(Violation("tool_error", f"tool {name!r} raised on every call ({len(outcomes)}), e.g. with "
                                  f"{json.dumps(args)[:120]}: {str(error)[:160]}"))
+    nones: dict[str, list[dict[str, Any]]] = {}
+    for ep in episodes:
+        for name, args in ep.none_returns:
+            nones.setdefault(name, []).append(args)
+    for name, seen in nones.items():
+        out.append(Violation("tool_none", f"tool {name!r} returned None on {len(seen)} of {len(calls.get(name, seen))} "
+                             f"calls (e.g. with {json.dumps(seen[0], default=str)[:120]}): the model is shown an empty "
+                             "result; a forgotten `return`? (return \"\" to mean empty)"))
     return out
 
 
@@ -385,11 +467,13 @@ def _transcript(ep: _Episode, label: str) -> str:
 
 
 async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, max_rows: int = 3,
-                            row_numbers: Sequence[int] | None = None, verbose: bool = False) -> CheckReport:
+                            row_numbers: Sequence[int] | None = None, verbose: bool = False,
+                            reward: Callable[..., Any] | None = None) -> CheckReport:
     """Runs the scripted episodes on up to ``max_rows`` rows and returns every violation found.
 
     ``row_numbers``: how to name each row in the report (e.g. its line in the data file); default:
     its index. ``verbose``: keep each episode's transcript in :attr:`CheckReport.transcripts`.
+    ``reward``: a reward function ``(trajectory, task) -> float`` to check on every episode too.
     """
     if not (isinstance(env_cls, type) and issubclass(env_cls, Environment)):
         raise TypeError(f"check_environment: expected an Environment subclass, got {env_cls!r}")
@@ -398,13 +482,15 @@ async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, 
     if row_numbers is not None and len(row_numbers) < min(len(rows), max_rows):
         raise ValueError(f"check_environment: row_numbers has {len(row_numbers)} entries for {len(rows)} rows")
     report = CheckReport(env_name=f"{env_cls.__module__}:{env_cls.__qualname__}")
+    if reward is not None:
+        report.reward_name = f"{getattr(reward, '__module__', '?')}:{getattr(reward, '__qualname__', repr(reward))}"
     # the reward pool is a run's infrastructure, started before any episode (as a run starts it): its
     # worker processes are not the episode's
     await asyncio.to_thread(shared_pool().warm)
     every: list[_Episode] = []
     for index, row in enumerate(rows[:max_rows]):
         line = row_numbers[index] if row_numbers is not None else None
-        found = await _check_row(env_cls, row, index, report, every, verbose, line)
+        found = await _check_row(env_cls, row, index, report, every, verbose, line, reward)
         report.violations.extend(dataclasses.replace(v, line=line) for v in found)
         report.rows_checked += 1
     report.warnings.extend(_tool_warnings(every))
@@ -412,21 +498,27 @@ async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, 
 
 
 async def _check_row(env_cls: type[Environment], row: Any, index: int, report: CheckReport,
-                     every: list[_Episode], verbose: bool, line: int | None) -> list[Violation]:
+                     every: list[_Episode], verbose: bool, line: int | None,
+                     reward: Callable[..., Any] | None = None) -> list[Violation]:
     try:
         env_cls(row)
     except Exception as exc:  # a bad row: one report, no episodes
         return [Violation("row", f"{env_cls.__name__}(row) refused the row: {type(exc).__name__}: "
                           f"{str(exc)[:300]}", index)]
     row_before, class_before = copy.deepcopy(row), _class_state(env_cls)
-    runs = [_Episode(env_cls, row, index, s) for s in ("tools", "tools", "failures", "answer")]
+    first = report.episodes == 0
+    runs = [_Episode(env_cls, row, index, s, reward) for s in ("tools", "tools", "failures", "answer")]
     for ep in runs:
         await ep.run()
         report.episodes += 1
+        report.reward_calls += ep.reward_calls
         if verbose:
             report.transcripts.append(_transcript(ep, f"line {line}" if line is not None else f"row {index}"))
     every.extend(runs)
     found = _merge(runs)
+    leaks, shared = _leak_findings(runs, index, first)
+    found += leaks
+    report.warnings.extend(dataclasses.replace(w, line=line) for w in shared)
     if row != row_before:
         found.append(Violation("shared_state", "the dataset row was modified by an episode", index))
     changed = [k for k, v in _class_state(env_cls).items() if class_before.get(k, v) != v]

@@ -64,7 +64,8 @@ MAX_ERROR_CHARS = 500
 @dataclass
 class ToolResult:
     """What a tool returns to the model: ``content`` (the text rendered into the tool message),
-    ``is_error``, the failure ``error_kind`` when it is an error, and ``metrics`` for logging."""
+    ``is_error``, the failure ``error_kind`` when it is an error, and ``metrics`` for logging
+    (``returned_none``: a ``@tool`` function returned ``None``, shown to the model as ``""``)."""
 
     content: str
     is_error: bool = False
@@ -278,7 +279,10 @@ class FunctionTool:
                                     duration_s=time.monotonic() - start)
         if isinstance(value, ToolResult):
             return value
-        return ToolResult(_as_content(value), metrics={"duration_s": time.monotonic() - start})
+        metrics: dict[str, Any] = {"duration_s": time.monotonic() - start}
+        if value is None:  # the model sees "": say so, for `agentrl env check` to warn (a forgotten return?)
+            metrics["returned_none"] = True
+        return ToolResult(_as_content(value), metrics=metrics)
 
     def __repr__(self) -> str:
         return f"FunctionTool(name={self.name!r}, timeout_s={self.timeout_s})"

@@ -16,6 +16,7 @@ from agentrl.cli._errors import fail
 if TYPE_CHECKING:
     from agentrl.rollout.eval import EvalReport
     from agentrl.runner.config import RunConfig
+    from agentrl.runner.envs import EnvFactory
 
 __all__ = ["EvalRun", "check_model_arg", "export_checkpoint", "print_table", "resolve_checkpoint",
            "run_endpoint", "run_engines", "write_reports"]
@@ -78,12 +79,14 @@ def export_checkpoint(config: RunConfig, checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def run_engines(config: RunConfig, sets: list[tuple[Any, list[Any]]], served: Path | None, logs: Path) -> EvalRun:
-    """Starts the config's router and engines on ``served`` (``None``: ``model.path``), evaluates each set."""
-    return EvalRun(asyncio.run(_engines(config, sets, served, logs)))
+def run_engines(config: RunConfig, factory: EnvFactory, sets: list[tuple[Any, list[Any]]], served: Path | None,
+                logs: Path) -> EvalRun:
+    """Starts the config's router and engines on ``served`` (``None``: ``model.path``), evaluates each set
+    with the environments ``factory`` builds."""
+    return EvalRun(asyncio.run(_engines(config, factory, sets, served, logs)))
 
 
-async def _engines(config: RunConfig, sets: list[tuple[Any, list[Any]]], served: Path | None,
+async def _engines(config: RunConfig, factory: EnvFactory, sets: list[tuple[Any, list[Any]]], served: Path | None,
                    logs: Path) -> list[EvalReport]:
     from transformers import AutoTokenizer
 
@@ -91,7 +94,6 @@ async def _engines(config: RunConfig, sets: list[tuple[Any, list[Any]]], served:
     from agentrl.rollout.eval import evaluate
     from agentrl.rollout.health import EngineGroup
     from agentrl.rollout.opening import OpeningCache
-    from agentrl.runner.envs import environment_factory
 
     logs.mkdir(parents=True, exist_ok=True)
     base = config.engine_config()
@@ -103,7 +105,6 @@ async def _engines(config: RunConfig, sets: list[tuple[Any, list[Any]]], served:
     router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer, local_files_only=True)
     template = ChatTemplate.from_name(config.model.template, tokenizer=tokenizer)
-    factory = environment_factory(config)
     started = time.perf_counter()
     group = await EngineGroup.launch(engine_cfgs, router_cfg)
     print(f"engines ready: {n} behind {group.router.url} ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -126,12 +127,11 @@ def _cpu_envs(n: int) -> list[dict[str, str]]:
     return [plan.engine_env(i) for i in range(n)]
 
 
-def run_endpoint(config: RunConfig, sets: list[tuple[Any, list[Any]]], url: str, model: str | None,
-                 api_key: str | None) -> EvalRun:
+def run_endpoint(config: RunConfig, factory: EnvFactory, sets: list[tuple[Any, list[Any]]], url: str,
+                 model: str | None, api_key: str | None) -> EvalRun:
+    """Evaluates each set against the OpenAI-compatible server at ``url`` (message-level episodes)."""
     from agentrl.rollout.endpoint import ChatEndpoint, EndpointError, evaluate_endpoint
-    from agentrl.runner.envs import environment_factory
 
-    factory = environment_factory(config)
     per_turn = config.rollout.sampling.max_new_tokens
 
     async def go() -> EvalRun:

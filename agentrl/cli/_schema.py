@@ -86,11 +86,32 @@ def suggest(name: str, valid: list[str]) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+def _nested_keys(model: type[BaseModel], name: str, prefix: str) -> list[str]:
+    """Dotted keys ``<prefix>.<section...>.<name>`` of the sections below ``model`` that have a key
+    ``name``, shallowest first (``steps`` at the top level -> ``train.steps``, ``warmup.steps``)."""
+    found: list[tuple[int, str]] = []
+    frontier = [(model, prefix)]
+    while frontier:
+        current, path = frontier.pop(0)
+        for key, info in current.model_fields.items():
+            slot = _slot(info.annotation)
+            if slot.kind != "section" or slot.model is None:
+                continue
+            dotted = f"{path}.{key}" if path else key
+            if name in slot.model.model_fields:
+                found.append((dotted.count("."), f"{dotted}.{name}"))
+            frontier.append((slot.model, dotted))
+    return [key for _, key in sorted(found)]
+
+
 def section_of(model: type[BaseModel], prefix: str, name: str) -> str:
-    """The message for an unknown key ``name`` in the section ``prefix`` (``""``: the root)."""
+    """The message for an unknown key ``name`` in the section ``prefix`` (``""``: the root): the
+    sections below it that have that key (``steps`` -> ``train.steps``), else the closest names."""
     valid = sorted(model.model_fields)
     where = f"section [{prefix}]" if prefix else "the top level"
-    return (f"unknown key {name!r} in {where}{suggest(name, valid)} (valid keys: {', '.join(valid)})")
+    nested = _nested_keys(model, name, prefix)[:3]
+    hint = f"; did you mean {' or '.join(repr(k) for k in nested)}?" if nested else suggest(name, valid)
+    return f"unknown key {name!r} in {where}{hint} (valid keys: {', '.join(valid)})"
 
 
 def field_at(root: type[BaseModel], dotted: str) -> Slot:

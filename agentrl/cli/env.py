@@ -1,22 +1,23 @@
 """``agentrl env check``: run an environment through scripted replies and report contract violations.
 
-    agentrl env check my_package.envs:MyEnv --data rows.jsonl [--rows 3]
+    agentrl env check my_package.envs:MyEnv --data rows.jsonl [--rows 3] [--reward my_rewards:score]
 
-``module:Class`` names an :class:`~agentrl.environments.Environment` subclass; the module is
-imported with the current directory on ``sys.path`` (as ``python -m`` does). ``--data`` is a JSONL
-file with one dataset row per line; the report names rows by their line. ``--verbose`` prints each
-scripted episode. No model is needed: see :mod:`agentrl.environments.conformance` for what is
-checked. Exit status: 0 when every check passes (warnings allowed), 1 when there are violations,
-2 for bad arguments (``error: ...`` on stderr).
+The environment is named as a run config names it, by the resolver every command uses
+(:func:`agentrl.environments.registry.resolve`): a built-in (``toy_arithmetic``), an installed
+package's entry point, or ``module:Class`` (imported with the current directory on ``sys.path``, as
+``python -m`` does); it must be an :class:`~agentrl.environments.Environment` subclass. ``--reward``
+names a reward function ``(trajectory, task) -> float`` the same way (as ``agentrl train --reward``
+takes it) and checks it on every scripted episode. ``--data`` is a JSONL file with one dataset row
+per line; the report names rows by their line. ``--verbose`` prints each scripted episode. No model
+is needed: see :mod:`agentrl.environments.conformance` for what is checked. Exit status: 0 when
+every check passes (warnings allowed), 1 when there are violations, 2 for bad arguments
+(``error: ...`` on stderr).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +25,7 @@ import typer
 
 from agentrl.cli._errors import fail
 
-__all__ = ["CheckInputError", "check", "env_app", "load_environment_class", "load_rows"]
+__all__ = ["CheckInputError", "check", "env_app", "load_environment_class", "load_reward", "load_rows"]
 
 env_app = typer.Typer(name="env", no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="""\
 Check environments.
@@ -37,30 +38,34 @@ Examples:
 
 
 class CheckInputError(ValueError):
-    """The environment class or the data file cannot be used."""
+    """The environment class, the reward function or the data file cannot be used."""
 
 
 def load_environment_class(target: str) -> type[Any]:
-    """Imports ``module:Class`` and checks it is an Environment subclass; errors say what was expected."""
+    """The Environment subclass ``target`` names (a built-in, an installed package's entry point or
+    ``module:Class``, by :func:`~agentrl.environments.registry.resolve`); an unknown name's error
+    lists the valid ones. A factory function is refused: the checker builds the class itself."""
     from agentrl.environments import Environment
+    from agentrl.environments.registry import RegistryError, resolve
 
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise CheckInputError(f"{target!r}: expected 'module:Class', e.g. 'my_envs.math:MathEnv'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CheckInputError(f"{target!r}: cannot import module {module_name!r} ({exc})") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise CheckInputError(f"{target!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        obj = resolve("environment", target, allow_import=True)
+    except RegistryError as exc:
+        raise CheckInputError(str(exc)) from None
     if not (isinstance(obj, type) and issubclass(obj, Environment)):
-        raise CheckInputError(f"{target!r}: expected an Environment subclass, got {obj!r:.120}")
+        raise CheckInputError(f"{target!r}: expected an Environment subclass (env check builds and drives the class "
+                              f"itself), got {obj!r:.120}")
     return obj
+
+
+def load_reward(target: str) -> Any:
+    """The reward function ``target`` names, as ``agentrl train --reward`` resolves it."""
+    from agentrl.environments.registry import RegistryError, resolve
+
+    try:
+        return resolve("reward", target, allow_import=True)
+    except RegistryError as exc:
+        raise CheckInputError(f"--reward: {exc}") from None
 
 
 def load_rows(path: Path, limit: int) -> tuple[list[Any], list[int], int]:
@@ -91,12 +96,17 @@ def load_rows(path: Path, limit: int) -> tuple[list[Any], list[int], int]:
 
 @env_app.command("check", short_help="Run scripted episodes and report contract violations.")
 def check(
-    target: Annotated[str, typer.Argument(help="The environment class, as module:Class.")],
+    target: Annotated[str, typer.Argument(help="The environment: a built-in or installed name, or module:Class.")],
     data: Annotated[Path, typer.Option("--data", help="JSONL file of dataset rows.")],
     rows: Annotated[int, typer.Option("--rows", min=1, help="How many rows to check.")] = 3,
+    reward: Annotated[str | None, typer.Option("--reward", help="A reward function (trajectory, task) -> float "
+                                               "to check too: a name or module:fn, as train takes it.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every scripted episode.")] = False,
 ) -> None:
     """Runs scripted episodes (no model) and reports every contract violation.
+
+    With --reward, also calls that reward function on every episode and reports an exception,
+    None, or a value that is not a finite number, with the text it was given.
 
     Exit status: 0 when every check passes, 1 on violations, 2 for bad arguments.
 
@@ -104,17 +114,20 @@ def check(
     Examples:
       agentrl env check agentrl.environments:RetoolMathEnv --data rows.jsonl
       agentrl env check my_package.envs:MyEnv --data rows.jsonl --rows 10 -v
+      agentrl env check toy_arithmetic --data rows.jsonl --reward my_rewards:score
     """
     from agentrl.environments.conformance import check_environment
 
     try:
         env_cls = load_environment_class(target)
+        reward_fn = load_reward(reward) if reward is not None else None
         dataset, lines, total = load_rows(data, rows)
     except CheckInputError as exc:
         fail(str(exc))
     if rows > total:
         typer.echo(f"note: --rows {rows}, but {data} has {total} row{'s' if total != 1 else ''}; checking {total}")
-    report = asyncio.run(check_environment(env_cls, dataset, max_rows=rows, row_numbers=lines, verbose=verbose))
+    report = asyncio.run(check_environment(env_cls, dataset, max_rows=rows, row_numbers=lines, verbose=verbose,
+                                           reward=reward_fn))
     typer.echo(report.format())
     if not report.ok:
         raise typer.Exit(code=1)

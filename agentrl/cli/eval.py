@@ -7,8 +7,11 @@ evaluates one file instead) with the config's environment, reward, template and 
 - ``--checkpoint DIR``: a run checkpoint (``step_NNNNNN``, or a run folder: its latest), exported
   to a Hugging Face folder (weights of the checkpoint, config and tokenizer of ``model.path``), then
   served the same way;
-- ``--endpoint URL``: any OpenAI-compatible chat-completions server (messages in, messages out); its
-  episodes are message-level and can never enter a training batch.
+- ``--endpoint URL``: any OpenAI-compatible chat-completions server (messages in, messages out; e.g.
+  ``agentrl serve MODEL``); its episodes are message-level and can never enter a training batch.
+
+``environment.name`` is resolved as ``agentrl train`` resolves it: a built-in, an installed
+package's entry point or ``module:attr`` (imported with the current directory on ``sys.path``).
 
 Writes, per set, ``<set>.json`` (mean reward, pass@k, tool-call rate, failure kinds, truncation
 rate...) and ``<set>.episodes.jsonl`` under ``evals/<source>/`` of the run folder (the
@@ -34,6 +37,7 @@ from agentrl.cli._errors import fail
 if TYPE_CHECKING:
     from agentrl.cli.config_files import ResolvedConfig
     from agentrl.runner.config import RunConfig
+    from agentrl.runner.envs import EnvFactory
 
 __all__ = ["eval_command", "load_config_file"]
 
@@ -54,17 +58,28 @@ def _resolve(path: Path, overrides: list[str]) -> ResolvedConfig:
         fail(str(exc))
 
 
-def _eval_sets(config: RunConfig, name: str | None, data: Path | None, limit: int | None) -> list[tuple[Any, list[Any]]]:
+def _environment_factory(config: RunConfig) -> EnvFactory:
+    """The ``row -> environment`` factory of ``config``: ``environment.name`` resolved as ``agentrl
+    train`` resolves it (a built-in, an installed package's entry point or ``module:attr``, by
+    :func:`agentrl.environments.registry.resolve`); an unknown name exits with status 2."""
+    from agentrl.environments.registry import RegistryError, resolve
+    from agentrl.runner.envs import environment_factory
+
+    try:
+        return environment_factory(config, resolve("environment", config.environment.name, allow_import=True))
+    except RegistryError as exc:
+        fail(f"environment.name: {exc}")
+    except (ValueError, TypeError) as exc:
+        fail(str(exc))
+
+
+def _eval_sets(config: RunConfig, factory: EnvFactory, name: str | None, data: Path | None,
+               limit: int | None) -> list[tuple[Any, list[Any]]]:
     """``(EvalDatasetSection, rows)`` of each set to run; rows checked against the environment."""
     from agentrl.data.source import DataError, read_rows
     from agentrl.runner._launch import row_validator
     from agentrl.runner._sections import EvalDatasetSection
-    from agentrl.runner.envs import environment_factory
 
-    try:
-        factory = environment_factory(config)
-    except (ValueError, TypeError) as exc:
-        fail(str(exc))
     if data is not None:
         sections = [EvalDatasetSection(path=str(data), name=re.sub(r"[^\w.-]", "_", data.stem) or "eval")]
     elif name is not None:
@@ -145,7 +160,8 @@ def eval_command(
     if model is not None:
         settings.append(f"model.path={run.check_model_arg(model)}")
     config = load_config_file(config_path, settings)
-    sets = _eval_sets(config, eval_set, data, limit)
+    factory = _environment_factory(config)
+    sets = _eval_sets(config, factory, eval_set, data, limit)
     if endpoint is not None:
         key = None
         if api_key_env is not None:
@@ -153,14 +169,14 @@ def eval_command(
             if not key:
                 fail(f"--api-key-env {api_key_env!r}: that environment variable is not set")
         folder_out = _out_folder(config, out, "endpoint", None)
-        reports = run.run_endpoint(config, sets, endpoint, api_model, key)
+        reports = run.run_endpoint(config, factory, sets, endpoint, api_model, key)
         source: dict[str, Any] = {"kind": "endpoint", "url": endpoint, "model": reports.model}
     else:
         ckpt = run.resolve_checkpoint(checkpoint) if checkpoint is not None else None
         label = ckpt.name if ckpt is not None else f"model-{Path(config.model.path).name}"
         folder_out = _out_folder(config, out, label, ckpt)
         served = run.export_checkpoint(config, ckpt, folder_out / "model") if ckpt is not None else None
-        reports = run.run_engines(config, sets, served, folder_out / "logs")
+        reports = run.run_engines(config, factory, sets, served, folder_out / "logs")
         source = {"kind": "checkpoint", "path": str(ckpt), "exported": str(served)} if ckpt is not None else \
             {"kind": "model", "path": config.model.path}
     paths = run.write_reports(folder_out, reports.reports, source, config)

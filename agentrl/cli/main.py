@@ -36,6 +36,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
       agentrl train examples/tiny_cpu.toml --dry-run
       agentrl train examples/tiny_cpu.toml
       agentrl eval examples/demo_cpu.toml --checkpoint runs/demo_cpu
+      agentrl serve models/tiny-qwen3
       agentrl inspect runs/tiny_cpu --open
     """
 
@@ -46,6 +47,7 @@ def _register() -> None:
     from agentrl.cli.eval import eval_command
     from agentrl.cli.inspect import inspect_command
     from agentrl.cli.render import render
+    from agentrl.cli.serve import serve
     from agentrl.cli.sft import sft
     from agentrl.cli.train import train
 
@@ -55,6 +57,7 @@ def _register() -> None:
     app.command("sft", short_help="Fine-tune a model on tool-use conversations (assistant tokens only).")(sft)
     app.command("train", short_help="Train from a config file (--dry-run checks it and starts nothing).")(train)
     app.command("eval", short_help="Evaluate a model, checkpoint or endpoint on the eval sets.")(eval_command)
+    app.command("serve", short_help="Serve a model folder with SGLang (OpenAI API) until Ctrl-C.")(serve)
     app.command("inspect", short_help="Write a run's report or a trajectory file's episodes as HTML.")(inspect_command)
     app.add_typer(env_app, name="env", short_help="Check environments.")
 

@@ -369,7 +369,9 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
 def _algorithm_line(cfg: RunConfig) -> str:
     alg = cfg.algorithm
     low, high = alg.resolved_clip
-    out = f"{alg.estimator.value}, {alg.resolved_policy_loss.value} loss, clip {low:g}/{high if high is None else f'{high:g}'}"
+    # no upper clip given means the loss clips symmetrically (eps_clip_high defaults to eps_clip)
+    clip = f"±{low:g}" if high is None or high == low else f"{low:g}/{high:g}"
+    out = f"{alg.estimator.value}, {alg.resolved_policy_loss.value} loss, clip {clip}"
     out += f", KL loss {alg.kl_kind} x {alg.kl_coef:g} to the reference model" if alg.kl_coef > 0 else ", no KL loss"
     return out + ("" if alg.correction == "none" else f", {alg.correction} correction")
 

@@ -9,17 +9,19 @@ section converts on validation, so a config that validates always builds its run
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
 from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.engine import EngineConfig
-from agentrl.rollout.health import HealthConfig
 from agentrl.rollout.router import RouterConfig, RouterPolicy
 from agentrl.rollout.scheduler import SchedulerConfig
 from agentrl.rollout.types import SamplingParams
 from agentrl.runner._base import Section
+
+if TYPE_CHECKING:
+    from agentrl.rollout.health import HealthConfig
 
 __all__ = ["AgentSection", "EnginesSection", "HealthSection", "RolloutSection", "RouterSection", "SamplingSection",
            "SchedulerSection"]
@@ -106,6 +108,10 @@ class HealthSection(Section):
     unavailable_wait_s: float | None = Field(default=None, ge=0.0)
 
     def to_config(self) -> HealthConfig:
+        from agentrl.rollout.health import (
+            HealthConfig,  # here: it pulls in the HTTP client, which checks need not
+        )
+
         return HealthConfig(check_interval_s=self.check_interval_s, http_checks=self.http_checks,
                             http_generate=self.http_generate,
                             http_timeout_s=self.http_timeout_s, failure_threshold=self.failure_threshold,

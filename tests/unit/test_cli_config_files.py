@@ -76,6 +76,11 @@ def test_a_number_in_a_key_indexes_a_list() -> None:
     ("train.stpes=3", r"train\.stpes: unknown key 'stpes' in section \[train\]; did you mean 'steps'"),
     ("rollout.sampler.temperature=1", r"unknown key 'sampler' in section \[rollout\]; did you mean 'sampling'"),
     ("trian.steps=1", r"unknown key 'trian' in the top level; did you mean 'train'"),
+    ("steps=2", r"^steps: unknown key 'steps' in the top level; did you mean 'train\.steps' or 'warmup\.steps'\? "
+                r"\(valid keys: algorithm,"),
+    ("lr=0.1", r"unknown key 'lr' in the top level; did you mean 'train\.optimizer\.lr' or 'warmup\.optimizer\.lr'"),
+    ("train.lr=0.1", r"unknown key 'lr' in section \[train\]; did you mean 'train\.optimizer\.lr'\?"),
+    ("temperature=0.5", r"unknown key 'temperature' in the top level; did you mean 'rollout\.sampling\.temperature'\?"),
     ("train.steps=three", r"train\.steps=three: expected an int or none"),
     ("train.fused_lm_head=maybe", r"expected true or false"),
     ("cluster.accelerator=tpu", r"cluster\.accelerator=tpu: expected one of 'cpu', 'gpu', 'npu'"),
@@ -87,6 +92,12 @@ def test_a_number_in_a_key_indexes_a_list() -> None:
 def test_bad_overrides_name_the_key_value_and_what_is_accepted(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         apply_overrides({}, [override])
+
+
+def test_a_section_key_at_the_top_of_a_file_is_pointed_to_its_section(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"run\.toml: steps: unknown key 'steps' in the top level; did you mean "
+                                          r"'train\.steps' or 'warmup\.steps'\?"):
+        load_run_config(write(tmp_path, "steps = 2\n" + BASE))
 
 
 def test_parse_override_keeps_the_value_verbatim() -> None:

@@ -66,6 +66,21 @@ def test_eval_endpoint_writes_the_report_and_the_conversations(tmp_path: Path) -
     assert "arith" in proc.stdout and "mean reward" in proc.stdout and "results:" in proc.stdout
 
 
+def test_eval_takes_a_module_attr_environment_like_train(tmp_path: Path) -> None:
+    """environment.name = "module:Class" from the current directory, resolved as `agentrl train` does."""
+    (tmp_path / "quiz_envs.py").write_text(
+        "from agentrl.environments import ToyArithmeticEnv\n\n\n"
+        "class HalfCreditEnv(ToyArithmeticEnv):\n"
+        "    def reward(self, trajectory):\n"
+        "        return 0.5 * super().reward(trajectory)\n")
+    config = _write(tmp_path, CONFIG.replace('"toy_arithmetic"', '"quiz_envs:HalfCreditEnv"'))
+    with FakeChatServer() as server:
+        proc = _agentrl("eval", str(config), "--endpoint", server.url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "run" / "evals" / "endpoint" / "arith.json").read_text())
+    assert (report["prompts"], report["mean_reward"]) == (4, 0.5)  # the class of quiz_envs scored them
+
+
 def test_eval_data_limit_and_out(tmp_path: Path) -> None:
     config = _write(tmp_path, CONFIG, rows=6)
     with FakeChatServer() as server:
@@ -89,6 +104,8 @@ def test_eval_data_limit_and_out(tmp_path: Path) -> None:
      "CONFIG has no [[data.eval]] set"),
     (("--endpoint", "http://x"), CONFIG.replace("toy_arithmetic", "toy_arith"),
      "unknown environment 'toy_arith'; did you mean 'toy_arithmetic'"),
+    (("--endpoint", "http://x"), CONFIG.replace("toy_arithmetic", "no_such_module:Env"),
+     "environment.name: environment 'no_such_module:Env': cannot import module 'no_such_module' (No module named"),
     (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nverbose = true"),
      "logging.verbose: unknown key 'verbose' in section [logging] (valid keys: log_every, run_dir,"),
     (("--endpoint", "http://x"), CONFIG.replace("[logging]", "[logging]\nlog_every = 0"),
@@ -101,7 +118,7 @@ def test_eval_data_limit_and_out(tmp_path: Path) -> None:
     (("--endpoint", "http://x", "--api-key-env", "AGENTRL_TEST_NO_SUCH_VAR"), CONFIG,
      "--api-key-env 'AGENTRL_TEST_NO_SUCH_VAR': that environment variable is not set"),
 ], ids=["no-source", "two-sources", "bad-model", "not-a-checkpoint", "unreachable", "unknown-set", "missing-data",
-        "no-eval-set", "unknown-env", "unknown-key", "out-of-range", "toml-syntax", "bad-override", "no-api-key"])
+        "no-eval-set", "unknown-env", "unimportable-env", "unknown-key", "out-of-range", "toml-syntax", "bad-override", "no-api-key"])
 def test_eval_bad_command_lines(tmp_path: Path, args: tuple[str, ...], body: str, message: str) -> None:
     config = _write(tmp_path, body)
     proc = _agentrl("eval", str(config), *args, cwd=tmp_path)

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 
-COMMANDS = [[], ["render"], ["inspect"], ["env"], ["env", "check"], ["sft"], ["train"], ["eval"], ["doctor"]]
+COMMANDS = [[], ["render"], ["inspect"], ["env"], ["env", "check"], ["sft"], ["train"], ["eval"], ["doctor"], ["serve"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "agentrl")
@@ -20,7 +20,7 @@ def test_help_shows_examples_of_the_command(command: list[str]) -> None:
     prefix = " ".join(["agentrl", *command]) + " "
     shown = [line.strip() for line in after if line.strip().startswith(prefix)]
     if not command:  # the root shows subcommands being run
-        shown = [s for s in shown if s.split()[1] in {"train", "eval", "doctor", "inspect", "sft", "render", "env"}]
+        shown = [s for s in shown if s.split()[1] in {"train", "eval", "doctor", "inspect", "sft", "render", "env", "serve"}]
     assert shown, f"no example of {prefix.strip()!r} after 'Examples:' in:\n{result.output}"
     for line in lines:
         assert len(line) <= 80, (command, line)

@@ -163,8 +163,18 @@ def test_dry_run_prints_the_plan_and_starts_nothing(run_files: dict[str, Path], 
     assert "steps         5\n" in out
     assert "per step      2 prompts x 2 samples = 4 episodes" in out
     assert "data          12 training rows" in out
+    assert "algorithm     grpo, ppo loss, clip ±0.2, no KL loss" in out  # no upper clip given: symmetric
     assert out.rstrip().endswith("dry run: nothing started")
     assert not (run_files["dir"] / "run").exists()
+    asymmetric = invoke([str(run_files["config"]), "algorithm.eps_clip_high=0.28", "--dry-run"])
+    assert "algorithm     grpo, ppo loss, clip 0.2/0.28, no KL loss" in asymmetric.stdout, asymmetric.output
+
+
+def test_a_key_of_a_section_given_at_the_top_level_is_pointed_to_its_section(run_files: dict[str, Path]) -> None:
+    result = invoke([str(run_files["config"]), "steps=2", "--dry-run"])
+    assert result.exit_code == 2
+    assert "error: steps: unknown key 'steps' in the top level; did you mean 'train.steps' or 'warmup.steps'?" \
+        in result.output
 
 
 def test_print_config_shows_every_value_and_its_source(run_files: dict[str, Path]) -> None:

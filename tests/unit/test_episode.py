@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,9 +14,10 @@ from agentrl import Episode, TrajectoryError, load_episodes, save_episodes
 from agentrl.chat import ChatTemplate, Message, ToolCallFailure
 from agentrl.environments import Environment, StepResult
 from agentrl.rollout import AgentConfig, SamplingParams, run_episode
+from agentrl.runner.rundir import RunDirectory
 from agentrl.testing.scripted import ScriptedClient
 from agentrl.train import build_training_batch
-from agentrl.trajectory import StopReason, Trajectory
+from agentrl.trajectory import StopReason, Trajectory, iter_records
 
 ANSWER = "<think>\nDone.\n</think>\n\n\\boxed{1024}<|im_end|>"
 
@@ -76,3 +78,35 @@ async def test_broken_episode_records_are_refused_naming_the_line(tok: Any, tmp_
         load_episodes(path)
     with pytest.raises(TrajectoryError, match="expected an object with a 'sequences' list"):
         Episode.from_dict({"tokens": [1]})
+
+
+async def test_load_episodes_reads_a_run_folder_and_gzipped_files(tok: Any, tmp_path: Path) -> None:
+    episodes = await _episodes(tok, 3)
+    want = [e.to_dict() for e in episodes]
+    run = RunDirectory(tmp_path / "run", config_hash="abc")
+    run.write_trajectories(2, episodes[1:])  # written out of order: read back in step order
+    run.write_trajectories(1, episodes[:1])
+    assert [e.to_dict() for e in load_episodes(tmp_path / "run")] == want  # the header lines are skipped
+    assert [e.to_dict() for e in load_episodes(tmp_path / "run" / "trajectories")] == want
+    assert [e.to_dict() for e in load_episodes(run.trajectory_path(2))] == want[1:]
+    plain = tmp_path / "rollouts.jsonl"
+    save_episodes(plain, episodes)
+    packed = tmp_path / "rollouts.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert [e.to_dict() for e in load_episodes(packed)] == want
+
+
+def test_load_episodes_names_what_it_cannot_read(tmp_path: Path) -> None:
+    (tmp_path / "empty_run" / "trajectories").mkdir(parents=True)
+    with pytest.raises(TrajectoryError, match=r"empty_run: no trajectories/step_\*.jsonl.gz files in it"):
+        load_episodes(tmp_path / "empty_run")
+    misnamed = tmp_path / "rollouts.jsonl"
+    misnamed.write_bytes(gzip.compress(b'{"sequences": []}\n'))
+    with pytest.raises(TrajectoryError, match=r"rollouts.jsonl:1: not UTF-8 text \(a gzipped file needs a name "
+                                              r"ending in .gz\)"):
+        load_episodes(misnamed)
+    torn = tmp_path / "torn.jsonl.gz"
+    whole = gzip.compress(b"".join(b'{"step": %d}\n' % i for i in range(5000)))
+    torn.write_bytes(whole[:len(whole) // 2])  # a copy cut short
+    with pytest.raises(TrajectoryError, match=r"torn.jsonl.gz: not a complete gzip file \(EOFError"):
+        list(iter_records(torn, dict))

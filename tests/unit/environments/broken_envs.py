@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from agentrl.chat.types import Message, ToolCallFailure
 from agentrl.environments.base import Environment, StepResult
 from agentrl.rewards import final_answer_text, math_answer_reward
+from agentrl.tools import tool
 from agentrl.trajectory import StopReason, Trajectory
 
 
@@ -134,6 +135,38 @@ class TypedRowEnv(GoodEnv):
 
     def reward(self, trajectory: Trajectory) -> float:
         return math_answer_reward(final_answer_text(trajectory.messages), str(self.task.answer))
+
+
+@tool
+def lookup(key: str) -> str:
+    """Looks a key up, and forgets to return what it found.
+
+    Args:
+        key: What to look up.
+    """
+    _ = key.upper()  # the mistake under test: no `return`
+
+
+class NoneToolEnv(GoodEnv):
+    tools = (EchoTool(), lookup)
+
+
+# reward functions ``(trajectory, task) -> float`` for ``--reward``: one correct, three broken
+def reward_ok(trajectory: Trajectory, task: Any) -> float:
+    return math_answer_reward(final_answer_text(trajectory.messages), str(task["answer"]))
+
+
+def reward_none_without_answer(trajectory: Trajectory, task: Any) -> float | None:
+    text = final_answer_text(trajectory.messages)
+    return None if "\\boxed" not in text else math_answer_reward(text, str(task["answer"]))
+
+
+def reward_raises(trajectory: Trajectory, task: Any) -> float:
+    return float(task["label"])  # KeyError: the rows have no 'label'
+
+
+async def reward_nan(trajectory: Trajectory, task: Any) -> float:
+    return float("nan")
 
 
 __all__ = ["EchoTool", "GoodEnv", "ToolCallFailure"]

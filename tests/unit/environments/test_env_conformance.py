@@ -61,6 +61,38 @@ async def test_a_tool_that_always_raises_is_a_warning() -> None:
     assert "the backing service is down" in text and "'echo'" not in text
 
 
+async def test_a_tool_that_returns_none_is_a_warning() -> None:
+    report = await check_environment(b.NoneToolEnv, ROWS[:1])
+    assert report.ok, report.format()  # a warning, not a violation
+    assert [w.check for w in report.warnings] == ["tool_none"], report.format()
+    text = report.format()
+    assert "warning: [tool_none] tool 'lookup' returned None on 2 of 2 calls (e.g. with {\"key\": \"1\"})" in text
+    assert "a forgotten `return`?" in text and "'echo'" not in text  # echo returns its text
+    assert not (await check_environment(b.GoodEnv, ROWS[:1])).warnings
+
+
+async def test_a_correct_reward_function_passes_and_is_called_on_every_episode() -> None:
+    report = await check_environment(b.GoodEnv, ROWS[:1], reward=b.reward_ok)
+    assert report.ok, report.format()
+    # tools x2 and failures: the whole conversation and its first reply; answer: one reply only
+    assert report.reward_calls == 7
+    assert "reward broken_envs:reward_ok called 7 times" in report.format()
+
+
+@pytest.mark.parametrize(("fn", "fragment"), [
+    (b.reward_none_without_answer, "the reward function returned None; expected a number (score an answer it "
+                                   "cannot read too, e.g. 0.0) on the episode cut after its first reply (last "
+                                   "assistant text 'Let me use the tools.')"),
+    (b.reward_raises, "the reward function raised KeyError: 'label' on the episode (last assistant text "
+                      "'The answer is \\\\boxed{0}.')"),
+    (b.reward_nan, "the reward function returned nan; expected a finite number on the episode"),
+], ids=["none", "raises", "nan"])
+async def test_a_broken_reward_function_is_reported_with_the_text(fn: object, fragment: str) -> None:
+    report = await check_environment(b.GoodEnv, ROWS[:1], reward=fn)  # type: ignore[arg-type]
+    assert report.checks_failed == {"reward_fn"}, report.format()
+    assert any(fragment in v.message for v in report.violations), report.format()
+
+
 async def test_verbose_keeps_every_scripted_episode() -> None:
     report = await check_environment(b.GoodEnv, ROWS[:1], verbose=True, row_numbers=[7])
     assert [t.splitlines()[0] for t in report.transcripts] == [

@@ -210,3 +210,41 @@ def test_env_check_command_names_file_lines_and_says_when_rows_run_out(tmp_path:
     assert "note: --rows 10, but" in result.output and "has 2 rows; checking 2" in result.output
     assert "[row] line 3: TypedRowEnv(row) refused the row" in result.output
     assert "--- line 1, tools episode" in result.output
+
+
+def test_env_check_takes_names_as_every_command_does(tmp_path: Path) -> None:
+    """One resolver: a built-in name works, an unknown one lists the valid names."""
+    data = _rows_file(tmp_path, make_arithmetic_rows(2))
+    result = CliRunner().invoke(app, ["env", "check", "toy_arithmetic", "--data", str(data), "--rows", "1"])
+    assert result.exit_code == 0 and "agentrl.environments.arithmetic:ToyArithmeticEnv: 1 rows" in result.output
+    typo = CliRunner().invoke(app, ["env", "check", "toy_arith", "--data", str(data)])
+    assert typo.exit_code == 2, typo.output
+    message = _flat(typo.output)
+    assert message.startswith("error: unknown environment 'toy_arith'; did you mean 'toy_arithmetic'")
+    assert "expected one of: retool_math (built-in), toy_arithmetic (built-in), or 'module:attr' for your own " \
+           "code" in message
+
+
+def test_env_check_reward_option(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(HERE)
+    data = _rows_file(tmp_path, [{"answer": "3"}])
+    good = CliRunner().invoke(app, ["env", "check", "broken_envs:GoodEnv", "--data", str(data),
+                                    "--reward", "broken_envs:reward_ok"])
+    assert good.exit_code == 0 and "reward broken_envs:reward_ok called 7 times — OK" in good.output, good.output
+    bad = CliRunner().invoke(app, ["env", "check", "broken_envs:GoodEnv", "--data", str(data),
+                                   "--reward", "broken_envs:reward_none_without_answer"])
+    assert bad.exit_code == 1, bad.output
+    assert "[reward_fn] line 1: the reward function returned None" in bad.output
+    assert "(last assistant text 'Let me use the tools.')" in bad.output
+    missing = CliRunner().invoke(app, ["env", "check", "broken_envs:GoodEnv", "--data", str(data),
+                                       "--reward", "broken_envs:nope"])
+    assert missing.exit_code == 2
+    assert "--reward: reward 'broken_envs:nope': module 'broken_envs' has no attribute 'nope'" in _flat(missing.output)
+
+
+def test_env_check_warns_about_a_tool_returning_none(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(HERE)
+    data = _rows_file(tmp_path, [{"answer": "3"}])
+    result = CliRunner().invoke(app, ["env", "check", "broken_envs:NoneToolEnv", "--data", str(data)])
+    assert result.exit_code == 0, result.output  # a warning does not fail the check
+    assert "warning: [tool_none] tool 'lookup' returned None on 2 of 2 calls" in result.output

@@ -1,0 +1,65 @@
+"""Two probes of ``agentrl env check`` (:mod:`agentrl.environments.conformance`), kept apart from the
+episode driver: what a tool's function returned, and whether a reward function gives a number.
+
+- :class:`ReturnWatch` stands in for one of an episode's tools and notes each call whose function
+  returned ``None``: the model is shown ``""`` (``@tool``) or ``"None"`` (a hand-written tool), which
+  is almost always a forgotten ``return``.
+- :func:`reward_problem` calls a reward function ``(trajectory, task) -> float`` once and says what
+  is wrong with the outcome (raised, too slow, ``None``, not a number, not finite), or ``None``.
+
+Example::
+
+    problem = await reward_problem(my_reward, trajectory, env.task)   # "returned None (...)" or None
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+from agentrl.rewards.types import Reward
+from agentrl.tools.base import Tool, ToolResult
+
+__all__ = ["ReturnWatch", "reward_problem"]
+
+
+class ReturnWatch:
+    """A :class:`~agentrl.tools.Tool` that calls ``tool`` and appends ``(name, arguments)`` to ``seen``
+    for each call whose function returned ``None``; the result passes through unchanged."""
+
+    def __init__(self, tool: Tool, seen: list[tuple[str, dict[str, Any]]]) -> None:
+        self.tool, self.seen = tool, seen
+        self.name, self.description, self.parameters = tool.name, tool.description, tool.parameters
+
+    async def __call__(self, **arguments: Any) -> ToolResult:
+        result: Any = await self.tool(**arguments)
+        if result is None or (isinstance(result, ToolResult) and result.metrics.get("returned_none")):
+            self.seen.append((self.name, dict(arguments)))
+        return result  # type: ignore[no-any-return]  # whatever the tool gave, as the environment would see it
+
+
+async def _call(fn: Callable[..., Any], trajectory: Any, task: Any) -> Any:
+    value = await asyncio.to_thread(fn, trajectory, task)  # a sync reward never runs on the loop
+    return await value if inspect.isawaitable(value) else value  # an async one returns its coroutine
+
+
+async def reward_problem(fn: Callable[..., Any], trajectory: Any, task: Any, *, timeout_s: float = 60.0) -> str | None:
+    """What is wrong with ``fn(trajectory, task)`` as a reward, in words, or ``None`` when it returned
+    a finite number or a :class:`~agentrl.rewards.Reward` with one within ``timeout_s``."""
+    try:
+        value = await asyncio.wait_for(_call(fn, trajectory, task), timeout_s)
+    except TimeoutError:
+        return f"ran past {timeout_s:g} s"
+    except Exception as exc:
+        return f"raised {type(exc).__name__}: {str(exc)[:200]}"
+    if value is None:
+        return "returned None; expected a number (score an answer it cannot read too, e.g. 0.0)"
+    number = value.value if isinstance(value, Reward) else value
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        return f"returned {type(value).__name__} {value!r:.80}; expected a float or Reward"
+    if not math.isfinite(number):
+        return f"returned {number!r}; expected a finite number"
+    return None
