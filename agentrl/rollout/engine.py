@@ -11,8 +11,10 @@ against the expected configuration; a mismatch is refused rather than producing 
 Registration with the router is the engine group's job (:mod:`agentrl.rollout.health`): register after
 healthy, deregister before stop.
 
-Weight updates: ``update_weights_from_disk`` works everywhere (the CPU path); the tensor (colocated,
-CUDA IPC) and distributed (NCCL broadcast) endpoints are wired through for GPU engines.
+Weight updates: ``update_weights_from_disk`` works everywhere; ``update_weights_from_tensor`` (same host:
+shared memory on CPU, CUDA IPC on GPU) and ``update_weights_from_distributed`` (a broadcast: gloo on
+CPU, NCCL on GPU) run inside the session SGLang 0.5.23 requires (:meth:`SGLangEngine.begin_weight_update`
+… :meth:`SGLangEngine.end_weight_update`); :mod:`agentrl.runner.weights` drives them.
 """
 
 from __future__ import annotations
@@ -435,27 +437,44 @@ class SGLangEngine:
         await self._checked("/update_weight_version",
                             {"new_version": str(new_version), "abort_all_requests": abort_all_requests})
 
+    async def begin_weight_update(self) -> dict[str, Any]:
+        """Opens SGLang's weight-update session: tensor and distributed updates are refused outside one
+        (SGLang 0.5.23: HTTP 400 "must run between begin_weight_update() and end_weight_update()")."""
+        return await self._checked("/begin_weight_update", {"selector": "all"}, timeout_s=120.0)
+
+    async def end_weight_update(self) -> dict[str, Any]:
+        """Closes the session (SGLang post-processes the loaded weights)."""
+        return await self._checked("/end_weight_update", {}, timeout_s=600.0)
+
     async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str, backend: str = "nccl") -> dict[str, Any]:
-        """GPU: joins the trainer's process group (call on all engines concurrently with the trainer)."""
+        """Joins the trainer's process group ``group_name`` (the engine's TP rank *r* as
+        ``rank_offset + r``); blocks until the trainer joins too, so call it concurrently with that."""
         return await self._checked("/init_weights_update_group", {
             "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
             "world_size": world_size, "group_name": group_name, "backend": backend})
 
     async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                               shapes: Sequence[Sequence[int]], group_name: str,
-                                              weight_version: str, *, flush_cache: bool = True) -> dict[str, Any]:
-        """GPU: receives one bucket of tensors the trainer broadcasts in ``group_name``."""
-        return await self._checked("/update_weights_from_distributed", {
-            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-            "group_name": group_name, "weight_version": str(weight_version), "flush_cache": flush_cache})
+                                              weight_version: str, *, flush_cache: bool = True,
+                                              load_format: str | None = None) -> dict[str, Any]:
+        """Receives one bucket the trainer broadcasts in ``group_name`` (``load_format
+        "flattened_bucket"``: one flat ``uint8`` buffer of the weights back to back); returns once
+        the engine loaded it, so call it concurrently with the broadcast. Inside a session."""
+        body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+                                "group_name": group_name, "weight_version": str(weight_version),
+                                "flush_cache": flush_cache}
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._checked("/update_weights_from_distributed", body)
 
     async def destroy_weights_update_group(self, group_name: str) -> dict[str, Any]:
         return await self._checked("/destroy_weights_update_group", {"group_name": group_name})
 
     async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], weight_version: str, *,
                                          load_format: str | None = None, flush_cache: bool = True) -> dict[str, Any]:
-        """GPU, colocated: one base64 payload of CUDA-IPC handles per TP rank."""
+        """Same host: one serialized payload per TP rank (shared-memory tensors on CPU, CUDA IPC
+        handles on GPU; each rank loads full tensors and shards them itself). Inside a session."""
         body: dict[str, Any] = {"serialized_named_tensors": list(serialized_named_tensors),
                                 "weight_version": str(weight_version), "flush_cache": flush_cache}
         if load_format is not None:

@@ -56,11 +56,13 @@ class HealthConfig:
 
 @dataclass(frozen=True)
 class HealthEvent:
-    """One state change of an engine: ``dead`` (with the reason), ``removed``, ``restarted``, ``given_up``."""
+    """One state change of an engine: ``dead`` (with the reason), ``removed``, ``restarted`` (back in
+    rotation), ``standby`` (restarted, waiting for the next weight sync), ``readmitted`` (after it),
+    ``given_up``."""
 
     time: float
     url: str
-    kind: Literal["dead", "removed", "restarted", "given_up"]
+    kind: Literal["dead", "removed", "restarted", "standby", "readmitted", "given_up"]
     detail: str = ""
 
 
@@ -70,6 +72,7 @@ class _Tracked:
     failures: int = 0
     in_rotation: bool = True
     recovering: bool = False
+    standby: bool = False  # restarted and healthy, out of rotation until a weight sync brings it up to date
     restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -92,8 +95,9 @@ class EngineGroup:
         self.events: list[HealthEvent] = []
         self._monitor: asyncio.Task[None] | None = None
         # called with a restarted engine before it goes back into rotation (a training run loads the
-        # current weight version into it there); raising keeps the engine out, on record
-        self.before_readmit: Callable[[SGLangEngine], Awaitable[object]] | None = None
+        # current weight version into it there); raising keeps the engine out, on record; False puts
+        # it on standby until the next weight sync (then readmit)
+        self.before_readmit: Callable[[SGLangEngine], Awaitable[bool | None]] | None = None
 
     @classmethod
     async def launch(cls, engine_configs: Sequence[EngineConfig], router_config: RouterConfig | None = None,
@@ -234,22 +238,42 @@ class EngineGroup:
             return
         try:
             await engine.restart()
-            if self.before_readmit is not None:
-                await self.before_readmit(engine)
-            await self.router.add_worker(engine.url)
+            ready = await self.before_readmit(engine) if self.before_readmit is not None else True
+            if ready is not False:
+                await self.router.add_worker(engine.url)
         except Exception as err:  # whatever failed, the engine stays out and the failure is on record
             self.events.append(HealthEvent(time.time(), engine.url, "given_up", f"restart failed: {err}"))
             return
         tracked.failures = 0
-        tracked.in_rotation = True
         tracked.recovering = False
+        if ready is False:  # the current weights cannot reach it now: the next weight sync readmits it
+            tracked.standby = True
+            self.events.append(HealthEvent(time.time(), engine.url, "standby", f"restart #{engine.restarts}"))
+            return
+        tracked.in_rotation = True
         self.events.append(HealthEvent(time.time(), engine.url, "restarted", f"restart #{engine.restarts}"))
 
-    async def wait_any_in_rotation(self, timeout_s: float) -> None:
-        """Waits until at least one engine is in rotation (raises ``TimeoutError`` after ``timeout_s``,
-        naming the health events)."""
+    def on_standby(self, engine: SGLangEngine) -> bool:
+        return any(t.engine is engine and t.standby for t in self._tracked)
+
+    async def syncable(self, engine: SGLangEngine) -> bool:
+        """In rotation or on standby, and its process alive: what a weight sync includes."""
+        ok = any(t.engine is engine and (t.in_rotation or t.standby) for t in self._tracked)
+        return ok and await asyncio.to_thread(engine.alive)
+
+    async def readmit(self, engine: SGLangEngine) -> None:
+        """Puts an engine on standby back into rotation (it now holds the current weights)."""
+        for tracked in self._tracked:
+            if tracked.engine is engine and tracked.standby:
+                await self.router.add_worker(engine.url)
+                tracked.standby, tracked.in_rotation = False, True
+                self.events.append(HealthEvent(time.time(), engine.url, "readmitted"))
+
+    async def wait_any_in_rotation(self, timeout_s: float, *, standby: bool = False) -> None:
+        """Waits until at least one engine is in rotation (``standby``: or on standby); raises
+        ``TimeoutError`` after ``timeout_s``, naming the health events."""
         deadline = time.monotonic() + timeout_s
-        while not any(t.in_rotation for t in self._tracked):
+        while not any(t.in_rotation or (standby and t.standby) for t in self._tracked):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no engine in rotation after {timeout_s} s: {self.events[-6:]}")
             await asyncio.sleep(0.2)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.chat.template import ChatTemplate
@@ -16,48 +15,16 @@ from agentrl.rewards.pool import shared_pool
 from agentrl.rollout.health import EngineGroup
 from agentrl.rollout.pacing import tune_gc
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
-from agentrl.runner.weights import DiskWeightSync
+from agentrl.runner.engine_weights import EngineWeights
+from agentrl.runner.weights import WeightSync
 
 if TYPE_CHECKING:
-    from agentrl.rollout.engine import EngineStarter, SGLangEngine
+    from agentrl.rollout.engine import EngineStarter
     from agentrl.runner.config import RunConfig
     from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.rollout_service import RolloutService
 
 __all__ = ["EngineWeights", "launch_rollout", "row_validator", "scheduler_config"]
-
-
-class EngineWeights:
-    """The engines' :class:`~agentrl.runner.rollout_service.WeightLoader` over a
-    :class:`~agentrl.runner.weights.DiskWeightSync`: the trainer (maybe in another process) writes
-    version *v* into a staging folder ``root/.export-v000003``; the sync's export step moves its files
-    into the version folder (a rename on the same disk), then every engine in rotation loads it.
-    :meth:`resync` gives a restarted engine the current version before it serves again."""
-
-    def __init__(self, sync: DiskWeightSync, group: EngineGroup | None = None, wait_s: float = 600.0) -> None:
-        self.sync = sync
-        self.group = group
-        self.wait_s = wait_s
-
-    def folder(self, version: int) -> Path:
-        return self.sync.root / f".export-{self.sync.folder(version).name}"
-
-    async def resync(self, engine: SGLangEngine) -> None:
-        await self.sync.load_current(engine)
-
-    async def load(self, version: int, folder: Path) -> dict[str, float]:
-        if not folder.is_dir():
-            raise FileNotFoundError(f"weight sync v{version}: the trainer did not write {str(folder)!r}")
-        if self.group is not None:  # every engine is being restarted: wait for one (it then gets this version)
-            await self.group.wait_any_in_rotation(self.wait_s)
-
-        def move(target: Path) -> None:
-            for item in folder.iterdir():
-                item.rename(target / item.name)
-            folder.rmdir()
-
-        report = await self.sync.sync(version, move)
-        return report.to_metrics()
 
 
 def scheduler_config(config: RunConfig) -> SchedulerConfig:
@@ -129,9 +96,11 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
     scheduler = Scheduler(env_factory, template, client, data, sched_cfg, agent=config.agent_config(),
                           group_filter=group_filter, load_probe=group.active_requests,
                           engines=len(group.engines))
-    weights = EngineWeights(DiskWeightSync(group.engines, config.run_dir() / "weights", config.sync.to_config(),
-                                           on_remove=group.take_out, eligible=group.serving),
-                            group, wait_s=wait)
+    weights = EngineWeights(WeightSync(group.engines, config.run_dir() / "weights", config.sync.to_config(),
+                                       on_remove=group.take_out, eligible=group.syncable),
+                            group, wait_s=wait, method=config.sync.resolved_method(config.cluster.placement,
+                                                                                   attached=bool(config.rollout.engines.urls)),
+                            bucket_bytes=config.sync.bucket_mb << 20)
     group.before_readmit = weights.resync
     evals: dict[str, tuple[list[dict[str, Any]], Any, int, bool]] = {}
     for section in config.data.eval:

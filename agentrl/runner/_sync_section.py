@@ -16,7 +16,13 @@ __all__ = ["SyncSection"]
 class SyncSection(Section):
     """Weight sync (:class:`~agentrl.runner.weights.WeightSyncConfig`) and the probe.
 
-    - ``method``: ``disk`` (safetensors folder → ``update_weights_from_disk``; every machine).
+    - ``method``: how the weights travel (docs/training.md "Weight sync"): ``disk`` (a safetensors
+      folder → ``update_weights_from_disk``; needs a filesystem shared by trainer rank 0 and every
+      engine), ``tensor`` (the trainer hands its buffers to engines on its host: shared memory on CPU,
+      CUDA IPC on GPU), ``distributed`` (a broadcast from trainer rank 0 in one process group per
+      engine: gloo on CPU, NCCL on GPU; every engine must reach rank 0's address), or ``auto``: tensor
+      when colocated, distributed when disaggregated, disk for engines given by URL. ``bucket_mb``:
+      the size of one transfer (buffers are reused across syncs).
     - ``pause_mode``: ``retract`` (default) re-queues running requests across the update so none is
       aborted; ``in_place`` keeps them running on the old KV cache; ``abort`` ends them (counted).
       ``abort_requests``: also abort every request (SGLang's update flag).
@@ -27,7 +33,8 @@ class SyncSection(Section):
       (~1e-2) and fails a skipped sync (~0.9 on the tiny model); fp32 on both sides agrees to ~1e-6.
     """
 
-    method: Literal["disk"] = "disk"
+    method: Literal["disk", "tensor", "distributed", "auto"] = "disk"
+    bucket_mb: int = Field(default=512, ge=1)
     pause_mode: Literal["retract", "in_place", "abort"] = "retract"
     abort_requests: bool = False
     retries: int = Field(default=2, ge=0)
@@ -41,6 +48,15 @@ class SyncSection(Section):
     probe_length: int = Field(default=32, ge=2)
     probe_bound: float = Field(default=0.1, gt=0.0)
     probe_seed: int = 0
+
+    def resolved_method(self, placement: str, *, attached: bool) -> str:
+        """``method`` with ``auto`` decided: ``tensor`` colocated, ``distributed`` disaggregated, ``disk``
+        for engines the run did not start (``rollout.engines.urls``: their host is unknown)."""
+        if self.method != "auto":
+            return self.method
+        if attached:
+            return "disk"
+        return "tensor" if placement == "colocated" else "distributed"
 
     def to_config(self) -> WeightSyncConfig:
         return WeightSyncConfig(pause_mode=self.pause_mode, abort_requests=self.abort_requests, retries=self.retries,

@@ -130,6 +130,8 @@ async def _run_sides(config: RunConfig, factory: Any, run_dir: RunDirectory, set
                 await service.shutdown()
             raise
         try:
+            if trainer is not None and settings.sync_method != "disk":
+                rollout.set_pusher(trainer)  # the trainer sends its weights to the engines itself
             runner = Runner(rollout, trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
                             callbacks=callbacks, resume=resume, warmup=warm)
             return await runner.run()

@@ -73,6 +73,7 @@ class LoopSettings:
     rollout_only: bool = False
     sync_at_start: bool = False
     release_engine_memory: bool = False
+    sync_method: str = "disk"
     progress_interval_s: float = 0.5
 
     @classmethod
@@ -90,7 +91,9 @@ class LoopSettings:
                    probe_sequences=tuple(tuple(s) for s in probe_sequences), probe_bound=probe_bound,
                    rollout_only=rollout_only,
                    sync_at_start=config.rollout.engines.boot_path is not None or bool(config.rollout.engines.urls),
-                   release_engine_memory=config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu")
+                   release_engine_memory=config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu",
+                   sync_method=config.sync.resolved_method(config.cluster.placement,
+                                                           attached=bool(config.rollout.engines.urls)))
 
 
 class Runner:
@@ -200,9 +203,9 @@ class Runner:
         started = time.perf_counter()
         if self.settings.release_engine_memory:
             await self.rollout.resume_memory(["weights"])
-        folder = await self.rollout.weights_folder(self.version)
-        await self.trainer.export(folder)
-        export_s = time.perf_counter() - started
+        if self.settings.sync_method == "disk":
+            await self.trainer.export(await self.rollout.weights_folder(self.version))
+        export_s = time.perf_counter() - started  # the other methods: the trainer sends during the load
         metrics = dict(await self.rollout.sync_weights(self.version))
         if self.settings.release_engine_memory:
             await self.rollout.resume_memory(None)

@@ -41,7 +41,8 @@ from agentrl.train.batching import TrainingBatch
 if TYPE_CHECKING:
     from agentrl.runner.loop import RolloutSide
 
-__all__ = ["GroupTrainer", "RolloutActor", "TrainRank", "check_weights_folder", "run_on_ray", "start_sides"]
+__all__ = ["GroupPusher", "GroupTrainer", "RolloutActor", "TrainRank", "check_weights_folder", "run_on_ray",
+           "start_sides"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,10 @@ class RolloutActor:
     async def active_requests(self) -> int:
         return int(await self.service.active_requests())
 
+    async def set_pusher(self, pusher: Any) -> None:
+        """The trainer's weight sender (``sync.method`` tensor or distributed)."""
+        self.service.set_pusher(pusher)
+
     async def router_workers(self) -> list[str]:
         """The engine URLs the router has registered."""
         group = self.service.group
@@ -154,6 +159,10 @@ class TrainRank:
 
     def offload(self) -> dict[str, float]:
         return self.service.offload()
+
+    def push_weights(self, version: int, targets: list[Any], *, flush: bool = True,
+                     exact: bool = False) -> dict[str, Any]:
+        return self.service.push_weights(version, targets, flush=flush, exact=exact)
 
     def onload(self) -> dict[str, float]:
         return self.service.onload()
@@ -218,6 +227,20 @@ class GroupTrainer:
     async def group_env(self) -> list[Any]:
         """Every rank's ``env()`` (the placement tests' recording ranks)."""
         return list(await asyncio.to_thread(self.group.call, "env"))
+
+
+class GroupPusher:
+    """:class:`~agentrl.runner.weight_transports.Pusher` over the train actors, for the rollout actor:
+    every rank runs ``push_weights`` (a Megatron trainer gathers collectively); rank 0's report."""
+
+    def __init__(self, actors: Sequence[Any]) -> None:
+        self.actors = list(actors)
+
+    async def push(self, version: int, targets: list[Any], *, flush: bool, exact: bool) -> dict[str, Any]:
+        refs = [a.call.remote("push_weights", (version, targets), {"flush": flush, "exact": exact})
+                for a in self.actors]
+        results = await asyncio.gather(*refs)
+        return dict(results[0])
 
 
 class Sides:
@@ -413,7 +436,11 @@ async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings
                                   rollout_only=settings.rollout_only, warmup_dir=warmup_dir, runtime=runtime)
         try:
             _record_device_map(sides, run_dir)
-            await check_weights_folder(sides, config.with_absolute_paths().run_dir() / "weights")
+            method = config.sync.resolved_method(config.cluster.placement, attached=bool(config.rollout.engines.urls))
+            if method == "disk":
+                await check_weights_folder(sides, config.with_absolute_paths().run_dir() / "weights")
+            elif sides.trainer is not None:
+                await sides.rollout.set_pusher(GroupPusher(sides.trainer.group.actors))
             runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, settings, run_dir=run_dir,
                             checkpointer=checkpointer, callbacks=callbacks, resume=resume, warmup=sides.warmup)
             return await runner.run()

@@ -112,6 +112,13 @@ class RolloutService:
         metrics.setdefault("sync/total_s", time.perf_counter() - started)
         return metrics
 
+    def set_pusher(self, pusher: Any) -> None:
+        """The trainer's weight sender, for ``sync.method`` tensor or distributed."""
+        set_pusher = getattr(self.weights, "set_pusher", None)
+        if set_pusher is None:
+            raise RuntimeError("set_pusher: this rollout service's weight loader takes no pusher")
+        set_pusher(pusher)
+
     async def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """The engine's logprob of every token of each sequence given the ones before (entry 0: 0.0)."""
         if self.scoring is None:

@@ -51,6 +51,10 @@ class LocalTrainer:
     async def onload(self) -> dict[str, float]:
         return await asyncio.to_thread(self.service.onload)
 
+    async def push(self, version: int, targets: list[Any], *, flush: bool, exact: bool) -> dict[str, Any]:
+        """:class:`~agentrl.runner.weight_transports.Pusher`: the service sends its weights."""
+        return await asyncio.to_thread(self.service.push_weights, version, targets, flush=flush, exact=exact)
+
 
 class ActorProxy:
     """``await proxy.name(*args)`` calls the actor method ``name`` and awaits its result."""

@@ -31,6 +31,7 @@ import orjson
 import torch
 
 from agentrl.runner.probe import logprob_mismatch
+from agentrl.runner.weight_push import PUSH_METHODS, PushTarget, WeightPusher
 from agentrl.train.batching import TrainingBatch, TrainSequence
 from agentrl.train.megatron.backend import MegatronTrainBackend
 from agentrl.train.torch_backend import TorchTrainBackend
@@ -55,6 +56,10 @@ class TrainService:
         self.skipped_steps = 0
         self.warmup_section: WarmupSection | None = None
         self.model_section: ModelSection | None = None
+        self.push_method = "disk"
+        self.push_bucket_bytes = 512 << 20
+        self._pusher: WeightPusher | None = None
+        self._pushed: tuple[int, int] | None = None  # (version, backend step) of the last push
 
     @classmethod
     def from_config(cls, config: RunConfig, *, threads: int | None = None) -> TrainService:
@@ -78,6 +83,9 @@ class TrainService:
         service = cls(backend, config.train.optimizer, total_steps=config.train.steps,
                       score_after_step=config.train.score_after_step)
         service.warmup_section, service.model_section = config.warmup, config.model
+        service.push_method = config.sync.resolved_method(config.cluster.placement,
+                                                          attached=bool(config.rollout.engines.urls))
+        service.push_bucket_bytes = config.sync.bucket_mb << 20
         return service
 
     # -- warm-up -------------------------------------------------------------------------------
@@ -153,6 +161,29 @@ class TrainService:
         return onload(self.backend.optimizer, self.backend.device)
 
     # -- weights -------------------------------------------------------------------------------
+    def push_weights(self, version: int, targets: list[PushTarget], *, flush: bool = True,
+                     exact: bool = False) -> dict[str, Any]:
+        """Sends the current weights to ``targets`` as ``version`` (``sync.method`` ``tensor`` or
+        ``distributed``; every rank calls it, rank 0 sends): the push report as a dict. ``exact``: only
+        when the weights still are the version last pushed as ``version`` (a restarted engine catching
+        up); otherwise nothing is sent and the report says ``moved``."""
+        if exact and self._pushed != (version, self.backend.step):
+            return {"moved": True, "errors": {}}
+        if self._pusher is None:
+            if self.push_method not in PUSH_METHODS:
+                raise ValueError(f"push_weights: sync.method={self.push_method!r} does not push; expected one of "
+                                 f"{', '.join(PUSH_METHODS)}")
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            self._pusher = WeightPusher(self.backend.named_weights, method=self.push_method, dtype=self._export_dtype(),
+                                        bucket_bytes=self.push_bucket_bytes, device=self.backend.device, rank=rank)
+        report = self._pusher.push(version, targets, flush=flush)
+        self._pushed = (version, self.backend.step)
+        return report.to_dict()
+
+    def _export_dtype(self) -> torch.dtype | None:
+        name = self.model_section.dtype if self.model_section is not None else "auto"
+        return None if name == "auto" else getattr(torch, name)
+
     def export(self, folder: str | Path) -> str:
         """Writes the current weights as a Hugging Face folder (with the tokenizer)."""
         return str(self.backend.export_hf(folder))

@@ -1,12 +1,13 @@
-"""Disk weight sync: export the trainer's weights, load them on every engine, verify, continue.
+"""Weight sync: bring every engine to the trainer's new weights, verify, continue.
 
-One :meth:`DiskWeightSync.sync` call is one policy version:
+One :meth:`WeightSync.sync` call is one policy version:
 
-1. **export** — the caller's ``export(folder)`` writes a Hugging Face folder (config, safetensors,
-   tokenizer) into a fresh ``root/v000003``;
+1. **export** (``disk`` only) — the caller's ``export(folder)`` writes a Hugging Face folder (config,
+   safetensors, tokenizer) into a fresh ``root/v000003``;
 2. **pause** — ``/pause_generation`` on every engine, in :attr:`WeightSyncConfig.pause_mode`;
-3. **load** — ``/update_weights_from_disk`` with the folder and ``str(version)`` on every engine at
-   once;
+3. **load** — the transport (:mod:`agentrl.runner.weight_transports`): ``/update_weights_from_disk``
+   with the folder and ``str(version)`` on every engine at once (``disk``), or the trainer sends its
+   weights inside SGLang's update session (``tensor``, ``distributed``);
 4. **verify** — every engine's ``/model_info`` must report ``weight_version == str(version)``;
 5. **resume** — ``/continue_generation`` on every engine, always (in a ``finally``: an engine left
    paused hangs every later rollout);
@@ -52,12 +53,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from agentrl.model_folder import ModelFolderError, check_model_folder
+from agentrl.model_folder import check_model_folder
 from agentrl.rollout.engine import EngineError, SGLangEngine
+from agentrl.runner.weight_transports import DiskLoad, PushLoad, Transport
 
-__all__ = ["DiskWeightSync", "SyncPhase", "SyncReport", "WeightSyncConfig", "WeightSyncError"]
+__all__ = ["DiskWeightSync", "SyncPhase", "SyncReport", "WeightSync", "WeightSyncConfig", "WeightSyncError"]
 
 PAUSE_MODES = ("retract", "in_place", "abort")
 SyncPhase = Literal["export", "pause", "load", "verify", "resume"]
@@ -125,7 +127,7 @@ class SyncReport:
     ``engines_recovering`` left the rotation during it and get it when they come back."""
 
     version: int
-    folder: Path
+    folder: Path | None  # None: no folder (the tensor and distributed methods)
     export_s: float
     pause_s: float
     load_s: float
@@ -139,6 +141,8 @@ class SyncReport:
     failures: tuple[str, ...] = field(default=())
     active_requests: int = 0
     engines_recovering: tuple[str, ...] = ()  # out of rotation during the sync: they load it when back
+    method: str = "disk"
+    transport: dict[str, Any] = field(default_factory=dict)  # the push report (tensor, distributed)
 
     def to_metrics(self) -> dict[str, float]:
         """Step metrics under ``sync/``."""
@@ -150,6 +154,9 @@ class SyncReport:
             "sync/aborted_requests": float(self.aborted_requests),
             "sync/active_requests": float(self.active_requests),
             "sync/engines_recovering": float(len(self.engines_recovering)),
+            f"sync/method_{self.method}": 1.0,
+            **{f"sync/push_{k}": float(v) for k, v in self.transport.get("timings", {}).items()},
+            **({"sync/bytes": float(self.transport["bytes"])} if "bytes" in self.transport else {}),
         }
 
 
@@ -164,8 +171,9 @@ async def _deadline(phase: SyncPhase, seconds: float, work: Awaitable[_T]) -> _T
         raise WeightSyncError(phase, f"did not finish within its deadline of {seconds:g} s") from None
 
 
-class DiskWeightSync:
-    """Syncs weights through a shared folder to ``engines`` (SGLang engines or fake workers).
+class WeightSync:
+    """Syncs weights to ``engines`` (SGLang engines or fake workers) through ``transport`` (default
+    :class:`~agentrl.runner.weight_transports.DiskLoad`: a folder under ``root``).
 
     ``on_remove(engine)`` (sync or async) is called for an engine that still fails after the
     retries, e.g. the engine group's router removal; that engine is not synced again until
@@ -177,9 +185,12 @@ class DiskWeightSync:
 
     def __init__(self, engines: Sequence[SGLangEngine], root: str | os.PathLike[str], config: WeightSyncConfig | None = None,
                  *, on_remove: Callable[[SGLangEngine], object] | None = None,
-                 eligible: Callable[[SGLangEngine], bool | Awaitable[bool]] | None = None) -> None:
+                 eligible: Callable[[SGLangEngine], bool | Awaitable[bool]] | None = None,
+                 transport: Transport | None = None) -> None:
         if not engines:
-            raise ValueError("DiskWeightSync(engines=[]): expected at least one engine")
+            raise ValueError("WeightSync(engines=[]): expected at least one engine")
+        self.config = config or WeightSyncConfig()
+        self.transport: Transport = transport or DiskLoad(abort_requests=self.config.abort_requests)
         self.engines = list(engines)
         self.root = Path(root)
         self.config = config or WeightSyncConfig()
@@ -192,18 +203,26 @@ class DiskWeightSync:
     def folder(self, version: int) -> Path:
         return self.root / f"v{version:06d}"
 
-    async def sync(self, version: int, export: Callable[[Path], object]) -> SyncReport:
-        """Exports ``version`` with ``export(folder)`` (sync, run in a thread, or async) and loads it
-        on every engine; see the module docstring."""
+    @property
+    def method(self) -> str:
+        return self.transport.method
+
+    async def sync(self, version: int, export: Callable[[Path], object] | None = None) -> SyncReport:
+        """Exports ``version`` with ``export(folder)`` (sync, run in a thread, or async; ``disk`` only)
+        and loads it on every engine; see the module docstring."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"sync(version={version!r}): expected an int >= 0")
         async with self._lock:
             return await self._sync(version, export)
 
-    async def _sync(self, version: int, export: Callable[[Path], object]) -> SyncReport:
+    async def _sync(self, version: int, export: Callable[[Path], object] | None) -> SyncReport:
         cfg = self.config
         start = time.perf_counter()
-        folder = await _deadline("export", cfg.export_s, self._export(version, export))
+        folder: Path | None = None
+        if self.method == "disk":
+            if export is None:
+                raise ValueError("WeightSync.sync: a disk sync needs export=")
+            folder = await _deadline("export", cfg.export_s, self._export(version, export))
         export_s = time.perf_counter() - start
         eligible = [await self._eligible(e) for e in self.engines]
         run = _SyncRun(self, folder, str(version), [e for e, ok in zip(self.engines, eligible, strict=True) if ok])
@@ -224,14 +243,16 @@ class DiskWeightSync:
             for engine in removed:
                 await _maybe_await(self.on_remove(engine))
         self.current = version
-        self._prune(version)
+        if folder is not None:
+            self._prune(version)
         t = run.timings
         return SyncReport(version=version, folder=folder, export_s=export_s, pause_s=t["pause"], load_s=t["load"],
                           verify_s=t["verify"], resume_s=t["resume"], total_s=time.perf_counter() - start,
                           engines_updated=tuple(e.url for e in run.updated),
                           engines_removed=tuple(e.url for e in removed), retries=run.retries,
                           aborted_requests=run.aborted, failures=tuple(run.failures),
-                          active_requests=run.active, engines_recovering=tuple(e.url for e in recovering))
+                          active_requests=run.active, engines_recovering=tuple(e.url for e in recovering),
+                          method=self.method, transport=dict(getattr(self.transport, "last", {}) or {}))
 
     async def _eligible(self, engine: SGLangEngine) -> bool:
         return True if self.eligible is None else bool(await _maybe_await(self.eligible(engine)))
@@ -245,12 +266,13 @@ class DiskWeightSync:
             if self.current is None:
                 return None
             version = str(self.current)
-            folder = self.folder(self.current)
-            try:
-                await _deadline("load", self.config.load_s,
-                                engine.update_weights_from_disk(folder, version, flush_cache=True))
-            except (EngineError, ModelFolderError) as err:
-                raise WeightSyncError("load", str(err), engine.url) from err
+            folder = self.folder(self.current) if self.method == "disk" else None
+            load = (self.transport.load([engine], self.current, folder, flush=True, exact=True)
+                    if isinstance(self.transport, PushLoad) else
+                    self.transport.load([engine], self.current, folder, flush=True))
+            errors = await _deadline("load", self.config.load_s, load)
+            if errors.get(engine.url):
+                raise WeightSyncError("load", str(errors[engine.url]), engine.url)
             got = await _deadline("verify", self.config.verify_s, engine.weight_version())
             if got != version:
                 raise WeightSyncError("verify", f"/model_info reports weight_version {got!r}, expected {version!r}",
@@ -288,7 +310,7 @@ class DiskWeightSync:
 class _SyncRun:
     """The engine-side phases of one sync, with per-engine retries and bookkeeping."""
 
-    def __init__(self, owner: DiskWeightSync, folder: Path, version: str, engines: list[SGLangEngine]) -> None:
+    def __init__(self, owner: WeightSync, folder: Path | None, version: str, engines: list[SGLangEngine]) -> None:
         self.owner = owner
         self.cfg = owner.config
         self.folder = folder
@@ -324,7 +346,7 @@ class _SyncRun:
                 self.retries += len(pending)
                 await asyncio.sleep(cfg.retry_delay_s)
             t0 = time.perf_counter()
-            loaded = await _deadline("load", cfg.load_s, asyncio.gather(*(self._load(e) for e in pending)))
+            loaded = await _deadline("load", cfg.load_s, self._load(pending))
             t1 = time.perf_counter()
             candidates = [e for e, ok in zip(pending, loaded, strict=True) if ok]
             verified = await _deadline("verify", cfg.verify_s,
@@ -358,16 +380,14 @@ class _SyncRun:
 
         await asyncio.gather(*(pause(e) for e in self.engines))
 
-    async def _load(self, engine: SGLangEngine) -> bool:
-        try:
-            # in_place keeps requests in the running batch, where SGLang's post-load flush fails
-            await engine.update_weights_from_disk(self.folder, self.version,
-                                                  flush_cache=self.cfg.pause_mode != "in_place",
-                                                  abort_all_requests=self.cfg.abort_requests)
-        except (EngineError, ModelFolderError) as err:
-            self._fail(engine, "load", str(err))
-            return False
-        return True
+    async def _load(self, engines: list[SGLangEngine]) -> list[bool]:
+        # in_place keeps requests in the running batch, where SGLang's post-load flush fails
+        errors = await self.owner.transport.load(engines, int(self.version), self.folder,
+                                                 flush=self.cfg.pause_mode != "in_place")
+        for engine in engines:
+            if errors.get(engine.url):
+                self._fail(engine, "load", str(errors[engine.url]))
+        return [not errors.get(e.url) for e in engines]
 
     async def _verify(self, engine: SGLangEngine) -> bool:
         try:
@@ -407,3 +427,7 @@ class _SyncRun:
             self.owner.engines.remove(engine)
             self.owner.removed.append(engine)
         return removed
+
+
+DiskWeightSync = WeightSync
+"""The former name of :class:`WeightSync` (disk was its only transport)."""
