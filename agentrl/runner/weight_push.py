@@ -105,7 +105,7 @@ class WeightPusher:
         shared = method == "tensor" and device.type == "cpu"
         self.buckets = WeightBuckets(named_weights, dtype=dtype, bucket_bytes=bucket_bytes, device=device,
                                      shared=shared)
-        self.groups: dict[str, Any] = {}  # engine url -> this side's process group
+        self.groups: dict[str, Any] = {}  # group name (one per engine incarnation) -> this side of it
         self.flush = True
         if method == "tensor":
             self._prepare_tensor_sharing()
@@ -196,7 +196,7 @@ class WeightPusher:
         replies = [asyncio.ensure_future(receive(t)) for t in targets]
         for target in targets:  # the engine allocates its receive buffer on the request, then joins
             try:
-                await asyncio.to_thread(torch.distributed.broadcast, bucket.flat, 0, self.groups[target.url])
+                await asyncio.to_thread(torch.distributed.broadcast, bucket.flat, 0, self.groups[target.group])
             except Exception as err:  # a peer gone mid-broadcast: that engine holds a mix now
                 report.errors[target.url] = f"broadcast failed: {type(err).__name__}: {err}"
         await asyncio.gather(*replies)
@@ -205,9 +205,9 @@ class WeightPusher:
     async def _join_groups(self, targets: list[PushTarget], report: PushReport) -> list[PushTarget]:
         """Joins the group of every target not joined yet (the engine's HTTP init and this side's
         rendezvous at once); a target whose group fails is reported and dropped."""
-        new = [t for t in targets if t.url not in self.groups]
+        new = [t for t in targets if t.group not in self.groups]
         await asyncio.gather(*(self._join(t, report) for t in new))
-        return [t for t in targets if t.url in self.groups]
+        return [t for t in targets if t.group in self.groups]
 
     async def _join(self, target: PushTarget, report: PushReport) -> None:
         here = _this_node()
@@ -224,11 +224,11 @@ class WeightPusher:
             init.cancel()
             report.errors[target.url] = f"joining weight-update group {target.group!r} failed: {type(err).__name__}: {err}"
             return
-        self.groups[target.url] = group
+        self.groups[target.group] = group
 
-    def forget(self, url: str) -> None:
-        """Drops this side of an engine's group (the engine was restarted: it joins a new one)."""
-        group = self.groups.pop(url, None)
+    def forget(self, name: str) -> None:
+        """Drops this side of group ``name`` (its engine died: a restarted one joins a new group)."""
+        group = self.groups.pop(name, None)
         if group is not None:
             try:
                 torch.distributed.destroy_process_group(group)

@@ -90,11 +90,13 @@ class PushLoad:
     def __init__(self, method: str, pusher: Pusher, target: Callable[[SGLangEngine], PushTarget]) -> None:
         self.method, self.pusher, self.target = method, pusher, target
         self.last: dict[str, Any] = {}
+        self.partial: set[str] = set()  # engines a push reached and did not finish: not retried, taken out
 
     async def load(self, engines: Sequence[SGLangEngine], version: int, folder: Path | None, *,
                    flush: bool, exact: bool = False) -> dict[str, str | None]:
         errors: dict[str, str | None] = {e.url: None for e in engines}
         begun: list[SGLangEngine] = []
+        self.partial = set()
 
         async def begin(engine: SGLangEngine) -> None:
             try:
@@ -111,12 +113,15 @@ class PushLoad:
                     raise WeightsMovedError(f"the trainer's weights moved past version {version}: they reach "
                                             "the engine with the next sync")
                 self.last = report
-                errors.update({url: err for url, err in report.get("errors", {}).items() if url in errors and err})
+                failed = {url: err for url, err in report.get("errors", {}).items() if url in errors and err}
+                errors.update(failed)
+                self.partial |= {url for url in failed if report.get("buckets", 0) > 0}
         except WeightsMovedError:
             raise
         except Exception as err:  # the trainer failed mid-push: every engine it sent to may hold a mix
             for engine in begun:
                 errors[engine.url] = f"push failed: {type(err).__name__}: {err}"
+                self.partial.add(engine.url)
         finally:
             await asyncio.gather(*(self._end(e, errors) for e in begun))
         return errors

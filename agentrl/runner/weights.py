@@ -156,6 +156,7 @@ class SyncReport:
             "sync/engines_recovering": float(len(self.engines_recovering)),
             f"sync/method_{self.method}": 1.0,
             **{f"sync/push_{k}": float(v) for k, v in self.transport.get("timings", {}).items()},
+            **({"sync/push_buckets": float(self.transport["buckets"])} if "buckets" in self.transport else {}),
             **({"sync/bytes": float(self.transport["bytes"])} if "bytes" in self.transport else {}),
         }
 
@@ -354,7 +355,11 @@ class _SyncRun:
             self.timings["load"] += t1 - t0
             self.timings["verify"] += time.perf_counter() - t1
             self.updated += [e for e, ok in zip(candidates, verified, strict=True) if ok]
-            pending = [e for e in pending if e not in self.updated]
+            # a push that reached an engine and broke off left it with part of the weights (or blocked in a
+            # dead trainer's broadcast): no retry; it is taken out, restarted and brought up to date
+            partial = getattr(self.owner.transport, "partial", set())
+            self.failed += [e for e in pending if e.url in partial and e not in self.updated]
+            pending = [e for e in pending if e not in self.updated and e not in self.failed]
             if not pending:
                 break
         self.failed += pending

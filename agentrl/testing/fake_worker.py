@@ -58,6 +58,7 @@ class FakeWorkerState:
     # pause state: while paused, decoding stops (``retract``/``in_place`` keep requests, ``abort``
     # ends them); new requests wait for ``continue`` as on SGLang
     paused: bool = False
+    in_update_session: bool = False
     pause_modes: list[str] = field(default_factory=list)
 
 
@@ -85,6 +86,8 @@ class FakeWorker:
         app.router.add_post("/continue_generation", self._control)
         app.router.add_post("/update_weights_from_disk", self._update_weights)
         app.router.add_get("/v1/loads", self._loads)
+        app.router.add_post("/begin_weight_update", self._session)
+        app.router.add_post("/end_weight_update", self._session)
         app.router.add_post("/release_memory_occupation", self._memory)
         app.router.add_post("/resume_memory_occupation", self._memory)
         return app
@@ -104,6 +107,15 @@ class FakeWorker:
         if mode == "abort":
             self.state.aborted.update(self.state.running)
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _session(self, request: web.Request) -> web.Response:
+        """SGLang's weight-update session: ``begin`` twice, or ``end`` without ``begin``, answer 400."""
+        self.state.control_calls.append(request.path)
+        opening = request.path == "/begin_weight_update"
+        if opening == self.state.in_update_session:
+            return web.json_response({"success": False, "message": "weight update session state"}, status=400)
+        self.state.in_update_session = opening
+        return web.json_response({"success": True})
 
     async def _memory(self, request: web.Request) -> web.Response:
         """``/release_memory_occupation`` and ``/resume_memory_occupation``: recorded with their tags."""

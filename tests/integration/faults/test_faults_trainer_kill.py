@@ -82,3 +82,45 @@ def test_the_trainer_killed_mid_step_resumes_and_trains_every_prompt_once(tmp_pa
     flat = [p for s in steps for p in s]
     assert len(flat) == len(set(flat)), f"a prompt was trained twice: {steps}"
 
+
+
+def test_a_run_killed_mid_broadcast_leaves_no_engine_half_updated_and_the_resumed_run_loses_nothing(
+        tmp_path: Path) -> None:
+    """``sync.method = distributed`` with the run's own engine: the run (driver and trainer in one
+    process) is SIGKILLed while it broadcasts step 2's weights over gloo. The engine is then blocked in
+    the broadcast (measured: it never answers ``/health_generate`` again; SGLang's side of the group
+    waits out a fixed 30-minute timeout, on NCCL too), so it must not outlive its run: it goes with
+    the run's process tree, and no engine holding part of step 2's weights serves anyone. The resumed
+    run starts a new engine, pushes the checkpoint's weights to it in a new group (the post-sync probe
+    checks they are served) and trains every prompt once."""
+    from _killable_run import config
+
+    run = start(tmp_path, "launch", "--method", "distributed", "--slow-broadcast", "1.0")
+    lines: list[str] = []
+    deadline = time.monotonic() + 300
+    assert run.stdout is not None
+    synced = False
+    for line in run.stdout:
+        lines.append(line.rstrip())
+        synced = synced or line.strip() == "phase sync_weights 2"
+        if synced and line.startswith("broadcast "):
+            time.sleep(0.3)  # inside the (slowed) broadcast of step 2's weights
+            break
+        assert time.monotonic() < deadline, "the run did not reach step 2's sync in time"
+    else:
+        raise AssertionError("the run ended before step 2's sync:\n" + "\n".join(lines[-40:]))
+    tree = psutil.Process(run.pid).children(recursive=True)
+    engines = [p for p in tree if "sglang" in " ".join(p.cmdline())]
+    assert engines, "the run's engine was not found in its process tree"
+    killed = kill_tree(run)
+    assert {p.pid for p in engines} <= set(killed)
+    assert not [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    resumed = start(tmp_path, "launch", "--resume", "--method", "distributed")
+    out, _ = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, out[-4000:]
+    cfg = config(tmp_path, "launch", "distributed")
+    steps = trained_prompts(RunDirectory(cfg.run_dir(), config_hash="read-only"))
+    print(f"\nkilled mid-broadcast ({len(killed)} processes, its engine among them); trained per step: {steps}")
+    assert [len(s) for s in steps] == [2] * STEPS
+    flat = [p for s in steps for p in s]
+    assert len(flat) == len(set(flat)), f"a prompt was trained twice: {steps}"

@@ -28,7 +28,7 @@ from agentrl.runner.cpu import plan_cpu
 from agentrl.runner.envs import environment_factory
 from agentrl.runner.loop import LoopSettings
 from agentrl.runner.probe import probe_sequences
-from agentrl.runner.ray_run import start_sides
+from agentrl.runner.ray_run import GroupPusher, start_sides
 from agentrl.runner.rundir import RunDirectory
 from agentrl.testing import build_tiny_model, build_tokenizer
 from agentrl.testing.runner import index_reward
@@ -119,6 +119,34 @@ async def test_three_steps_with_disk_weight_sync_on_real_components(tmp_path: Pa
         episodes = run_dir.read_trajectories(step)
         assert {s.weight_version for ep in episodes for t in ep.sequences for s in t.segments
                 if s.weight_version} <= {str(step - 1), "default"}
+
+
+@pytest.mark.parametrize("method", ["tensor", "distributed"])
+async def test_three_steps_with_the_weights_pushed_by_the_train_actor(tmp_path: Path, ray_two_hosts: RayTwoHosts,
+                                                                      method: str, shared_engine: str) -> None:
+    """``sync.method`` tensor / distributed on Ray: the train actor (on host_b) sends its weights to the
+    session's engine itself (the rollout actor on host_a pauses it and opens the update session);
+    nothing is written to disk; every step the engine serves the new version and the probe passes."""
+    config = make_config(tmp_path, **{"sync.method": method, "sync.bucket_mb": 1,
+                                      "rollout.engines.urls": [shared_engine]})
+    sides = await start_sides(config, environment_factory(config, reward=index_reward), cpu=plan_cpu(engines=1),
+                              node_resource_engines=RAY_HOST_A, node_resource_trainer=RAY_HOST_B)
+    try:
+        assert sides.trainer is not None
+        await sides.rollout.set_pusher(GroupPusher(sides.trainer.group.actors))
+        check = EngineVersions(sides)
+        probes = probe_sequences(build_tokenizer(), n=3, length=24, seed=0)
+        settings = LoopSettings.from_config(config, probe_sequences=probes, probe_bound=MEAN_BOUND)
+        assert settings.sync_method == method
+        run_dir = RunDirectory(config.run_dir(), config_hash=config.hash())
+        await Runner(sides.rollout, sides.trainer, settings, run_dir=run_dir, callbacks=[check]).run()
+    finally:
+        await sides.stop()
+    assert check.seen == [["1"], ["2"], ["3"]]
+    for m in check.metrics:
+        assert m[f"sync/method_{method}"] == 1.0 and m["sync/bytes"] > 0 and m["sync/push_buckets"] >= 1
+        assert m["probe/mean_abs_diff"] <= MEAN_BOUND
+    assert not (Path(config.run_dir()) / "weights").exists() or not any((Path(config.run_dir()) / "weights").iterdir())
 
 
 @pytest.mark.parametrize("mode", ["one_step_off", "bounded_staleness"])

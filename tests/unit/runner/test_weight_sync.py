@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -264,3 +265,85 @@ async def test_engines_dying_during_a_sync_get_the_version_when_they_come_back(
         w.state.fail_updates = -1
     with pytest.raises(WeightSyncError, match=r"phase 'load'"):  # alive and in rotation: a real failure
         await sync.sync(3, write_model)
+
+
+class _Pusher:
+    """A pusher standing for the trainer: sets the workers' version, or fails as told."""
+
+    def __init__(self, workers: list[FakeWorker], *, fail: str | None = None, moved: bool = False) -> None:
+        self.workers, self.fail, self.moved = workers, fail, moved
+        self.calls: list[tuple[int, list[str], bool]] = []
+
+    async def push(self, version: int, targets: list[Any], *, flush: bool, exact: bool) -> dict[str, Any]:
+        self.calls.append((version, [t.url for t in targets], exact))
+        if self.moved:
+            return {"moved": True, "errors": {}}
+        if self.fail == "raise":
+            raise RuntimeError("the train actor died")
+        errors: dict[str, str | None] = {}
+        for w in self.workers:
+            if any(t.url == w.url for t in targets):
+                if self.fail == w.state.name:
+                    errors[w.url] = "broadcast failed: connection reset by peer"
+                else:
+                    w.state.weight_version = str(version)
+        return {"errors": errors, "bytes": 1024, "buckets": 2, "timings": {"fill_s": 0.01, "transfer_s": 0.02}}
+
+
+def _push_sync(tmp_path: Path, engines: list[SGLangEngine], pusher: _Pusher,
+               removed: list[str] | None = None) -> DiskWeightSync:
+    from agentrl.runner.weight_push import PushTarget
+    from agentrl.runner.weight_transports import PushLoad
+
+    return DiskWeightSync(engines, tmp_path, FAST, on_remove=(lambda e: removed.append(e.url)) if removed is not None
+                          else None, transport=PushLoad("distributed", pusher, lambda e: PushTarget(url=e.url)))
+
+
+async def test_a_push_runs_inside_sglangs_session_and_writes_nothing(tmp_path: Path, workers: list[FakeWorker],
+                                                                    engines: list[SGLangEngine]) -> None:
+    pusher = _Pusher(workers)
+    report = await _push_sync(tmp_path, engines, pusher).sync(3)
+    assert report.folder is None and not any(tmp_path.iterdir())
+    assert set(report.engines_updated) == {e.url for e in engines}
+    [(version, urls, exact)] = pusher.calls  # one push to every engine at once
+    assert (version, sorted(urls), exact) == (3, sorted(e.url for e in engines), False)
+    metrics = report.to_metrics()
+    assert metrics["sync/method_distributed"] == 1.0 and metrics["sync/bytes"] == 1024.0
+    assert metrics["sync/push_buckets"] == 2.0 and metrics["sync/push_transfer_s"] == 0.02
+    for w in workers:
+        calls = [c for c in w.state.control_calls if c != "/continue_generation"]
+        assert calls == ["/pause_generation", "/begin_weight_update", "/end_weight_update"]
+        assert not w.state.in_update_session
+
+
+@pytest.mark.parametrize("fail", ["w1", "raise"])
+async def test_a_push_that_broke_off_is_not_retried_and_its_engines_are_taken_out(
+        tmp_path: Path, workers: list[FakeWorker], engines: list[SGLangEngine], fail: str) -> None:
+    """An engine a push reached and did not finish holds part of the weights (or is blocked in a dead
+    trainer's broadcast): taken out at once, its session closed; a retry would only wait on it."""
+    removed: list[str] = []
+    pusher = _Pusher(workers, fail=fail)
+    sync = _push_sync(tmp_path, engines, pusher, removed)
+    if fail == "raise":  # no engine took the version: the run stops, naming the push
+        with pytest.raises(WeightSyncError, match=r"push failed: RuntimeError: the train actor died"):
+            await sync.sync(4)
+    else:
+        report = await sync.sync(4)
+        assert report.engines_updated == (engines[0].url,) and report.engines_removed == (engines[1].url,)
+        assert removed == [engines[1].url] and report.retries == 0
+    assert len(pusher.calls) == 1
+    assert all(not w.state.in_update_session for w in workers)
+
+
+async def test_a_restarted_engine_is_pushed_the_current_version_only_while_the_trainer_holds_it(
+        tmp_path: Path, workers: list[FakeWorker], engines: list[SGLangEngine]) -> None:
+    from agentrl.runner.weight_transports import WeightsMovedError
+
+    pusher = _Pusher(workers)
+    sync = _push_sync(tmp_path, engines, pusher)
+    await sync.sync(5)
+    workers[1].state.weight_version = "default"  # restarted on the base weights
+    assert await sync.load_current(engines[1]) == "5" and pusher.calls[-1] == (5, [engines[1].url], True)
+    pusher.moved = True
+    with pytest.raises(WeightsMovedError, match=r"moved past version 5"):
+        await sync.load_current(engines[1])
