@@ -357,7 +357,7 @@ class _SyncRun:
             self.updated += [e for e, ok in zip(candidates, verified, strict=True) if ok]
             # a push that reached an engine and broke off left it with part of the weights (or blocked in a
             # dead trainer's broadcast): no retry; it is taken out, restarted and brought up to date
-            partial = getattr(self.owner.transport, "partial", set())
+            partial: set[str] = getattr(self.owner.transport, "partial", set())
             self.failed += [e for e in pending if e.url in partial and e not in self.updated]
             pending = [e for e in pending if e not in self.updated and e not in self.failed]
             if not pending:
