@@ -13,10 +13,11 @@ import asyncio
 import importlib.util
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Literal
+from typing import Any, Literal
 
 import typer
 
@@ -91,6 +92,56 @@ def _engine_check() -> Check:
     except Exception as err:  # a doctor reports every failure instead of crashing
         return Check("tiny model engine", "fail", f"{type(err).__name__}: {str(err)[:300]}")
     return Check("tiny model engine", "ok", detail)
+
+
+def _weight_sync_check() -> Check:
+    """Syncs the tiny model's weights into a tiny engine by every method (disk, tensor, distributed)
+    and checks the version each time: which methods this engine accepts, and how long each took."""
+    from agentrl.rollout import EngineConfig, SGLangEngine
+    from agentrl.testing import build_tiny_model
+
+    async def run() -> str:
+        import torch
+
+        from agentrl.runner.weight_push import PushTarget, WeightPusher
+        from agentrl.runner.weight_transports import PushLoad
+        from agentrl.runner.weights import WeightSync, WeightSyncConfig
+        from agentrl.train import TorchTrainBackend
+        from agentrl.train.config import TorchBackendConfig
+
+        class Local:
+            def __init__(self, pusher: WeightPusher) -> None:
+                self.pusher = pusher
+
+            async def push(self, version: int, targets: list[PushTarget], *, flush: bool, exact: bool) -> dict[str, Any]:
+                return (await asyncio.to_thread(self.pusher.push, version, targets, flush=flush)).to_dict()
+
+        model = str(build_tiny_model())
+        engine = await SGLangEngine.launch(EngineConfig(model_path=model, dtype="float32", context_length=512,
+                                                        max_total_tokens=4096))
+        backend = TorchTrainBackend.from_pretrained(model, TorchBackendConfig(device="cpu", dtype="float32"))
+        results = []
+        try:
+            with tempfile.TemporaryDirectory(prefix="agentrl-doctor-") as tmp:
+                for version, method in enumerate(("disk", "tensor", "distributed"), start=1):
+                    transport = None if method == "disk" else PushLoad(method, Local(WeightPusher(
+                        backend.named_weights, method=method, dtype=torch.float32, bucket_bytes=64 << 20,
+                        device=torch.device("cpu"))), lambda e, m=method: PushTarget(url=e.url, group=f"doctor-{m}"))
+                    sync = WeightSync([engine], tmp, WeightSyncConfig(retries=0), transport=transport)
+                    try:
+                        report = await sync.sync(version, backend.export_hf if method == "disk" else None)
+                        results.append(f"{method} ok ({report.total_s:.2f} s)")
+                    except Exception as err:  # each method is reported on its own
+                        results.append(f"{method} FAILED ({type(err).__name__}: {str(err)[:120]})")
+        finally:
+            await asyncio.to_thread(engine.stop)
+        return "; ".join(results)
+
+    try:
+        detail = asyncio.run(run())
+    except Exception as err:  # a doctor reports every failure instead of crashing
+        return Check("weight sync methods", "fail", f"{type(err).__name__}: {str(err)[:300]}")
+    return Check("weight sync methods", "warn" if "FAILED" in detail else "ok", detail)
 
 
 def _ray_check() -> Check:
@@ -199,16 +250,19 @@ def collect_checks(*, import_sglang: bool = True, engine: bool = False, sandbox:
         checks.append(_engine_import_check(device))
     if engine:
         checks.append(_engine_check())
+        checks.append(_weight_sync_check())
     return checks
 
 
 def doctor(
-    engine: bool = typer.Option(False, "--engine", help="also start the tiny model on SGLang behind the router"),
+    engine: bool = typer.Option(False, "--engine", help="also start the tiny model on SGLang behind the router, "
+                                "and sync weights into one by each method (disk, tensor, distributed)"),
     quick: bool = typer.Option(False, "--quick", help="skip importing the SGLang server (a few seconds)"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when any check failed"),
 ) -> None:
     """Report what is installed and usable: pinned libraries, Ray, megatron-core, accelerators (CUDA,
-    Ascend NPU), SGLang, router, CPU shims, sandboxes; with --engine, the engine's start time.
+    Ascend NPU), SGLang, router, CPU shims, sandboxes; with --engine, the engine's start time and
+    which weight-sync methods it accepts.
 
     Examples:
 
