@@ -124,9 +124,12 @@ def _weight_sync_check() -> Check:
         try:
             with tempfile.TemporaryDirectory(prefix="agentrl-doctor-") as tmp:
                 for version, method in enumerate(("disk", "tensor", "distributed"), start=1):
+                    def target(e: SGLangEngine, m: str = method) -> PushTarget:
+                        return PushTarget(url=e.url, group=f"doctor-{m}")
+
                     transport = None if method == "disk" else PushLoad(method, Local(WeightPusher(
                         backend.named_weights, method=method, dtype=torch.float32, bucket_bytes=64 << 20,
-                        device=torch.device("cpu"))), lambda e, m=method: PushTarget(url=e.url, group=f"doctor-{m}"))
+                        device=torch.device("cpu"))), target)
                     sync = WeightSync([engine], tmp, WeightSyncConfig(retries=0), transport=transport)
                     try:
                         report = await sync.sync(version, backend.export_hf if method == "disk" else None)

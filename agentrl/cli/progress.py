@@ -76,6 +76,8 @@ class StepFigures:
                   if key.startswith("report/errors/") and isinstance(value, int) and value > 0]
         if errors:  # episode errors by kind, only when the step had some
             self.last["errors"] = ",".join(errors)
+        if metrics.get("train/skipped") == 1.0:  # the weights did not change: say so on the step's line
+            self.last["update"] = "skipped(no-advantage)"
 
     def eta_s(self) -> float | None:
         if self.total is None or self.first_step is None or self.step <= self.first_step:
@@ -148,6 +150,9 @@ class PlainProgress(RunCallback):
         self.figures.update(step, metrics)
         print(self.figures.line(), file=self.stream, flush=True)
 
+    def on_notice(self, text: str) -> None:
+        print(f"warning: {text}", file=self.stream, flush=True)
+
 
 class LiveProgress(RunCallback):
     """The ``rich`` live display (see the module doc); ``console``: where it draws (default stdout)."""
@@ -211,6 +216,9 @@ class LiveProgress(RunCallback):
     def on_run_end(self, summary: RunSummary) -> None:
         self.close()
 
+    def on_notice(self, text: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {text}", markup=True, highlight=False)
+
     def close(self) -> None:
         """Stops the display (idempotent); call it when a run ends by an error too."""
         if self.live.is_started:
@@ -247,6 +255,17 @@ class RunEndSummary(RunCallback):
             table.add_row("warm-up", f"{warm.get('steps', 0)} steps in {_clock(warm.get('seconds'))}{check}")
         if summary.resumed_from:
             table.add_row("resumed from", summary.resumed_from)
+        if summary.failed_groups:
+            from agentrl.runner.loop import failures_text
+
+            table.add_row("failed groups", failures_text(summary.failed_groups, summary.failure_examples))
+        if summary.bad_rows:
+            table.add_row("bad data rows", f"{summary.bad_rows} skipped (listed when the run started)")
+        if summary.steps and not summary.weights_changed:
+            table.add_row("weights", f"never changed: all {summary.steps} steps were skipped (every group's "
+                                     "advantages were zero)")
+        elif summary.skipped_steps:
+            table.add_row("skipped steps", f"{summary.skipped_steps} of {summary.steps} (advantages all zero)")
         for label, key, fmt in _FIGURES:
             if isinstance(self.last.get(key), int | float):
                 table.add_row(f"last {label}", fmt.format(self.last[key]))

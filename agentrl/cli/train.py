@@ -222,6 +222,7 @@ def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_r
     from agentrl.cli.progress import LiveProgress, progress_callbacks
     from agentrl.runner.api import train as run_training
     from agentrl.runner.checkpoint import CheckpointError, CheckpointWriteError
+    from agentrl.runner.loop import NoTrainableGroupsError
 
     typer.echo(f"run folder {config.run_dir()}", err=True)
     callbacks = progress_callbacks(config.train.steps, config.run_dir(), quiet=quiet)
@@ -232,6 +233,9 @@ def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_r
         fail(f"--resume: {exc}")
     except CheckpointWriteError as exc:  # a full disk, say: the run stopped; its last checkpoint is intact
         typer.echo(f"error: {exc}\nthe run folder {config.run_dir()} can be resumed with --resume", err=True)
+        raise typer.Exit(code=1) from None
+    except NoTrainableGroupsError as exc:  # every group failed: the reasons, not a silent "data exhausted"
+        typer.echo(f"error: {exc}\n(the run folder's summary.json has them too)", err=True)
         raise typer.Exit(code=1) from None
     except (KeyboardInterrupt, asyncio.CancelledError):  # SIGINT/SIGTERM cancel the run; everything it started is stopped
         typer.echo(f"interrupted; the run folder {config.run_dir()} can be resumed with --resume", err=True)

@@ -105,12 +105,35 @@ def _state_html(folder: RunFolder, lines: Sequence[Mapping[str, Any]], index: Ru
     last = lines[-1] if lines else None
     if summary is not None:
         state = f"finished: {_esc(summary.get('stopped_because', 'summary.json written'))}"
+        notes = _summary_notes(summary)
+        if notes:
+            state += "".join(f'</p><p class="note">{_esc(n)}' for n in notes)
     elif last is not None and isinstance(last.get("time"), int | float):
         state = f"running (or stopped without a summary): last step {last['step']} logged {time.time() - last['time']:.0f} s ago"
     else:
         state = "no step logged yet"
     return (f"<p>{state} · {len(lines)} metrics lines · {len(folder.trajectory_steps())} trajectory files · "
             f"{len(index)} episodes</p>")
+
+
+def _summary_notes(summary: Mapping[str, Any]) -> list[str]:
+    """What the run's summary says went wrong without stopping it: failed groups by reason (with
+    the first message), skipped data rows, steps that changed no weight."""
+    notes = []
+    failed = summary.get("failed_groups") or {}
+    if failed:
+        examples = summary.get("failure_examples") or {}
+        text = "; ".join(f"{reason} x{count}" + (f" (first: {examples[reason]})" if reason in examples else "")
+                         for reason, count in sorted(failed.items(), key=lambda kv: -kv[1]))
+        notes.append(f"Prompt groups that failed: {text}")
+    if summary.get("bad_rows"):
+        notes.append(f"{summary['bad_rows']} bad data row(s) skipped")
+    steps, skipped = int(summary.get("steps") or 0), int(summary.get("skipped_steps") or 0)
+    if steps and skipped == steps:
+        notes.append(f"The weights never changed: all {steps} steps were skipped (every group's advantages were zero)")
+    elif skipped:
+        notes.append(f"{skipped} of {steps} steps changed no weight (advantages all zero)")
+    return notes
 
 
 def _config_html(folder: RunFolder) -> str:

@@ -38,6 +38,11 @@ class RunCallback:
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> Any:
         """After step ``step`` (1-based) was trained, synced and recorded; may be ``async``."""
 
+    def on_notice(self, text: str) -> None:
+        """As it happens, something the run's user should know that did not stop it: data rows
+        skipped (file, line, field), prompt groups that failed (by reason, with the first message), a
+        step that changed no weight (why)."""
+
     def on_run_end(self, summary: RunSummary) -> None:
         """Once, when the run ends normally."""
 
@@ -57,6 +62,7 @@ class RolloutSide(Protocol):
     async def load_state_dict(self, state: dict[str, Any]) -> None: ...
     async def release_memory(self) -> None: ...
     async def resume_memory(self, tags: list[str] | None = None) -> None: ...
+    async def data_problems(self) -> list[str]: ...
 
 
 class TrainSide(Protocol):
@@ -86,11 +92,22 @@ class RunSummary:
     prompts_trained: int = 0
     last_metrics: dict[str, Any] = field(default_factory=dict)
     evals: dict[str, Any] = field(default_factory=dict)
+    failed_groups: dict[str, int] = field(default_factory=dict)  # reason -> prompt groups that failed
+    failure_examples: dict[str, str] = field(default_factory=dict)  # reason -> its first message
+    bad_rows: int = 0  # data rows skipped
+    skipped_steps: int = 0  # steps that changed no weight (all advantages zero)
+
+    @property
+    def weights_changed(self) -> bool:
+        return self.steps > self.skipped_steps
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "policy_version": self.policy_version, "resumed_from": self.resumed_from,
                 "stopped_because": self.stopped_because, "wall_s": self.wall_s,
-                "prompts_trained": self.prompts_trained, "last_metrics": self.last_metrics, "evals": self.evals}
+                "prompts_trained": self.prompts_trained, "last_metrics": self.last_metrics, "evals": self.evals,
+                "failed_groups": self.failed_groups, "failure_examples": self.failure_examples,
+                "bad_rows": self.bad_rows, "skipped_steps": self.skipped_steps,
+                "weights_changed": self.weights_changed}
 
 
 def overriding(callbacks: Sequence[Any], hook: str) -> list[Any]:

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.rollout.groups import RolloutGroup
-from agentrl.rollout.report import StepReport
 from agentrl.rollout.scheduler import StepBatch
 from agentrl.runner._interfaces import RolloutSide, RunCallback, RunSummary, TrainSide, overriding
+from agentrl.runner._metrics import failures_text, step_metrics
 from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.ledger import PromptLedger
 from agentrl.runner.rundir import RunDirectory
@@ -46,7 +46,8 @@ from agentrl.runner.serialize import batch_from_state, batch_to_state
 from agentrl.train.batching import TrainingBatch, build_training_batch
 from agentrl.train.config import BatchingConfig
 
-__all__ = ["RolloutSide", "RunCallback", "RunSummary", "Runner", "RunnerError", "StalenessError", "TrainSide"]
+__all__ = ["NoTrainableGroupsError", "RolloutSide", "RunCallback", "RunSummary", "Runner", "RunnerError",
+           "StalenessError", "TrainSide", "failures_text"]
 
 
 class RunnerError(RuntimeError):
@@ -55,6 +56,11 @@ class RunnerError(RuntimeError):
 
 class StalenessError(RunnerError):
     """A batch about to be trained is older than ``max_staleness`` allows (a scheduler bug)."""
+
+
+class NoTrainableGroupsError(RunnerError):
+    """The run ended without a single trained step: every prompt group it tried failed (the message
+    names the reasons by kind, each with its first message)."""
 
 
 @dataclass(frozen=True)
@@ -285,7 +291,14 @@ class Runner:
 
     # ==== the run ===================================================================================
     async def start(self) -> None:
-        """Restores a checkpoint when resuming (then pushes its weights to the engines)."""
+        """Restores a checkpoint when resuming (then pushes its weights to the engines); tells the data
+        rows the rollout side skipped."""
+        problems = await self.rollout.data_problems()
+        if problems:
+            self.summary.bad_rows = len(problems)
+            shown = "\n  ".join(problems[:10])
+            more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+            self._notice(f"{len(problems)} bad data row(s) skipped:\n  {shown}{more}")
         if self.resume is None or self.checkpointer is None:
             if self.run_dir.read_metrics():
                 raise RunnerError(f"run folder {str(self.run_dir.root)!r} already holds a run's metrics: expected "
@@ -337,6 +350,12 @@ class Runner:
                 await self.checkpoint()
         self.summary.steps, self.summary.policy_version = self.step, self.version
         self.summary.wall_s = time.perf_counter() - started
+        if self.step == 0 and not self.settings.rollout_only and self.summary.failed_groups:
+            failed = sum(self.summary.failed_groups.values())
+            self.summary.stopped_because = (f"no prompt group could be completed ({failed} failed: "
+                                            f"{failures_text(self.summary.failed_groups, self.summary.failure_examples)})")
+            self.run_dir.write_summary(self.summary.to_dict())
+            raise NoTrainableGroupsError(f"the run trained nothing: {self.summary.stopped_because}")
         self.run_dir.write_summary(self.summary.to_dict())
         for cb in self.callbacks:
             cb.on_run_end(self.summary)
@@ -352,10 +371,25 @@ class Runner:
         return True
 
     def _note_data(self, batch: StepBatch) -> bool:
-        """Marks the data done when a batch came back short; returns whether it has groups."""
-        if batch.report.data_exhausted:
+        """Marks the data done when a batch came back short, counts and tells its failed groups;
+        returns whether it has groups."""
+        report = batch.report
+        if report.data_exhausted:
             self._data_done = True
+        for reason, count in report.failed.items():
+            self.summary.failed_groups[reason] = self.summary.failed_groups.get(reason, 0) + count
+        for reason, example in report.failure_examples.items():
+            self.summary.failure_examples.setdefault(reason, example)
+        if report.failed:
+            self._notice(f"step {self.step + 1}: {sum(report.failed.values())} prompt group(s) failed: "
+                         + failures_text(report.failed, report.failure_examples))
         return bool(batch.groups)
+
+    def _notice(self, text: str) -> None:
+        for cb in self.callbacks:
+            hook = getattr(cb, "on_notice", None)
+            if hook is not None:
+                hook(text)
 
     async def _train(self, batch: StepBatch, timing: dict[str, float]) -> dict[str, Any]:
         self._check_staleness(batch)
@@ -366,6 +400,11 @@ class Runner:
         t2 = time.perf_counter()
         self.step += 1
         self.version += 1
+        if metrics.get("train/skipped") == 1.0:
+            self.summary.skipped_steps += 1
+            why = ("nothing to train: no episode had a trainable token" if tb is None else
+                   "every group's advantages were zero (all members of each group got the same reward)")
+            self._notice(f"step {self.step} changed no weight: {why}")
         timing.update({"time/advantages_s": t1 - t0, "time/train_s": t2 - t1})
         return metrics
 
@@ -531,34 +570,3 @@ class Runner:
 def _group_order(group: RolloutGroup) -> tuple[int, int, str]:
     pid = group.prompt_id
     return (group.epoch, int(pid) if pid.isdigit() else -1, pid)
-
-
-def step_metrics(batch: StepBatch) -> dict[str, Any]:
-    """The step's rollout figures: rewards, accuracy, tool calls, truncation, staleness, the report."""
-    out: dict[str, Any] = {}
-    groups: list[RolloutGroup] = batch.groups
-    rewards = [r for g in groups for r in g.rewards]
-    if rewards:
-        out["rollout/reward_mean"] = sum(rewards) / len(rewards)
-        out["rollout/accuracy"] = sum(1 for r in rewards if r >= 1.0) / len(rewards)
-    episodes = batch.episodes()
-    if episodes:
-        calls = [float(ep.trajectory.metrics.get("tool_calls", 0.0)) for ep in episodes]
-        out["rollout/tool_calls_per_episode"] = sum(calls) / len(calls)
-        out["rollout/tool_call_rate"] = sum(1 for c in calls if c > 0) / len(calls)
-        out["rollout/truncation_rate"] = sum(1 for ep in episodes if ep.status.value == "truncated") / len(episodes)
-        out["rollout/response_tokens_mean"] = sum(ep.trajectory.response_length for ep in episodes) / len(episodes)
-    report: StepReport = batch.report
-    staleness = [int(k) for k, v in report.staleness.items() for _ in range(int(v))]
-    out["rollout/staleness_max"] = max(staleness, default=0)
-    for key, value in report.to_dict().items():
-        if isinstance(value, bool):
-            out[f"report/{key}"] = int(value)
-        elif isinstance(value, int | float):
-            out[f"report/{key}"] = value
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                if isinstance(v, int | float) or (key == "failure_examples" and isinstance(v, str)):
-                    out[f"report/{key}/{k}"] = v
-    out["prompt_ids"] = [g.prompt_id for g in groups]
-    return out

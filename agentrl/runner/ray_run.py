@@ -97,6 +97,9 @@ class RolloutActor:
     async def release_memory(self) -> None:
         await self.service.release_memory()
 
+    async def data_problems(self) -> list[str]:
+        return list(await self.service.data_problems())
+
     async def resume_memory(self, tags: list[str] | None = None) -> None:
         await self.service.resume_memory(tags)
 

@@ -144,6 +144,11 @@ class RolloutService:
             return [n for n, (_, _, _, at_start) in self.eval_sets.items() if at_start]
         return [n for n, (_, _, every, _) in self.eval_sets.items() if final or step % every == 0]
 
+    async def data_problems(self) -> list[str]:
+        """The training data's bad rows, skipped (``file:line: field ...`` each)."""
+        source = getattr(self.scheduler, "data", None)
+        return [str(b) for b in getattr(source, "bad_rows", [])]
+
     async def release_memory(self) -> None:
         """Colocated on an accelerator: every engine in rotation frees its weights, KV cache and CUDA
         graphs for the trainer (idle by then: the step's requests were collected or aborted). The
