@@ -105,6 +105,30 @@ def _check_resume(resolved: ResolvedConfig) -> str:
     return str(folder)
 
 
+def _finished(folder: Path, config: Any) -> str | None:
+    """Why resuming the run in ``folder`` would train nothing (it reached ``train.steps``, or its data
+    ran out), or ``None``."""
+    import json
+
+    from agentrl.runner.checkpoint import RunCheckpointer
+
+    latest = RunCheckpointer.resolve(folder)
+    step = int(latest.name.removeprefix("step_")) if latest.name.startswith("step_") else 0
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = {}
+    steps = max(step, int(summary.get("steps") or 0))
+    if config.train.steps is not None and steps >= config.train.steps:
+        return (f"the run in {folder} already finished: {steps} steps (train.steps={config.train.steps}); nothing "
+                f"to resume. To train more, --resume it with train.steps=<more than {steps}> (the one setting a "
+                "resumed run may change)")
+    if summary.get("stopped_because") == "data exhausted" and steps >= step:
+        return (f"the run in {folder} already finished: its data ran out after {steps} steps; nothing to resume "
+                "(more data or epochs make another run)")
+    return None
+
+
 def _recorded_components(folder: Path) -> dict[str, str | None] | None:
     """The names a run folder records (``None`` for a folder written before they were recorded)."""
     import json
@@ -203,6 +227,10 @@ def train(
     if plan.machine and not dry_run:
         fail("; ".join(plan.machine))
     resume_from = _check_resume(resolved) if resume else None
+    done = _finished(Path(resume_from), config) if resume_from is not None else None
+    if done is not None:  # nothing to do: say so at once, leave the run folder as it is
+        typer.echo(done)
+        return
     names = _component_names({"reward": reward, "group_filter": group_filter}, resume_from)
     reward_fn, filter_fn = _component("reward", names["reward"]), _component("group_filter", names["group_filter"])
     if dry_run:

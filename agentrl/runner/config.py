@@ -58,9 +58,12 @@ from agentrl.train.megatron.config import MegatronBackendConfig
 
 __all__ = ["HASH_EXCLUDED", "RunConfig"]
 
-HASH_EXCLUDED: tuple[tuple[str, ...], ...] = (("checkpoint", "resume"), ("cluster", "ray_address"), ("logging",))
-"""Fields left out of :meth:`RunConfig.hash`: where a run resumes from, which Ray cluster it runs on
-and how it logs do not change what it trains, and a resumed run must match its checkpoint's hash."""
+HASH_EXCLUDED: tuple[tuple[str, ...], ...] = (("checkpoint", "resume"), ("cluster", "ray_address"), ("logging",),
+                                              ("train", "steps"))
+"""Fields left out of :meth:`RunConfig.hash`: where a run resumes from, which Ray cluster it runs on,
+how it logs and how many steps it runs do not change what a step trains, and a resumed run must
+match its checkpoint's hash (so ``--resume train.steps=N`` extends a run; with a cosine schedule and
+no ``decay_steps``, the decay then stretches to the new end)."""
 
 
 class RunConfig(Section):

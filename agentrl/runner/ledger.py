@@ -116,6 +116,10 @@ class PromptLedger:
         trained = self._trained.get(epoch, {})
         return [p for p in all_prompt_ids if p not in trained]
 
+    def trained_count(self) -> int:
+        """Prompts trained so far (each step's entries, every epoch)."""
+        return sum(len(s.entries) for s in self._steps)
+
     def state_dict(self) -> dict[str, Any]:
         """JSON types only: ``{"format": 1, "steps": [[step, [[epoch, prompt_id], ...]], ...]}``."""
         return {"format": _FORMAT, "steps": [[s.step, [list(e) for e in s.entries]] for s in self._steps]}

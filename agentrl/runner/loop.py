@@ -133,6 +133,8 @@ class Runner:
         self._checkpointed = -1
         self._syncs = 0  # weight syncs so far: an eval set measured at this step and sync is not rerun at the end
         self._measured: dict[str, tuple[int, int]] = {}
+        self._started = time.perf_counter()
+        self._wall_before = 0.0  # a resumed run: the wall time of the run before its checkpoint
 
     # ==== the named steps ===========================================================================
     async def collect_rollouts(self) -> StepBatch:
@@ -261,6 +263,7 @@ class Runner:
             "step": self.step, "policy_version": self.version, "ledger": self.ledger.state_dict(),
             "scheduler": await self.rollout.state_dict(),
             "pending": [batch_to_state(b) for b in self.pending],
+            "summary": self._summary_state(),
         }
         trainer = self.trainer
         loop = asyncio.get_running_loop()
@@ -284,6 +287,22 @@ class Runner:
             result = cb.on_step_end(self.step, metrics)
             if asyncio.iscoroutine(result):  # a callback may be async (e.g. to query the engines)
                 await result
+
+    def _summary_state(self) -> dict[str, Any]:
+        """The summary's running counts, so that a resumed run's summary covers the whole run."""
+        s = self.summary
+        return {"prompts_trained": s.prompts_trained, "wall_s": self._wall_before + time.perf_counter() - self._started,
+                "failed_groups": dict(s.failed_groups), "failure_examples": dict(s.failure_examples),
+                "bad_rows": s.bad_rows, "skipped_steps": s.skipped_steps, "warmup": dict(s.warmup)}
+
+    def _restore_summary(self, state: dict[str, Any]) -> None:
+        s = self.summary
+        s.prompts_trained = int(state.get("prompts_trained", s.prompts_trained))
+        s.failed_groups, s.failure_examples = dict(state.get("failed_groups", {})), dict(state.get("failure_examples", {}))
+        s.skipped_steps = int(state.get("skipped_steps", 0))
+        s.bad_rows = max(s.bad_rows, int(state.get("bad_rows", 0)))
+        s.warmup = dict(state.get("warmup") or s.warmup)
+        self._wall_before = float(state.get("wall_s", 0.0))
 
     def _phase(self, phase: str, step: int | None = None) -> None:
         for cb in self.callbacks:
@@ -320,13 +339,15 @@ class Runner:
         self.ledger.load_state_dict(state["ledger"])
         await self.rollout.load_state_dict(state["scheduler"])
         self.pending = [batch_from_state(b) for b in state.get("pending", [])]
+        self._restore_summary(state.get("summary") or {"prompts_trained": self.ledger.trained_count()})
         self.summary.resumed_from = str(loaded.path)
         self.run_dir.rewind(self.step)
         await self.sync_weights()
 
     async def run(self) -> RunSummary:
-        """Runs until ``train.steps`` steps are done or the data runs out; returns the summary."""
-        started = time.perf_counter()
+        """Runs until ``train.steps`` steps are done or the data runs out; returns the summary (of
+        the whole run, the part before a resumed checkpoint included)."""
+        started = self._started = time.perf_counter()
         await self.start()
         mode = "rollout_only" if self.settings.rollout_only else self.settings.mode
         try:
@@ -349,7 +370,7 @@ class Runner:
             if self.settings.save_final and self.checkpointer is not None and self._checkpointed != self.step:
                 await self.checkpoint()
         self.summary.steps, self.summary.policy_version = self.step, self.version
-        self.summary.wall_s = time.perf_counter() - started
+        self.summary.wall_s = self._wall_before + time.perf_counter() - started
         if self.step == 0 and not self.settings.rollout_only and self.summary.failed_groups:
             failed = sum(self.summary.failed_groups.values())
             self.summary.stopped_because = (f"no prompt group could be completed ({failed} failed: "
