@@ -11,7 +11,9 @@ runs at interpreter exit (``atexit``: normal exit, an uncaught exception, SIGINT
 ``KeyboardInterrupt``), and :func:`stop_all_on_exit` adds handlers for SIGTERM and SIGHUP that stop
 the trees, then let the signal end the process as it would have. The first ManagedProcess started
 from the main thread installs them where those signals still have their default action. A SIGKILL
-of the parent cannot be handled in-process; the servers outlive it.
+of the parent cannot be handled in-process: for that, every tree is also registered with a reaper
+process (:mod:`agentrl.rollout._reaper`, one per parent) that watches a pipe from the parent and,
+when the parent dies however it dies, stops every tree still registered within seconds.
 :meth:`ManagedProcess.start` stops the tree again when the server never becomes ready;
 :func:`wait_ready` is the readiness loop and :func:`request_json` the one-shot control request.
 """
@@ -24,6 +26,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,8 +34,17 @@ from typing import Any
 
 import psutil
 
-__all__ = ["ManagedProcess", "default_log_dir", "free_port", "request_json", "stop_all", "stop_all_on_exit",
-           "wait_ready"]
+__all__ = [
+    "ManagedProcess",
+    "default_log_dir",
+    "free_port",
+    "reap_with_this_process",
+    "request_json",
+    "stop_all",
+    "stop_all_on_exit",
+    "unreap",
+    "wait_ready",
+]
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -69,6 +81,71 @@ class _Registry:
 _REGISTRY = _Registry()
 
 
+class _ReaperLink:
+    """This process's pipe to its reaper (started with the first tree it guards, ended with the last;
+    started again after a fork or if it died)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.owner = -1
+        self.lock = threading.Lock()
+        self.registered: dict[int, float] = {}
+
+    def _send(self, line: str) -> None:
+        if self.proc is None or self.owner != os.getpid() or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "agentrl.rollout._reaper"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+            self.owner = os.getpid()
+            assert self.proc.stdin is not None
+            for pid, created in self.registered.items():  # a new reaper learns what the last one knew
+                self.proc.stdin.write(f"add {pid} {created}\n".encode())
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode())
+        self.proc.stdin.flush()
+
+    def add(self, pid: int) -> None:
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return
+        with self.lock:
+            self.registered[pid] = created
+            try:
+                self._send(f"add {pid} {created}\n")
+            except OSError:  # no reaper: the atexit and signal hooks still stop the tree
+                pass
+
+    def remove(self, pid: int) -> None:
+        with self.lock:
+            if self.registered.pop(pid, None) is None:
+                return
+            try:
+                if self.registered or self.proc is None or self.owner != os.getpid():
+                    self._send(f"remove {pid}\n")
+                else:  # nothing left to guard: the reaper ends (a later tree starts a new one)
+                    assert self.proc.stdin is not None
+                    self.proc.stdin.close()
+                    self.proc.wait(timeout=10)
+                    self.proc = None
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+
+_REAPER = _ReaperLink()
+
+
+def reap_with_this_process(pid: int) -> None:
+    """Registers the process tree of ``pid`` (started by this process, in a session of its own) with
+    this process's reaper: if this process dies without stopping it, the reaper does (e.g. a local Ray
+    this process started). :func:`unreap` once it stopped the tree itself."""
+    _REAPER.add(pid)
+
+
+def unreap(pid: int) -> None:
+    _REAPER.remove(pid)
+
+
 def default_log_dir() -> Path:
     """Where server logs go when the config names no folder: ``$AGENTRL_LOG_DIR`` or ``/tmp/agentrl-logs``."""
     return Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
@@ -95,6 +172,7 @@ class ManagedProcess:
                 start_new_session=True,
             )
         _REGISTRY.add(self)
+        _REAPER.add(self.popen.pid)
 
     @classmethod
     async def start(cls, cmd: Sequence[str], *, env: Mapping[str, str], log_path: Path, name: str,
@@ -143,6 +221,7 @@ class ManagedProcess:
                 pass
         self.popen.wait(timeout=30)
         _REGISTRY.discard(self)
+        _REAPER.remove(self.popen.pid)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the tree, wait up to ``grace_s``, SIGKILL what is left, reap the root."""
@@ -174,6 +253,7 @@ class ManagedProcess:
         except subprocess.TimeoutExpired:
             pass
         _REGISTRY.discard(self)
+        _REAPER.remove(self.popen.pid)
 
 
 def stop_all(grace_s: float = 5.0) -> int:

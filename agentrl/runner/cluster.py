@@ -40,6 +40,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
+import psutil
+
+from agentrl.rollout.process import reap_with_this_process, unreap
 from agentrl.runner.placement import ActorPlacement, BundleGroup, PlacedGroups, PlacementError
 
 if TYPE_CHECKING:
@@ -98,6 +101,7 @@ class RayRuntime:
         self.start_s = start_s
         self.shutdown_s: float | None = None
         self._remove_temp_dir = remove_temp_dir
+        self._ray_processes: list[int] = []  # the local Ray's processes this runtime started
 
     @classmethod
     def start(
@@ -146,6 +150,7 @@ class RayRuntime:
             else Path(temp_dir).absolute()
         _check_temp_dir(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        before = {p.pid for p in psutil.Process().children()}
         try:
             # "local": a new Ray even when RAY_ADDRESS names a running one.
             ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
@@ -155,8 +160,15 @@ class RayRuntime:
             if created:
                 shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(namespace=namespace, address=_gcs_address(), temp_dir=folder, owns_cluster=True,
-                   connected=True, remove_temp_dir=created, start_s=time.perf_counter() - t0)
+        runtime = cls(namespace=namespace, address=_gcs_address(), temp_dir=folder, owns_cluster=True,
+                      connected=True, remove_temp_dir=created, start_s=time.perf_counter() - t0)
+        # Ray's own processes (GCS, raylet and their agents): a driver killed by SIGKILL runs no
+        # shutdown, and some of Ray's agents outlive it; this process's reaper stops them then
+        started = [p for p in psutil.Process().children() if p.pid not in before]
+        runtime._ray_processes = sorted({q.pid for p in started for q in _with_descendants(p)})
+        for pid in runtime._ray_processes:
+            reap_with_this_process(pid)
+        return runtime
 
     @classmethod
     def _reuse(cls, address: str | None, namespace: str, t0: float) -> RayRuntime:
@@ -186,6 +198,8 @@ class RayRuntime:
 
         t0 = time.perf_counter()
         ray.shutdown()
+        for pid in self._ray_processes:
+            unreap(pid)
         self.connected = False
         self.shutdown_s = time.perf_counter() - t0
         if self._remove_temp_dir and self.temp_dir is not None:
@@ -197,6 +211,14 @@ class RayRuntime:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.shutdown()
+
+
+def _with_descendants(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc`` and its descendants now (Ray's agents are the raylet's children, and outlive it)."""
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _gcs_address() -> str:

@@ -112,3 +112,45 @@ def test_an_engine_killed_mid_run_is_restarted_resynced_and_no_prompt_is_lost(tm
     assert summary["steps"] == STEPS and summary["prompts_trained"] == STEPS * GROUPS
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                    for pid in killed)
+
+
+def test_kill_9_of_the_driver_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Only the root of a real ``agentrl train`` process tree (the CLI, which started Ray locally) is
+    SIGKILLed once step 1 is trained: its engine (SGLang and its scheduler and detokenizer), the router,
+    the Ray actors and Ray itself must all be gone within 10 s (no handler of the driver runs: the
+    servers' reapers and Ray's own fate-sharing do it)."""
+    config = _config(tmp_path)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli.main", "train", str(config), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 420
+        while _steps_done(run) < 1 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run ended before step 1"
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        engines = _engine_tree(run)
+        everything = {p.pid: p for p in [*tree, *engines]}
+        assert any("sglang" in " ".join(p.cmdline()) for p in engines) and len(everything) > 5
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        t0 = time.monotonic()
+
+        def left() -> list[str]:
+            out = []
+            for p in everything.values():
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        out.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+                except psutil.NoSuchProcess:
+                    pass
+            return out
+
+        while left() and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        survivors = left()
+        assert not survivors, f"alive {time.monotonic() - t0:.1f} s after the driver's SIGKILL: {survivors}"
+        print(f"\nkill -9 of the driver: {len(everything)} processes gone in {time.monotonic() - t0:.1f} s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
