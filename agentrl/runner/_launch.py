@@ -49,7 +49,9 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
     run_dir = config.run_dir()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    base = config.engine_config()
+    # version 0 from the start: without a warm-up or a stand-in, step 1's tokens come from the engines'
+    # boot weights, which are the trainer's version 0 (SGLang would say "default")
+    base = dataclasses.replace(config.engine_config(), weight_version="0")
     if engine_fraction is not None:  # colocated: the share of the device the device map gives the engine
         base = dataclasses.replace(base, mem_fraction_static=engine_fraction)
     if config.rollout.engines.boot_path is not None:  # serve a stand-in while the real model is prepared
