@@ -230,6 +230,9 @@ class InferenceClient:
         # answers arrive in bursts (an engine finishes a batch): each is parsed in its turn, so one loop pass
         # never parses a thousand of them back to back; a scheduler on this client shares this pacer
         self.pacer = Pacer()
+        # LoRA: the name of the adapter version every request is served through (None: the base weights);
+        # the weight sync moves it to each new version, so a request resumed after a sync uses the new one
+        self.adapter: str | None = None
 
     async def __aenter__(self) -> InferenceClient:
         self._ensure_session()
@@ -295,6 +298,8 @@ class InferenceClient:
             payload["logprob_start_len"] = logprob_start_len
         if top_logprobs_num is not None:
             payload["top_logprobs_num"] = top_logprobs_num
+        if self.adapter is not None:  # LoRA: every request goes through the current adapter version
+            payload["lora_path"] = self.adapter
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key is not None else {}
         deadline = self.config.deadline_s if deadline_s is None else deadline_s
         if rid in self._attempt_rid:

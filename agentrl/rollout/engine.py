@@ -481,6 +481,26 @@ class SGLangEngine:
             body["load_format"] = load_format
         return await self._checked("/update_weights_from_tensor", body)
 
+    async def load_lora_adapter(self, name: str, path: str | os.PathLike[str], *, pinned: bool = False) -> dict[str, Any]:
+        """Loads a PEFT adapter folder under ``name`` (SGLang refuses a name already loaded)."""
+        return await self._checked("/load_lora_adapter", {"lora_name": name, "lora_path": os.fspath(path),
+                                                          "pinned": pinned}, timeout_s=300.0)
+
+    async def load_lora_adapter_from_tensors(self, name: str, config: Mapping[str, Any],
+                                             serialized_named_tensors: Sequence[str], *,
+                                             load_format: str | None = None) -> dict[str, Any]:
+        """Loads an adapter from tensors (one serialized payload per TP rank; same host) under ``name``,
+        with ``config`` its PEFT ``adapter_config``."""
+        body: dict[str, Any] = {"lora_name": name, "config_dict": dict(config),
+                                "serialized_named_tensors": list(serialized_named_tensors)}
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._checked("/load_lora_adapter_from_tensors", body, timeout_s=300.0)
+
+    async def unload_lora_adapter(self, name: str) -> dict[str, Any]:
+        """Unloads ``name`` (SGLang waits for the requests that use it)."""
+        return await self._checked("/unload_lora_adapter", {"lora_name": name}, timeout_s=300.0)
+
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         """GPU (needs ``enable_memory_saver``): frees weights / KV cache / CUDA graphs."""
         await self._call("POST", "/release_memory_occupation", {"tags": list(tags)} if tags else {})

@@ -8,7 +8,8 @@
 #   1. SGLang's own requirements minus the CUDA-only packages (sglang-cpu-requirements.txt, pinned),
 #   2. sglang itself with --no-deps,
 #   3. remove torchvision (the index wheel is linked against CUDA torch),
-#   4. copy the two import-only shims (sgl_kernel, torchvision) to .venv/share/agentrl/sglang-cpu-shims;
+#   4. copy the shims (import-only sgl_kernel and torchvision; sitecustomize.py, which makes pinned
+#      memory a no-op without an accelerator, for SGLang's LoRA layers) to .venv/share/agentrl/sglang-cpu-shims;
 #      the engine launcher puts that folder on the SGLang subprocess's PYTHONPATH only.
 # Override the detection with AGENTRL_SGLANG_INSTALL=cpu|gpu|skip.
 set -euo pipefail
@@ -47,7 +48,8 @@ case "$mode" in
     shims="$ROOT/.venv/share/agentrl/sglang-cpu-shims"
     rm -rf "$shims"
     mkdir -p "$shims"
-    cp -r "$HERE/sglang-cpu-shims/sgl_kernel" "$HERE/sglang-cpu-shims/torchvision" "$shims/"
+    cp -r "$HERE/sglang-cpu-shims/sgl_kernel" "$HERE/sglang-cpu-shims/torchvision" \
+      "$HERE/sglang-cpu-shims/sitecustomize.py" "$shims/"
     find "$shims" -name __pycache__ -prune -exec rm -rf {} +
     ;;
   *)

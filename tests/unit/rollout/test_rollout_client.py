@@ -108,6 +108,16 @@ async def test_an_unavailable_engine_is_waited_for_beyond_the_retries(cluster: F
     assert 0.5 <= time.monotonic() - t0 < 5
 
 
+async def test_requests_go_through_the_current_adapter_when_one_is_set(cluster: FakeCluster) -> None:
+    """LoRA: the router passes ``lora_path`` through; the weight sync moves ``client.adapter``."""
+    async with _client(cluster) as client:
+        await client.generate([5], SamplingParams(max_new_tokens=1), routing_key="a")
+        client.adapter = "policy-v3"
+        await client.generate([6], SamplingParams(max_new_tokens=1), routing_key="b")
+    bodies = [r for w in cluster.workers for r in w.state.requests]
+    assert sorted(b.get("lora_path", "-") for b in bodies) == ["-", "policy-v3"]
+
+
 async def test_4xx_is_never_retried(cluster: FakeCluster) -> None:
     async with _client(cluster) as client:
         with pytest.raises(PromptTooLongError, match="context length"):
