@@ -133,7 +133,7 @@ class WeightPusher:
         started = time.perf_counter()
         timings = {"fill_s": 0.0, "transfer_s": 0.0, "setup_s": 0.0}
         if self.rank != 0:
-            for _ in self.buckets.fill():  # take part in the gather, send nothing
+            for _ in self.buckets.named_weights():  # take part in a collective gather (Megatron); no buffer
                 pass
             return PushReport()
         live = list(targets)
