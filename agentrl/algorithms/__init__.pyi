@@ -19,6 +19,7 @@ from .estimators import (
 from .fused_logprobs import (
     entropy_from_hidden,
     logprobs_from_hidden,
+    scores_from_hidden,
 )
 from .kinds import (
     DEFAULT_CHUNK_SIZE,
@@ -76,6 +77,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rollout_denominators",
+    "scores_from_hidden",
     "sequence_mean",
     "sequence_tis_weights",
     "tis_weights",

@@ -54,6 +54,7 @@ class Plan:
     environment: Any = None
     device_map: Any = None  # a DeviceMap on an accelerator
     device_source: str = ""
+    memory: Any = None  # the memory planner's MemoryPlan on an accelerator
 
     def add(self, name: str, value: object) -> None:
         self.lines.append((name, str(value)))
@@ -222,6 +223,20 @@ def _device_map(cfg: RunConfig, plan: Plan) -> None:
         plan.device_source = f"{len(nodes)} node(s) from {source}"
     except (PlacementMapError, ValueError) as exc:
         (plan.problems if source == "config" else plan.machine).append(str(exc))
+    _memory(cfg, plan, nodes)
+
+
+def _memory(cfg: RunConfig, plan: Plan, nodes: list[Any]) -> None:
+    """The memory planner's table per device (weights, gradients, master weights, optimizer state,
+    activations with and without checkpointing, the logits working set; per engine rank its KV cache
+    in tokens); a trainer rank or an engine over capacity, or dense [S, S] attention, is a problem."""
+    from agentrl.runner.device_plan import memory_plan
+
+    known = [n.memory_bytes for n in nodes if n.memory_bytes]
+    capacity = min(known) if known and len(known) == len(nodes) else None
+    shares = getattr(plan.device_map, "memory", None)
+    plan.memory = memory_plan(cfg, capacity, engine_fraction=shares.engine_fraction if shares is not None else None)
+    plan.problems.extend(plan.memory.problems)
 
 
 def _sinks(cfg: RunConfig, plan: Plan) -> None:
@@ -342,6 +357,10 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
         plan.add("devices", f"planned on {plan.device_source} (Ray names the actual ids at launch; the run "
                             "writes them to device_map.json)")
         for line in plan.device_map.format():
+            plan.add("", line)
+    if plan.memory is not None:
+        plan.add("memory", "per device, planned (agentrl.train.memory_plan; bytes of one rank)")
+        for line in plan.memory.format():
             plan.add("", line)
     plan.add("trainer", f"{train.backend}, dp={train.data_parallel_size} tp={train.tensor_parallel_size} "
                         f"pp={train.pipeline_parallel_size}, {train.dtype}")

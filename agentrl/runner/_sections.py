@@ -26,6 +26,9 @@ TemplateName = Literal["qwen3", "qwen3_5", "qwen3_coder"]
 Accelerator = Literal["cpu", "gpu", "npu"]
 Placement = Literal["colocated", "disaggregated"]
 TrainBackendName = Literal["torch", "megatron"]
+ExportDtype = Literal["auto", "bfloat16", "float16", "float32"]
+TORCH_ATTENTION = ("auto", "flash_attn", "varlen", "per_document", "model")
+MEGATRON_ATTENTION = ("auto", "te", "per_document", "dense")
 
 
 class ModelSection(Section):
@@ -188,6 +191,18 @@ class TrainSection(Section):
     ``shared_prefix``: run a prompt shared by the sequences of a micro-batch (at least
     ``shared_prefix_min_tokens`` tokens) once and reuse its keys and values; exact (see
     :mod:`agentrl.train.prefix`).
+
+    Fitting a step (docs/training.md, "Memory"): ``dtype="bfloat16"`` computes in bfloat16 with
+    float32 master weights and optimizer state (``master_weights="float32"``; ``"none"`` trains the
+    bfloat16 weights directly, with a warning). ``sharding``: the torch backend's data-parallel ranks
+    shard parameters, gradients and optimizer state with FSDP2 (``"auto"``: with more than one rank);
+    the megatron backend shards its optimizer with its distributed optimizer.
+    ``optimizer_offload``: optimizer state and master weights in host memory (torch backend).
+    ``activation_checkpointing``: ``"none"``, ``"full"`` or ``"selective"`` (both backends).
+    ``attention``: packed attention without an ``[S, S]`` tensor (``"auto"``), a named kernel, or the
+    dense path (``"model"`` on torch, ``"dense"`` on megatron; the pre-flight refuses it on an
+    accelerator at lengths where the ``[S, S]`` scores are large). ``fused_lm_head``: score tokens
+    without building the ``[tokens, vocab]`` logits (``None``: on where the model allows it).
     """
 
     backend: TrainBackendName = "torch"
@@ -201,7 +216,12 @@ class TrainSection(Section):
     pipeline_parallel_size: int = Field(default=1, ge=1)
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
     autocast: Literal["none", "bfloat16", "float16"] = "none"
-    fused_lm_head: bool = False
+    master_weights: Literal["float32", "none"] = "float32"
+    sharding: Literal["auto", "none", "fsdp"] = "auto"
+    optimizer_offload: bool = False
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    attention: Literal["auto", "flash_attn", "varlen", "per_document", "model", "te", "dense"] = "auto"
+    fused_lm_head: bool | None = None
     logprob_chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=1)
     verify_packing: bool = True
     shared_prefix: bool = True
@@ -217,15 +237,23 @@ class TrainSection(Section):
     def to_packing_config(self) -> PackingConfig:
         return PackingConfig(max_tokens=self.max_tokens_per_micro_batch, algorithm=self.packing)
 
-    def to_torch_config(self, loss: LossConfig, *, device: str = "auto") -> TorchBackendConfig:
-        """The torch backend's config with the objective ``loss`` (see :meth:`AlgorithmSection.to_loss_config`)."""
+    def to_torch_config(self, loss: LossConfig, *, device: str = "auto",
+                        export_dtype: ExportDtype = "auto") -> TorchBackendConfig:
+        """The torch backend's config with the objective ``loss`` (see :meth:`AlgorithmSection.to_loss_config`);
+        ``export_dtype``: the dtype weights are exported in (the run passes ``model.dtype``)."""
         return TorchBackendConfig(device=device, dtype=self.dtype, autocast=self.autocast,
                                   packing=self.to_packing_config(), loss=loss, optimizer=self.optimizer.to_config(),
                                   logprob_chunk_size=self.logprob_chunk_size, fused_lm_head=self.fused_lm_head,
                                   verify_packing=self.verify_packing, shared_prefix=self.shared_prefix,
-                                  shared_prefix_min_tokens=self.shared_prefix_min_tokens, seed=self.seed)
+                                  shared_prefix_min_tokens=self.shared_prefix_min_tokens, seed=self.seed,
+                                  master_weights=self.master_weights, sharding=self.sharding,
+                                  optimizer_offload=self.optimizer_offload,
+                                  activation_checkpointing=self.activation_checkpointing,
+                                  attention=self.attention,  # type: ignore[arg-type]  # checked by _consistent
+                                  export_dtype=export_dtype)
 
-    def to_megatron_config(self, loss: LossConfig, *, device: str = "auto") -> MegatronBackendConfig:
+    def to_megatron_config(self, loss: LossConfig, *, device: str = "auto",
+                           export_dtype: ExportDtype = "auto") -> MegatronBackendConfig:
         """The megatron backend's config with the objective ``loss``."""
         if self.dtype == "float64":
             raise ValueError("dtype='float64' with backend='megatron': megatron-core trains in float32, "
@@ -234,12 +262,28 @@ class TrainSection(Section):
                                      pipeline_parallel_size=self.pipeline_parallel_size, device=device,
                                      dtype=self.dtype, packing=self.to_packing_config(), loss=loss,
                                      optimizer=self.optimizer.to_config(), logprob_chunk_size=self.logprob_chunk_size,
-                                     seed=self.seed)
+                                     seed=self.seed, activation_checkpointing=self.activation_checkpointing,
+                                     attention=self.attention,  # type: ignore[arg-type]  # checked by _consistent
+                                     fused_lm_head=self.fused_lm_head is not False, export_dtype=export_dtype)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainSection:
         if self.backend == "megatron" and self.dtype == "float64":
             raise ValueError("dtype='float64' with backend='megatron': expected 'float32', 'bfloat16' or 'float16'")
+        attention = TORCH_ATTENTION if self.backend == "torch" else MEGATRON_ATTENTION
+        if self.attention not in attention:
+            raise ValueError(f"attention={self.attention!r} with backend={self.backend!r}: expected one of "
+                             f"{list(attention)}")
+        if self.backend == "megatron":
+            for name, value, ok in (("master_weights", self.master_weights, "float32"),
+                                    ("sharding", self.sharding, "auto"), ("optimizer_offload", self.optimizer_offload, False)):
+                if value != ok:
+                    raise ValueError(f"{name}={value!r} with backend='megatron': megatron-core keeps float32 main "
+                                     "weights and shards them with its distributed optimizer; expected "
+                                     f"{name}={ok!r} (or backend='torch')")
+        if self.autocast != "none" and self.dtype in ("bfloat16", "float16"):
+            raise ValueError(f"autocast={self.autocast!r} with dtype={self.dtype!r}: the model already computes in "
+                             f"{self.dtype}; expected autocast='none' (master weights keep the optimizer in float32)")
         if self.backend == "torch" and (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1):
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}, pipeline_parallel_size="
                              f"{self.pipeline_parallel_size} with backend='torch': the torch backend is data-"

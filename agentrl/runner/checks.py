@@ -108,6 +108,20 @@ def _devices(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _train_numerics(cfg: RunConfig) -> list[str]:
+    """Settings that need an accelerator: the CUDA attention kernels, and offloading the optimizer
+    from a device the CPU trainer does not have."""
+    train, accel = cfg.train, cfg.cluster.accelerator
+    out: list[str] = []
+    if train.attention in ("flash_attn", "varlen", "te") and accel != "gpu":
+        out.append(f"train.attention={train.attention!r} with cluster.accelerator={accel!r}: that kernel runs on "
+                   "CUDA GPUs only; expected train.attention='auto' (it picks what the device has)")
+    if train.optimizer_offload and accel == "cpu":
+        out.append("train.optimizer_offload=True with cluster.accelerator='cpu': a CPU trainer keeps its optimizer "
+                   "state in host memory already; expected train.optimizer_offload=False")
+    return out
+
+
 def _eval(cfg: RunConfig) -> list[str]:
     out: list[str] = []
     ctx = cfg.rollout.context_length
@@ -118,7 +132,7 @@ def _eval(cfg: RunConfig) -> list[str]:
     return out
 
 
-_CHECKS: tuple[Callable[[RunConfig], list[str]], ...] = (_loop_mode, _batch, _devices, _eval)
+_CHECKS: tuple[Callable[[RunConfig], list[str]], ...] = (_loop_mode, _batch, _devices, _train_numerics, _eval)
 
 
 def run_checks(cfg: RunConfig) -> list[str]:

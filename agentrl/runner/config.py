@@ -169,7 +169,8 @@ class RunConfig(Section):
         """The torch backend's config; ``device`` ``None``: the cluster's accelerator kind."""
         if self.train.backend != "torch":
             raise ValueError(f"train.backend={self.train.backend!r}: torch_backend_config() is for backend 'torch'")
-        return self.train.to_torch_config(self.loss_config(), device=device or self.cluster.train_device)
+        return self.train.to_torch_config(self.loss_config(), device=device or self.cluster.train_device,
+                                          export_dtype=self.model.dtype)
 
     def megatron_backend_config(self, device: str | None = None) -> MegatronBackendConfig:
         """The megatron backend's config (TP/PP sizes from the train section; the rest of the world is
@@ -177,4 +178,5 @@ class RunConfig(Section):
         if self.train.backend != "megatron":
             raise ValueError(f"train.backend={self.train.backend!r}: megatron_backend_config() is for backend "
                              "'megatron'")
-        return self.train.to_megatron_config(self.loss_config(), device=device or self.cluster.train_device)
+        return self.train.to_megatron_config(self.loss_config(), device=device or self.cluster.train_device,
+                                             export_dtype=self.model.dtype)

@@ -3,8 +3,13 @@ keeps resident (:mod:`agentrl.runner.devices` holds the rules; this module reads
 model folder and the cluster for it).
 
 - :func:`trainer_resident_bytes`: what a trainer rank keeps on its device while colocated engines
-  generate — its weights in ``train.dtype`` (parameters counted from the model folder's safetensors
-  headers; gradients and optimizer state are offloaded between steps).
+  generate — the memory planner's resident figure (its weights in the compute dtype, the float32
+  shards of a sharded model, a reference model; gradients, optimizer state and master weights are
+  offloaded between steps), else its weights in ``train.dtype`` counted from the safetensors headers.
+- :func:`memory_plan`: the planner's figures per device (:mod:`agentrl.train.memory_plan`) for the
+  run's model, layout, precision, checkpointing and micro-batch size, the table the dry run prints
+  and the problems it refuses (a trainer rank or an engine over the device's capacity, dense
+  attention that would build ``[S, S]`` scores on an accelerator).
 - :func:`cluster_nodes`: the nodes of ``cluster.ray_address`` (each node's accelerators as Ray
   reports them) or, without one, this machine: its visible accelerators (``nvidia-smi``; no torch
   import), else ``cluster.num_accelerators`` split by ``cluster.accelerators_per_node``.
@@ -13,28 +18,77 @@ model folder and the cluster for it).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentrl.model_folder import model_parameter_count
-from agentrl.runner.devices import GIB, DeviceMap, NodeDevices
+from agentrl.runner.devices import GIB, RESERVE_FRACTION, RESERVE_MIN_BYTES, DeviceMap, NodeDevices
 from agentrl.runner.placement import ACCELERATOR_RESOURCES, PlacementPlan
+from agentrl.train.memory_plan import (
+    ModelShape,
+    TrainerMemory,
+    TrainerSetup,
+    UnmodelledModel,
+    engine_kv_tokens,
+    engine_weight_bytes,
+    plan_trainer_memory,
+)
 
 if TYPE_CHECKING:
     from agentrl.runner.config import RunConfig
 
-__all__ = ["cluster_nodes", "local_accelerators", "local_memory_bytes", "planned_device_map", "trainer_resident_bytes"]
+__all__ = ["MemoryPlan", "cluster_nodes", "local_accelerators", "local_memory_bytes", "memory_plan",
+           "planned_device_map", "trainer_resident_bytes", "trainer_setup"]
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8}
+DENSE_SCORES_LIMIT = 256 << 20
+"""Dense attention on an accelerator is refused when its ``[S, S]`` tensors would exceed this (per layer)."""
+
+
+def _model_shape(config: RunConfig) -> ModelShape:
+    """The model folder's shape (:class:`UnmodelledModel` when it cannot be read or modelled)."""
+    try:
+        meta = json.loads((Path(config.model.path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UnmodelledModel(f"model.path={config.model.path!r}: no readable config.json ({type(exc).__name__})") from None
+    if not isinstance(meta, dict):
+        raise UnmodelledModel(f"model.path={config.model.path!r}: config.json is not an object")
+    return ModelShape.from_config(meta)
+
+
+def trainer_setup(config: RunConfig) -> TrainerSetup:
+    """What the planner needs of the run's train section (and the KL loss's reference model)."""
+    train, accel = config.train, config.cluster.accelerator
+    sharded = train.backend == "torch" and (train.sharding == "fsdp" or (train.sharding == "auto"
+                                                                        and train.data_parallel_size > 1))
+    return TrainerSetup(
+        backend=train.backend, dtype=train.dtype, master_weights=train.master_weights == "float32",
+        data_parallel=train.data_parallel_size, tensor_parallel=train.tensor_parallel_size,
+        pipeline_parallel=train.pipeline_parallel_size, sharded=sharded, distributed_optimizer=accel != "cpu",
+        optimizer_offload=train.optimizer_offload, activation_checkpointing=train.activation_checkpointing,
+        micro_batch_tokens=train.max_tokens_per_micro_batch,
+        attention="dense" if train.attention in ("model", "dense") else "packed",
+        kernel_copies_output=accel == "cpu", fused_lm_head=train.fused_lm_head is not False,
+        logprob_chunk_size=train.logprob_chunk_size, reference_model=config.algorithm.kl_coef > 0,
+        fused_optimizer=accel == "gpu" and not sharded)
 
 
 def trainer_resident_bytes(config: RunConfig) -> int | None:
-    """A trainer rank's weights in ``train.dtype`` (``None`` when the folder's parameters cannot be counted)."""
+    """What a trainer rank keeps on its device while colocated engines generate: the planner's resident
+    figure, else (a model the planner does not model) its weights in ``train.dtype`` counted from the
+    safetensors headers; ``None`` when neither can be read."""
+    try:
+        return plan_trainer_memory(_model_shape(config), trainer_setup(config)).resident
+    except UnmodelledModel:
+        pass
     params = model_parameter_count(config.model.path)
     if params is None:
         return None
@@ -117,3 +171,122 @@ def planned_device_map(config: RunConfig, nodes: list[NodeDevices]) -> DeviceMap
     resident = trainer_resident_bytes(config) if config.cluster.placement == "colocated" else None
     return DeviceMap.planned_for(plan, nodes, trainer_resident_bytes=resident,
                                  engine_fraction=config.rollout.engines.mem_fraction_static)
+
+
+@dataclass
+class MemoryPlan:
+    """The planner's figures for a run, per device: ``trainer`` (None when ``unmodelled`` says why),
+    ``engine_weights`` and ``engine_kv_tokens`` per engine rank (None: the fraction is SGLang's
+    choice), against ``capacity`` (bytes of one accelerator; None: unknown)."""
+
+    config: RunConfig
+    trainer: TrainerMemory | None
+    capacity: int | None
+    engine_weights: int | None = None
+    engine_kv_tokens: int | None = None
+    engine_fraction: float | None = None
+    unmodelled: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def format(self) -> list[str]:
+        """The dry run's table, one line per item."""
+        if self.trainer is None:
+            return [f"not planned: {self.unmodelled}"]
+        train, t = self.config.train, self.trainer
+        cap = f"{self.capacity / GIB:.1f} GiB" if self.capacity else "unknown capacity"
+        precision = train.dtype + (" + float32 master weights" if train.master_weights == "float32"
+                                   and train.dtype in ("bfloat16", "float16") else "")
+        setup = trainer_setup(self.config)
+        shard = (f", FSDP over {setup.data_parallel}" if setup.sharded else f", distributed optimizer over "
+                 f"{setup.data_parallel}" if setup.backend == "megatron" and setup.distributed_optimizer else "")
+        g = {k: v / GIB for k, v in t.terms.items()}
+        acts = t.activations_by_mode
+        lines = [f"trainer rank ({train.backend}, {precision}{shard}): weights {g['weights']:.1f} GiB, gradients "
+                 f"{g['gradients']:.1f}, master weights {g['master weights']:.1f}, optimizer state "
+                 f"{g['optimizer state']:.1f}" + (f", reference {g['reference weights']:.1f}"
+                                                  if t.terms["reference weights"] else ""),
+                 f"  activations at {train.max_tokens_per_micro_batch} tokens {g['activations']:.1f} GiB "
+                 f"(checkpointing {train.activation_checkpointing}; full {acts['full'] / GIB:.1f}, selective "
+                 f"{acts['selective'] / GIB:.1f}, none {acts['none'] / GIB:.1f}), recomputed layer "
+                 f"{g['recomputed layer']:.1f}, logits working set {g['logits working set']:.1f}"
+                 + (f", attention scores {g['attention scores']:.1f}" if t.terms["attention scores"] else ""),
+                 f"  peak ~{t.peak / GIB:.1f} GiB of {cap}; resident between steps {t.resident / GIB:.1f} GiB"
+                 + "".join(f"; {n}" for n in t.notes)]
+        if self.engine_weights is not None:
+            kv = (f"KV cache {self.engine_kv_tokens:,} tokens at mem_fraction_static {self.engine_fraction:g}"
+                  if self.engine_kv_tokens is not None else "KV cache: the rest of SGLang's static pool")
+            engines = self.config.rollout.engines
+            lines.append(f"engine rank (tp={engines.tp_size}, {self.config.model.dtype}): weights "
+                         f"{self.engine_weights / GIB:.1f} GiB, {kv}")
+        return lines
+
+
+_ADVICE = {
+    "optimizer state": "shard it: train.sharding='fsdp' with train.data_parallel_size > 1, or "
+                       "train.optimizer_offload=true",
+    "master weights": "shard them: train.sharding='fsdp' with train.data_parallel_size > 1, or "
+                      "train.optimizer_offload=true",
+    "gradients": "shard them: train.sharding='fsdp' with train.data_parallel_size > 1",
+    "weights": "shard them: train.sharding='fsdp' with train.data_parallel_size > 1",
+    "logits working set": "train.fused_lm_head=true, or a smaller train.logprob_chunk_size",
+    "attention scores": "train.attention='auto' (packed attention per document, no [S, S] scores)",
+    "reference weights": "algorithm.kl_coef=0 (no reference model), or more ranks to shard it",
+}
+_MEGATRON_ADVICE = {
+    "optimizer state": "a larger train.data_parallel_size (the distributed optimizer shards it) or "
+                       "train.tensor_parallel_size",
+    "master weights": "a larger train.data_parallel_size (the distributed optimizer shards them)",
+    "gradients": "a larger train.tensor_parallel_size or train.pipeline_parallel_size",
+    "weights": "a larger train.tensor_parallel_size or train.pipeline_parallel_size",
+}
+
+
+def _advice(term: str, config: RunConfig) -> str:
+    train = config.train
+    if term in ("activations", "recomputed layer"):
+        if train.activation_checkpointing != "full":
+            return "train.activation_checkpointing='full'"
+        return f"a smaller train.max_tokens_per_micro_batch (now {train.max_tokens_per_micro_batch})"
+    if train.backend == "megatron" and term in _MEGATRON_ADVICE:
+        return _MEGATRON_ADVICE[term]
+    return _ADVICE.get(term, "a smaller model or larger accelerators")
+
+
+def memory_plan(config: RunConfig, capacity: int | None, *, engine_fraction: float | None = None) -> MemoryPlan:
+    """The planner's figures for ``config`` on accelerators of ``capacity`` bytes, with the problems
+    that stop the run: a trainer rank whose peak exceeds the device (less the reserve the device map
+    keeps for contexts and allocator slack), an engine whose weights fill its static pool, dense
+    attention whose ``[S, S]`` scores exceed :data:`DENSE_SCORES_LIMIT` per layer on an accelerator."""
+    try:
+        shape = _model_shape(config)
+    except UnmodelledModel as exc:
+        return MemoryPlan(config, None, capacity, unmodelled=str(exc))
+    setup = trainer_setup(config)
+    trainer = plan_trainer_memory(shape, setup)
+    engines = config.rollout.engines
+    dtype_bytes = _DTYPE_BYTES.get(config.model.dtype, 2)
+    plan = MemoryPlan(config, trainer, capacity, engine_weights=engine_weight_bytes(shape, dtype_bytes, engines.tp_size),
+                      engine_fraction=engine_fraction or engines.mem_fraction_static)
+    if capacity and plan.engine_fraction:
+        plan.engine_kv_tokens = engine_kv_tokens(shape, capacity_bytes=capacity, mem_fraction=plan.engine_fraction,
+                                                 tensor_parallel=engines.tp_size, dtype_bytes=dtype_bytes)
+    if config.cluster.accelerator != "cpu" and trainer.terms["attention scores"] > DENSE_SCORES_LIMIT:
+        plan.problems.append(
+            f"train.attention={config.train.attention!r}: dense attention at train.max_tokens_per_micro_batch="
+            f"{setup.micro_batch_tokens} builds [S, S] attention tensors of {trainer.terms['attention scores'] / GIB:.1f} "
+            "GiB on the accelerator; expected train.attention='auto' (packed attention per document, "
+            "memory linear in the row) or a much smaller micro-batch")
+    if capacity and config.cluster.accelerator != "cpu":
+        usable = capacity - max(int(capacity * RESERVE_FRACTION), RESERVE_MIN_BYTES)
+        if trainer.peak > usable:
+            term = trainer.largest
+            plan.problems.append(
+                f"memory: a trainer rank needs ~{trainer.peak / GIB:.1f} GiB at its peak but an accelerator has "
+                f"{capacity / GIB:.1f} GiB ({usable / GIB:.1f} usable after the reserve); the largest term is "
+                f"{term} ({trainer.terms[term] / GIB:.1f} GiB): expected {_advice(term, config)}")
+        if plan.engine_kv_tokens == 0:
+            plan.problems.append(
+                f"memory: an engine rank's weights ({(plan.engine_weights or 0) / GIB:.1f} GiB) fill its static pool "
+                f"(rollout.engines.mem_fraction_static={plan.engine_fraction} of {capacity / GIB:.1f} GiB); expected "
+                "a larger mem_fraction_static or rollout.engines.tp_size")
+    return plan

@@ -148,17 +148,25 @@ class TrainService:
 
     # -- sharing the device with colocated engines -------------------------------------------------
     def offload(self) -> dict[str, float]:
-        """Frees the gradients and moves the optimizer state to host memory, keeping the weights on the
-        device (for the probe and the export): colocated engines then have the rest of it."""
+        """Frees the gradients and moves the optimizer state and the master weights to host memory,
+        keeping the weights on the device (for the probe and the export): colocated engines then have
+        the rest of it."""
         from agentrl.train.offload import offload
 
-        return offload(self.backend.model.parameters(), self.backend.optimizer, self.backend.device)
+        return offload(self.backend.model.parameters(), self.backend.optimizer, self.backend.device,
+                       extra=self._offloadable())
 
     def onload(self) -> dict[str, float]:
-        """The optimizer state back on the device, before the next step."""
+        """The optimizer state (and master weights) back on the device, before the next step."""
         from agentrl.train.offload import onload
 
-        return onload(self.backend.optimizer, self.backend.device)
+        return onload(self.backend.optimizer, self.backend.device, extra=self._offloadable())
+
+    def _offloadable(self) -> list[torch.Tensor]:
+        """The float32 master weights of a torch-backend trainer (Megatron's live in its optimizer state).
+        With ``optimizer_offload`` they are on the host already."""
+        extra = getattr(self.backend, "offloadable", None)
+        return list(extra()) if callable(extra) else []
 
     # -- weights -------------------------------------------------------------------------------
     def push_weights(self, version: int, targets: list[PushTarget], *, flush: bool = True,

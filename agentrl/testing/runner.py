@@ -113,11 +113,12 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
 
 def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | None = None,
                       callbacks: Any = (), environment: Any = None, policy: Policy = arithmetic_answer,
-                      reward: Any = index_reward) -> tuple[Any, FakePolicyClient]:
+                      reward: Any = index_reward, max_new_tokens: int = 64) -> tuple[Any, FakePolicyClient]:
     """The runner of ``config`` on the fake engine (in-process trainer); returns it and the engine.
     ``environment``: the environment class (``None``: ``ToyArithmeticEnv``); ``policy``: the fake
     engine's replies (default: the arithmetic one); ``reward``: a ``reward(trajectory, task)``
-    replacing the environment's (default :func:`index_reward`; ``None``: the environment's own)."""
+    replacing the environment's (default :func:`index_reward`; ``None``: the environment's own);
+    ``max_new_tokens``: per turn."""
     from agentrl.environments import ToyArithmeticEnv
     from agentrl.runner.checkpoint import RunCheckpointer
     from agentrl.runner.envs import environment_factory
@@ -134,7 +135,7 @@ def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | 
     env_cls = environment if environment is not None else ToyArithmeticEnv
     factory = environment_factory(config, env_cls, reward=reward)
     data = DataSource(config.data.train.to_config(), validate=env_cls.task_type.model_validate)
-    agent = AgentConfig(sampling=SamplingParams(max_new_tokens=64))
+    agent = AgentConfig(sampling=SamplingParams(max_new_tokens=max_new_tokens))
     from agentrl.runner._launch import scheduler_config
 
     sched_cfg = scheduler_config(config)

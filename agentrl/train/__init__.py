@@ -6,7 +6,12 @@
   balanced across data-parallel ranks; :func:`plan_shared_prefix_micro_batches` and
   :func:`shared_prefix_layout` let a prompt shared by several sequences run once;
 - :class:`TorchTrainBackend` runs the step on any Hugging Face causal LM (CPU, CUDA, Ascend NPU),
-  with data parallelism over ``torch.distributed``, checkpoints and Hugging Face export.
+  with data parallelism over ``torch.distributed`` (sharded with FSDP2), checkpoints and Hugging
+  Face export;
+- fitting a step: packed attention without an ``[S, S]`` mask (``attention``), activation
+  checkpointing (``recompute``), float32 master weights for bf16 models (``precision``), the fused
+  output head (``lm_head``), sharding (``sharding``), and the memory planner (``memory_plan``, pure;
+  its measured twin on fake tensors is ``memory_measure``).
 
 This package is also the run function: ``agentrl.train(config, ...)`` calls
 :func:`agentrl.runner.api.train` (see :class:`_CallablePackage`).

@@ -150,20 +150,37 @@ class OptimizerConfig:
 class TorchBackendConfig:
     """The plain PyTorch train backend.
 
-    ``device``: ``"auto"``, ``"cpu"``, ``"cuda[:i]"`` or ``"npu[:i]"``. ``dtype``: the parameter
-    (and optimiser state) dtype, ``"float32"`` by default, ``"float64"`` for exact tests.
-    ``autocast``: run forward passes in ``"bfloat16"``/``"float16"`` (mixed precision) while
-    parameters stay in ``dtype``. Prefer it to ``dtype="bfloat16"`` on accelerators: RL learning
-    rates (~1e-6) are below bfloat16's resolution, so pure-bfloat16 weights would barely move. ``logprob_chunk_size``:
-    rows per chunk of the log-softmax. ``fused_lm_head``: score tokens from the decoder's hidden
-    states and the output embedding, never building the ``[tokens, vocab]`` logits (checked against
-    the model's own logits on start; entropy is then a metric only). ``verify_packing``: on start, check that the model attends
-    within packed sequences only (a model without packed-sequence support would silently mix them).
-    ``shared_prefix``: when the sequences of a micro-batch share at least ``shared_prefix_min_tokens``
-    leading tokens (a group's prompt), run that prefix once and reuse its keys and values for every
-    sequence, in scoring and in the training step; plan micro-batches so that such sequences land
-    together (:mod:`agentrl.train.prefix`). Exact: the same losses and gradients as the plain path,
-    up to float rounding (checked on a probe on start).
+    ``device``: ``"auto"``, ``"cpu"``, ``"cuda[:i]"`` or ``"npu[:i]"``. ``dtype``: the compute dtype of
+    the model, ``"float32"`` by default, ``"float64"`` for exact tests. For ``"bfloat16"``/``"float16"``
+    ``master_weights="float32"`` (the default) keeps float32 master weights, gradients and optimizer
+    state (:mod:`agentrl.train.precision`): RL learning rates (~1e-6) are below bfloat16's resolution,
+    so without them most weights would not move; ``"none"`` trains the low-precision weights directly
+    (with a warning naming the smallest update they can take). ``autocast``: run forward passes of a
+    float32 model in ``"bfloat16"``/``"float16"`` (the older way to mix precisions).
+    ``sharding``: with data parallelism, ``"fsdp"`` shards parameters, gradients and optimizer state
+    over the ranks (PyTorch FSDP2, :mod:`agentrl.train.sharding`); ``"none"`` replicates them and sums
+    gradients with an all-reduce; ``"auto"`` is ``"fsdp"`` with more than one rank.
+    ``optimizer_offload``: keep the optimizer state (and the master weights) in host memory and step
+    there (slower steps, much less device memory).
+    ``activation_checkpointing``: ``"none"``, ``"full"`` (each decoder layer keeps its input only and
+    is recomputed) or ``"selective"`` (each layer's MLP is recomputed) (:mod:`agentrl.train.recompute`).
+    ``attention``: how a packed row is attended (:mod:`agentrl.train.attention`): ``"auto"`` picks
+    flash-attn's varlen kernel where installed, else torch's ``varlen_attn`` on CUDA, else causal
+    attention per document (``"per_document"``); none builds a mask across the row. ``"model"`` keeps
+    the model's own attention (transformers' dense ``[S, S]`` mask for ``sdpa``).
+    ``logprob_chunk_size``: rows per chunk of the log-softmax. ``fused_lm_head``: score tokens from
+    the decoder's hidden states and the output embedding inside the model's forward, never building
+    the ``[tokens, vocab]`` logits (checked against the model's own logits on start); ``None`` (auto):
+    on when the model's output embedding is a bias-free linear layer. ``verify_packing``: on start,
+    check that the model attends within packed sequences only (a model without packed-sequence
+    support would silently mix them). ``shared_prefix``: when the sequences of a micro-batch share at
+    least ``shared_prefix_min_tokens`` leading tokens (a group's prompt), run that prefix once and
+    reuse its keys and values for every sequence, in scoring and in the training step; plan
+    micro-batches so that such sequences land together (:mod:`agentrl.train.prefix`). Exact: the same
+    losses and gradients as the plain path, up to float rounding (checked on a probe on start). It is
+    turned off under sharding and activation checkpointing (both need one forward per row).
+    ``export_dtype``: the dtype of exported weights (``"auto"``: the compute dtype); the run sets it
+    to ``model.dtype``, what the engines serve.
     """
 
     device: str = "auto"
@@ -173,19 +190,34 @@ class TorchBackendConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
-    fused_lm_head: bool = False
+    fused_lm_head: bool | None = None
     verify_packing: bool = True
     shared_prefix: bool = True
     shared_prefix_min_tokens: int = 32
     seed: int = 0
+    master_weights: Literal["float32", "none"] = "float32"
+    sharding: Literal["auto", "none", "fsdp"] = "auto"
+    optimizer_offload: bool = False
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    attention: Literal["auto", "flash_attn", "varlen", "per_document", "model"] = "auto"
+    export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("float32", "bfloat16", "float16", "float64"), "dtype", self.dtype,
                  "'float32', 'bfloat16', 'float16' or 'float64'")
         _require(self.autocast in ("none", "bfloat16", "float16"), "autocast", self.autocast,
                  "'none', 'bfloat16' or 'float16'")
-        _require(not (self.fused_lm_head and self.loss.entropy_coef > 0), "fused_lm_head", self.fused_lm_head,
-                 "False when loss.entropy_coef > 0 (the fused path has no entropy gradient)")
+        _require(self.master_weights in ("float32", "none"), "master_weights", self.master_weights,
+                 "'float32' or 'none'")
+        _require(self.sharding in ("auto", "none", "fsdp"), "sharding", self.sharding, "'auto', 'none' or 'fsdp'")
+        _require(self.activation_checkpointing in ("none", "full", "selective"), "activation_checkpointing",
+                 self.activation_checkpointing, "'none', 'full' or 'selective'")
+        _require(self.attention in ("auto", "flash_attn", "varlen", "per_document", "model"), "attention",
+                 self.attention, "'auto', 'flash_attn', 'varlen', 'per_document' or 'model'")
+        _require(self.export_dtype in ("auto", "bfloat16", "float16", "float32"), "export_dtype", self.export_dtype,
+                 "'auto', 'bfloat16', 'float16' or 'float32'")
+        _require(not (self.autocast != "none" and self.dtype in ("bfloat16", "float16")), "autocast", self.autocast,
+                 f"'none' with dtype={self.dtype!r} (the model already computes in {self.dtype})")
         _require(isinstance(self.shared_prefix, bool), "shared_prefix", self.shared_prefix, "True or False")
         _require(isinstance(self.shared_prefix_min_tokens, int) and self.shared_prefix_min_tokens >= 1,
                  "shared_prefix_min_tokens", self.shared_prefix_min_tokens,
@@ -196,6 +228,16 @@ class TorchBackendConfig:
     def torch_dtype(self) -> torch.dtype:
         """The parameter dtype, ``dtype`` as a ``torch.dtype``."""
         return _torch_dtype(self.dtype)
+
+    @property
+    def uses_master_weights(self) -> bool:
+        """Whether float32 master weights back a low-precision model."""
+        return self.dtype in ("bfloat16", "float16") and self.master_weights == "float32"
+
+    @property
+    def export_torch_dtype(self) -> torch.dtype:
+        """The dtype exported weights are written in."""
+        return _torch_dtype(self.dtype if self.export_dtype == "auto" else self.export_dtype)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

@@ -61,7 +61,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter]) -> None:
+def all_reduce_gradients(parameters: Iterable[torch.Tensor]) -> None:
     """Give every trainable parameter a gradient (zeros if it had none) and sum them over ranks.
 
     Filling missing gradients keeps the collectives identical on every rank, so a rank whose

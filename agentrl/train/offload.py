@@ -4,9 +4,10 @@ gradients freed, and back before the next step.
 Colocated, an engine and a trainer rank share one accelerator: while the engine generates, the
 trainer keeps only its weights there (the probe and the weight export still need them); its
 optimizer state (Adam's two moments: 8 bytes per parameter in fp32, more than the bf16 weights
-themselves) waits in pinned host memory, and its gradients are released. :func:`offload` and
-:func:`onload` move every tensor of the optimizer's state (for Megatron's optimizer wrappers, the
-torch optimizers inside them) and return what moved. On a CPU trainer both are no-ops.
+themselves) and its float32 master weights (``extra``: 4 bytes per parameter) wait in pinned host
+memory, and its gradients are released. :func:`offload` and :func:`onload` move every tensor of the
+optimizer's state (for Megatron's optimizer wrappers, the torch optimizers inside them; sharded
+FSDP state moves its local shards) and return what moved. On a CPU trainer both are no-ops.
 
 Example::
 
@@ -41,30 +42,45 @@ def torch_optimizers(optimizer: Any) -> Iterator[torch.optim.Optimizer]:
         yield from torch_optimizers(inner)
 
 
-def _move_state(optimizer: Any, target: torch.device, *, pin: bool) -> int:
+def _moved(value: torch.Tensor, target: torch.device, pin: bool) -> torch.Tensor:
+    copy = value.to(target, non_blocking=True)
+    if pin and target.type == "cpu" and not hasattr(copy, "to_local"):  # a DTensor's shard cannot be pinned
+        copy = copy.pin_memory()
+    return copy
+
+
+def _nbytes(value: torch.Tensor) -> int:
+    local = value.to_local() if hasattr(value, "to_local") else value
+    return int(local.numel() * local.element_size())
+
+
+def _move_state(optimizer: Any, target: torch.device, *, pin: bool, extra: Iterable[torch.Tensor] = ()) -> int:
     moved = 0
     for opt in torch_optimizers(optimizer):
         for state in opt.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.device != target:
-                    copy = value.to(target, non_blocking=True)
-                    if pin and target.type == "cpu":
-                        copy = copy.pin_memory()
-                    state[key] = copy
-                    moved += value.numel() * value.element_size()
+                    state[key] = _moved(value, target, pin)
+                    moved += _nbytes(value)
+    for tensor in extra:  # optimizer parameters that are not the model's (master weights): in place
+        if tensor.device != target:
+            tensor.data = _moved(tensor.data, target, pin)
+            moved += _nbytes(tensor)
     return moved
 
 
-def offload(params: Iterable[torch.nn.Parameter], optimizer: Any, device: torch.device) -> OffloadReport:
-    """Frees the gradients of ``params`` and moves the optimizer state to host memory (pinned); empties
-    the device's cache. Returns bytes moved and the device's allocated/reserved bytes before and after."""
+def offload(params: Iterable[torch.nn.Parameter], optimizer: Any, device: torch.device, *,
+            extra: Iterable[torch.Tensor] = ()) -> OffloadReport:
+    """Frees the gradients of ``params`` and moves the optimizer state and the ``extra`` tensors (the
+    master weights) to host memory (pinned); empties the device's cache. Returns bytes moved and the
+    device's allocated/reserved bytes before and after."""
     module = device_module(device)
     if module is None:
         return {"offload/bytes": 0.0}
     before = _memory(module)
     for param in params:
         param.grad = None
-    moved = _move_state(optimizer, torch.device("cpu"), pin=True)
+    moved = _move_state(optimizer, torch.device("cpu"), pin=True, extra=extra)
     module.synchronize()
     module.empty_cache()
     after = _memory(module)
@@ -72,12 +88,13 @@ def offload(params: Iterable[torch.nn.Parameter], optimizer: Any, device: torch.
             **{f"offload/{k}_after": v for k, v in after.items()}}
 
 
-def onload(optimizer: Any, device: torch.device) -> OffloadReport:
-    """Moves the optimizer state back to ``device`` (a no-op on CPU); returns the bytes moved."""
+def onload(optimizer: Any, device: torch.device, *, extra: Iterable[torch.Tensor] = ()) -> OffloadReport:
+    """Moves the optimizer state and the ``extra`` tensors back to ``device`` (a no-op on CPU);
+    returns the bytes moved."""
     module = device_module(device)
     if module is None:
         return {"onload/bytes": 0.0}
-    moved = _move_state(optimizer, device, pin=False)
+    moved = _move_state(optimizer, device, pin=False, extra=extra)
     module.synchronize()
     return {"onload/bytes": float(moved)}
 

@@ -27,7 +27,8 @@ from agentrl.train.config import PackingConfig
 if TYPE_CHECKING:
     from agentrl.train.prefix import PrefixLayout
 
-__all__ = ["MicroBatch", "collate", "pack_indices", "partition_for_ranks", "plan_micro_batches"]
+__all__ = ["MicroBatch", "collate", "pack_indices", "padding_micro_batch", "partition_for_ranks",
+           "plan_micro_batches"]
 
 
 def _check_lengths(lengths: Sequence[int], max_tokens: int) -> None:
@@ -103,6 +104,10 @@ class MicroBatch:
     ``sequence_ids`` numbers the sequences of this row 0..k-1; ``indices`` are their batch indices.
     ``prefix``: when set, the scorer runs the sequences' shared prefix once (see
     :mod:`agentrl.train.prefix`); every tensor above keeps the packed layout either way.
+    ``lengths``: each sequence's number of positions (what packed attention needs as Python ints;
+    derived from ``sequence_ids`` when empty). ``trainable``: how many positions have loss mask 1
+    (``None``: counted from ``loss_mask``). ``padding``: a stand-in row with nothing to train, run
+    only so that every rank of a sharded model runs the same collectives (never scored or counted).
     """
 
     input_ids: torch.Tensor
@@ -117,10 +122,27 @@ class MicroBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     prefix: PrefixLayout | None = None
+    lengths: tuple[int, ...] = ()
+    trainable: int | None = None
+    padding: bool = False
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def document_lengths(self) -> tuple[int, ...]:
+        """Positions per sequence, in row order."""
+        if self.lengths:
+            return self.lengths
+        return tuple(torch.bincount(self.sequence_ids, minlength=len(self.indices)).tolist())
+
+    @property
+    def num_trainable(self) -> int:
+        """Positions with loss mask 1 (from ``trainable`` when set: no device sync)."""
+        if self.trainable is not None:
+            return self.trainable
+        return int((self.loss_mask != 0).sum())
 
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Cut a per-position tensor back into one piece per sequence (length ``len(tokens) - 1``)."""
@@ -168,4 +190,17 @@ def collate(sequences: Sequence[TrainSequence], indices: Sequence[int], *, dtype
         indices=list(indices),
         old_logprobs=floats("old_logprobs") if with_old else None,
         ref_logprobs=floats("ref_logprobs") if with_ref else None,
+        lengths=tuple(len(s.tokens) - 1 for s in picked),
+        trainable=sum(1 for s in picked for m in s.loss_mask[1:] if m),
     )
+
+
+def padding_micro_batch(*, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> MicroBatch:
+    """A one-position row with nothing to train (``padding=True``): ranks of a sharded model that
+    have fewer micro-batches than others run it so that every rank runs the same collectives."""
+    zeros = torch.zeros(1, dtype=dtype, device=device)
+    ids = torch.zeros(1, dtype=torch.long, device=device)
+    return MicroBatch(input_ids=ids, position_ids=ids.clone(), target_ids=ids.clone(), loss_mask=zeros,
+                      advantages=zeros.clone(), rollout_logprobs=zeros.clone(), denominators=torch.ones_like(zeros),
+                      sequence_ids=ids.clone(), indices=[], old_logprobs=zeros.clone(), ref_logprobs=zeros.clone(),
+                      lengths=(1,), trainable=0, padding=True)

@@ -1,12 +1,19 @@
 """Scoring packed micro-batches with a Hugging Face causal LM: token log-probs and entropy.
 
-Two paths, chosen by ``TorchBackendConfig.fused_lm_head``:
+Two paths, chosen per model by the backend (``TorchBackendConfig.fused_lm_head``):
 
-- **logits** (default): ``model(...).logits`` then chunked log-softmax; works for any causal LM.
-- **fused**: the decoder's hidden states and the output embedding go straight to
-  :func:`agentrl.algorithms.logprobs_from_hidden`, so the ``[tokens, vocab]`` logits and their
-  gradient never exist. Only for plain projections; :meth:`TokenScorer.verify_fused` compares the
-  two paths on a probe before it is used.
+- **fused** (the default where the head allows it): the model's output head scores the targets
+  from the decoder's hidden states inside the forward (:mod:`agentrl.train.lm_head`,
+  :func:`agentrl.algorithms.scores_from_hidden`), so the ``[tokens, vocab]`` logits and their
+  gradient never exist; the entropy (metric or bonus) comes from the same chunks. Only for plain
+  projections; :meth:`TokenScorer.verify_fused` compares it with the model's logits on a probe.
+- **logits**: ``model(...).logits`` (in the compute dtype) then a chunked float32 log-softmax
+  (:func:`agentrl.algorithms.logprobs_from_logits`); works for any causal LM.
+
+With packed attention (:mod:`agentrl.train.attention`) each call carries the row's documents, so
+documents never see each other whatever the model's cache settings; every call also passes
+``use_cache=False``, which keeps transformers' own packed-sequence detection on for models that
+keep their own attention (with a cache object it switches off and documents attend to each other).
 
 :meth:`TokenScorer.verify_packing` checks that the model attends within packed sequences only;
 :meth:`TokenScorer.verify_shared_prefix` that the shared-prefix path (:mod:`agentrl.train.prefix`)
@@ -21,13 +28,10 @@ from typing import Any, Literal
 
 import torch
 
-from agentrl.algorithms import (
-    entropy_from_hidden,
-    entropy_from_logits,
-    logprobs_from_hidden,
-    logprobs_from_logits,
-)
+from agentrl.algorithms import entropy_from_logits, logprobs_from_logits, scores_from_hidden
+from agentrl.train.attention import Documents
 from agentrl.train.config import TorchBackendConfig
+from agentrl.train.lm_head import HeadSwitch, Scored, ScoreRequest
 from agentrl.train.packing import MicroBatch
 from agentrl.train.prefix import PrefixLayout, shared_prefix_layout
 
@@ -36,29 +40,28 @@ __all__ = ["TokenScorer"]
 EntropyMode = Literal["none", "metric", "grad"]
 
 
-def _lm_weight(model: torch.nn.Module) -> torch.Tensor:
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
-        raise ValueError(
-            "fused_lm_head: the model's output embedding is not a bias-free nn.Linear; set fused_lm_head=False"
-        )
-    return head.weight
-
-
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    base = getattr(model, "base_model", None)
-    if not isinstance(base, torch.nn.Module) or base is model:
-        raise ValueError("fused_lm_head: the model exposes no base_model (decoder) to run; set fused_lm_head=False")
-    return base
-
-
 class TokenScorer:
-    """Runs micro-batches through a model and scores their target tokens (see the module doc)."""
+    """Runs micro-batches through a model and scores their target tokens (see the module doc).
 
-    def __init__(self, config: TorchBackendConfig, device: torch.device) -> None:
+    ``attention``: the packed-attention kernel the models use (``"model"``: their own attention, no
+    documents passed). :meth:`register` tells it each model's head switch (None: logits path)."""
+
+    def __init__(self, config: TorchBackendConfig, device: torch.device, *, attention: str = "model") -> None:
         self.config = config
         self.device = device
+        self.attention = attention
+        self._heads: dict[int, HeadSwitch] = {}
+
+    def register(self, model: torch.nn.Module, head: HeadSwitch | None) -> None:
+        """Score ``model`` through ``head`` (the fused path), or through its logits when None."""
+        if head is None:
+            self._heads.pop(id(model), None)
+        else:
+            self._heads[id(model)] = head
+
+    def head(self, model: torch.nn.Module) -> HeadSwitch | None:
+        """The head switch ``model`` is scored through (None: the logits path)."""
+        return self._heads.get(id(model))
 
     def autocast(self) -> Any:
         dtype = self.config.autocast_dtype
@@ -66,14 +69,20 @@ class TokenScorer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
+    def documents(self, lengths: tuple[int, ...]) -> dict[str, Any]:
+        """The keyword arguments that tell packed attention a row's documents (none for ``"model"``)."""
+        if self.attention == "model":
+            return {}
+        return {"agentrl_documents": Documents.from_lengths(lengths, device=self.device)}
+
     def scores(
         self, model: torch.nn.Module, mb: MicroBatch, *, entropy: EntropyMode = "none"
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """``(logprobs [N], entropy [N] or None, anchor)``; ``anchor`` is the largest tensor of the
-        graph (logits or hidden states) for the empty-micro-batch guard ``loss + 0 * anchor.sum()``.
-        ``entropy="grad"`` keeps the entropy differentiable (logits path only). A micro-batch with a
-        :class:`~agentrl.train.prefix.PrefixLayout` runs its shared prefix once; the results are in
-        the packed layout either way."""
+        """``(logprobs [N], entropy [N] or None, anchor)``; ``anchor`` is a tensor of the graph that
+        depends on every parameter used (logits, hidden states or the scores themselves) for the
+        empty-micro-batch guard ``loss + 0 * anchor.sum()``. ``entropy="grad"`` keeps the entropy
+        differentiable. A micro-batch with a :class:`~agentrl.train.prefix.PrefixLayout` runs its
+        shared prefix once; the results are in the packed layout either way."""
         if mb.prefix is not None:
             source, extra = self._shared_forward(model, mb.prefix)
             lp_src, ent_src = self._score_rows(model, source, mb.prefix.source_targets, entropy)
@@ -84,18 +93,26 @@ class TokenScorer:
                 return lp, None, source
             shared = ent_src[mb.prefix.prefix_len - 1: mb.prefix.prefix_len].expand(mb.prefix.num_sequences)
             return lp, torch.cat([ent_src, shared])[gather], source
+        inputs = {"input_ids": mb.input_ids[None], "position_ids": mb.position_ids[None], "use_cache": False,
+                  **self.documents(mb.document_lengths)}
+        head = self.head(model)
         with self.autocast():
-            out = self._forward(model, input_ids=mb.input_ids[None], position_ids=mb.position_ids[None],
-                                use_cache=False)[0][0]
+            if head is not None:
+                request = ScoreRequest(mb.target_ids, self.config.loss.temperature, self.config.logprob_chunk_size,
+                                       entropy)
+                with head.scoring(request):
+                    scored = model(**inputs).logits
+                assert isinstance(scored, Scored)
+                return scored.logprobs, scored.entropy, scored.logprobs
+            out = model(**inputs).logits[0]
         lp, ent = self._score_rows(model, out, mb.target_ids, entropy)
         return lp, ent, out
 
     def _forward(self, model: torch.nn.Module, **inputs: Any) -> tuple[torch.Tensor, Any]:
-        """``(logits or hidden states [B, T, D], cache)`` of one forward pass."""
-        if self.config.fused_lm_head:
-            out = _decoder(model)(**inputs)
-            return out.last_hidden_state, getattr(out, "past_key_values", None)
-        out = model(**inputs)
+        """``(logits, or hidden states on the fused path, [B, T, D]; cache)`` of one forward pass."""
+        head = self.head(model)
+        with head.hidden() if head is not None else contextlib.nullcontext():
+            out = model(**inputs)
         return out.logits, getattr(out, "past_key_values", None)
 
     def _score_rows(
@@ -103,12 +120,9 @@ class TokenScorer:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of ``targets`` (and entropy) from ``rows`` ([R, D]: logits, or hidden states when fused)."""
         temp, chunk = self.config.loss.temperature, self.config.logprob_chunk_size
-        if self.config.fused_lm_head:
-            weight = _lm_weight(model)
-            lp = logprobs_from_hidden(rows, weight, targets, temperature=temp, chunk_size=chunk)
-            ent = None if entropy == "none" else entropy_from_hidden(
-                rows.detach(), weight.detach(), temperature=temp, chunk_size=chunk)
-            return lp, ent
+        head = self.head(model)
+        if head is not None:
+            return scores_from_hidden(rows, head.weight, targets, temperature=temp, chunk_size=chunk, entropy=entropy)
         lp = logprobs_from_logits(rows, targets, temperature=temp, chunk_size=chunk)
         if entropy == "grad":
             return lp, entropy_from_logits(rows, temperature=temp, chunk_size=chunk)
@@ -155,6 +169,8 @@ class TokenScorer:
 
     def verify_packing(self, model: torch.nn.Module, vocab_rows: int) -> None:
         """Raise if packed sequences (position ids restarting at 0) see each other's tokens."""
+        if _is_fake(model):
+            return
         a, b, positions = self._probe(vocab_rows)
         both = torch.cat([a, b])[None]
         with torch.no_grad():
@@ -171,34 +187,48 @@ class TokenScorer:
                 "on masking_utils, or flash-attention varlen) or set verify_packing=False at your own risk"
             )
 
-    def verify_fused(self, model: torch.nn.Module, vocab_rows: int) -> None:
-        """Raise unless the fused path reproduces the model's own logits path on a probe."""
+    def verify_fused(self, model: torch.nn.Module, vocab_rows: int, *, required: bool = False) -> None:
+        """Check that the fused path reproduces the model's own logits on a probe. On a mismatch,
+        raise when ``required`` (``fused_lm_head=True``), else fall back to the logits path."""
+        head = self.head(model)
+        if head is None or _is_fake(model):
+            return
         a, b, _ = self._probe(vocab_rows)
         ids = torch.cat([a, b])
-        mb = MicroBatch(input_ids=ids[:-1], position_ids=torch.arange(11, device=self.device), target_ids=ids[1:],
-                        loss_mask=torch.ones(11), advantages=torch.zeros(11), rollout_logprobs=torch.zeros(11),
-                        denominators=torch.ones(11), sequence_ids=torch.zeros(11, dtype=torch.long), indices=[0])
+        inputs = {"input_ids": ids[None, :-1], "position_ids": torch.arange(11, device=self.device)[None],
+                  "use_cache": False}
+        temperature = self.config.loss.temperature
         with torch.no_grad():  # both paths without autocast: the check is about the head, not precision
-            hidden = _decoder(model)(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None],
-                                     use_cache=False).last_hidden_state[0]
-            fused = logprobs_from_hidden(hidden, _lm_weight(model), mb.target_ids,
-                                         temperature=self.config.loss.temperature).double()
-            logits = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False).logits[0]
-            plain = logprobs_from_logits(logits, mb.target_ids, temperature=self.config.loss.temperature).double()
-        err = float((fused - plain).abs().max())
-        if err > 1e-3 * (1 + float(plain.abs().max())):
-            raise ValueError(
-                f"fused_lm_head: log-probs from hidden states differ from the model's logits by {err:.3g} (logit "
-                "scaling, soft-capping or a non-standard head?); set fused_lm_head=False for this model"
-            )
+            with head.logits():
+                logits = model(**inputs).logits[0]
+            plain = logprobs_from_logits(logits, ids[1:], temperature=temperature).double()
+            try:
+                with head.scoring(ScoreRequest(ids[1:], temperature, self.config.logprob_chunk_size)):
+                    scored = model(**inputs).logits
+                why = f"by {float((scored.logprobs.double() - plain).abs().max()):.3g}"
+                ok = float((scored.logprobs.double() - plain).abs().max()) <= 1e-3 * (1 + float(plain.abs().max()))
+            except (TypeError, ValueError, RuntimeError, AttributeError) as exc:  # the forward reworks the head's output
+                why, ok = f"(the model's forward does not return its head's output as is: {type(exc).__name__}: {exc})", False
+        if ok:
+            return
+        if not required:
+            self.register(model, None)
+            return
+        raise ValueError(
+            f"fused_lm_head: log-probs from hidden states differ from the model's logits {why} (logit scaling, "
+            "soft-capping or a non-standard head?); set fused_lm_head=False for this model"
+        )
 
     def verify_shared_prefix(self, model: torch.nn.Module, vocab_rows: int) -> None:
         """Raise unless two sequences scored with a shared prefix match each scored alone (on a probe,
         without autocast: the check is about the key/value cache, not precision)."""
+        if _is_fake(model):
+            return
         gen = torch.Generator().manual_seed(4321)
         common = torch.randint(0, vocab_rows, (6,), generator=gen).tolist()
         seqs = [common + torch.randint(0, vocab_rows, (n,), generator=gen).tolist() for n in (5, 3)]
-        exact = TokenScorer(dataclasses.replace(self.config, autocast="none"), self.device)
+        exact = TokenScorer(dataclasses.replace(self.config, autocast="none"), self.device, attention=self.attention)
+        exact._heads = self._heads
         both = _token_micro_batch(seqs, self.device)
         both.prefix = shared_prefix_layout(seqs, min_prefix=1, device=self.device)
         with torch.no_grad():
@@ -211,6 +241,13 @@ class TokenScorer:
                 "(the model's key/value cache cannot be expanded over a batch, or its positions are not 1-D "
                 "offsets); set shared_prefix=False for this model"
             )
+
+
+def _is_fake(model: torch.nn.Module) -> bool:
+    """A model of fake (shape-only) tensors, built to measure memory: it has no values to check."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(p, FakeTensor) for p in model.parameters())
 
 
 def _token_micro_batch(seqs: list[list[int]], device: torch.device) -> MicroBatch:

@@ -7,6 +7,15 @@ One optimiser step over a :class:`TrainingBatch`:
 3. each micro-batch's share of the objective is back-propagated (gradient accumulation);
 4. gradients are summed over ranks, checked for NaN/inf, clipped, and the optimiser steps.
 
+How the model is held (:mod:`agentrl.train.torch_model`): packed rows are attended per document
+without a mask across the row (:mod:`agentrl.train.attention`); tokens are scored from hidden
+states inside the forward, never building the ``[tokens, vocab]`` logits (:mod:`agentrl.train.lm_head`);
+a bfloat16 model keeps float32 master weights and optimizer state (:mod:`agentrl.train.precision`);
+decoder layers may be recomputed in the backward pass (:mod:`agentrl.train.recompute`); with data
+parallelism parameters, gradients and optimizer state are sharded over the ranks with FSDP2
+(:mod:`agentrl.train.sharding`), and ranks with fewer micro-batches run padding rows so that all
+run the same collectives.
+
 The objective's shares are divided by the step's global counts, so the result is the same for any
 packing and any number of ranks (tested to 1e-6 in float64). A non-finite loss or gradient stops
 the step with :class:`NonFiniteLossError` on every rank before any parameter changes.
@@ -26,17 +35,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 
 from agentrl.model_folder import check_model_folder, has_tokenizer
+from agentrl.train import torch_state
 from agentrl.train.batching import TrainingBatch
-from agentrl.train.checkpoint import capture_rng_state, restore_rng_state, rng_path, trainer_path
 from agentrl.train.config import TorchBackendConfig
 from agentrl.train.device import resolve_device
-from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum, barrier
+from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
 from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
-from agentrl.train.packing import MicroBatch, collate, plan_micro_batches
+from agentrl.train.packing import MicroBatch, collate, padding_micro_batch, plan_micro_batches
 from agentrl.train.prefix import plan_shared_prefix_micro_batches, shared_prefix_layout
 from agentrl.train.scoring import TokenScorer
+from agentrl.train.sharding import sharded_named_weights
+from agentrl.train.torch_model import prepare_model, update_parameters
 
 __all__ = ["NonFiniteLossError", "TorchTrainBackend"]
 
@@ -72,36 +84,44 @@ class TorchTrainBackend:
         self.tokenizer = tokenizer  # written next to the weights by export_hf
         if vocab_size is None and tokenizer is not None:
             vocab_size = len(tokenizer)
-        self.device = resolve_device(self.config.device)
-        self.dtype = self.config.torch_dtype
+        cfg = self.config
+        self.device = resolve_device(cfg.device)
+        self.dtype = cfg.torch_dtype  # the compute dtype
         self.dist = DistInfo.current()
-        # Eval mode for good: dropout would make the training forward differ from the scoring
-        # forward, so the PPO ratio would not be 1 on-policy. Gradients flow the same in eval mode.
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        self.vocab_rows = _embedding_rows(self.model)
+        self.sharded = cfg.sharding == "fsdp" or (cfg.sharding == "auto" and self.dist.world_size > 1)
+        # Both need one forward per row: a shared prefix runs two (and its cache cannot be recomputed).
+        self.shared_prefix = cfg.shared_prefix and not self.sharded and cfg.activation_checkpointing == "none"
+        self.vocab_rows = _embedding_rows(model)
         if vocab_size is not None and vocab_size > self.vocab_rows:
             raise ValueError(
                 f"vocab_size: the tokenizer has {vocab_size} tokens but the model's input embedding has "
                 f"{self.vocab_rows} rows; ids >= {self.vocab_rows} would be out of range (wrong tokenizer or model?)"
             )
-        self.ref_model = ref_model.to(device=self.device, dtype=self.dtype).eval() if ref_model is not None else None
-        if self.ref_model is not None:
-            self.ref_model.requires_grad_(False)
-        if self.config.loss.kl_loss_coef > 0 and self.ref_model is None:
+        if cfg.loss.kl_loss_coef > 0 and ref_model is None:
             raise ValueError("ref_model: loss.kl_loss_coef > 0 needs a reference model; pass ref_model=")
-        opt = self.config.optimizer
+        prepared = prepare_model(model, cfg, self.device, sharded=self.sharded, trainable=True)
+        self.model, self.attention = prepared.model, prepared.attention
+        self.ref_model: torch.nn.Module | None = None
+        self.scorer = TokenScorer(cfg, self.device, attention=self.attention)
+        self.scorer.register(self.model, prepared.head)
+        if ref_model is not None:
+            ref = prepare_model(ref_model, cfg, self.device, sharded=self.sharded, trainable=False)
+            self.ref_model = ref.model
+            self.scorer.register(ref.model, ref.head)
+        params, self.masters = update_parameters(self.model, cfg, sharded=self.sharded)
+        self.update_params = params  # what the optimizer steps (and clipping and the all-reduce read)
+        opt = cfg.optimizer
+        fused = not self.sharded and bool(params) and params[0].device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay, eps=opt.eps,
+            params, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay, eps=opt.eps,
+            **({"fused": True} if fused else {"foreach": False}),  # no whole-model temporaries
         )
         self.step = 0
-        torch.manual_seed(self.config.seed)
-        self.scorer = TokenScorer(self.config, self.device)
-        if self.config.verify_packing:
+        torch.manual_seed(cfg.seed)
+        if cfg.verify_packing:
             self.scorer.verify_packing(self.model, self.vocab_rows)
-        if self.config.fused_lm_head:
-            self.scorer.verify_fused(self.model, self.vocab_rows)
-        if self.config.shared_prefix:
+        self.scorer.verify_fused(self.model, self.vocab_rows, required=cfg.fused_lm_head is True)
+        if self.shared_prefix:
             self.scorer.verify_shared_prefix(self.model, self.vocab_rows)
 
     @classmethod
@@ -136,7 +156,7 @@ class TorchTrainBackend:
                     f"vocabulary [0, {self.vocab_rows}); tokenizer and model do not match"
                 )
         cfg = self.config
-        if micro_batches is None and cfg.shared_prefix:
+        if micro_batches is None and self.shared_prefix:
             micro_batches = plan_shared_prefix_micro_batches(
                 [s.tokens for s in batch.sequences], cfg.packing, min_prefix=cfg.shared_prefix_min_tokens,
                 world_size=self.dist.world_size, rank=self.dist.rank)
@@ -152,10 +172,14 @@ class TorchTrainBackend:
             if not idx:
                 continue
             mb = collate(batch.sequences, idx, dtype=float_dtype, device=self.device)
-            if cfg.shared_prefix:
+            if self.shared_prefix:
                 mb.prefix = shared_prefix_layout([batch.sequences[i].tokens for i in idx],
                                                  min_prefix=cfg.shared_prefix_min_tokens, device=self.device)
             mbs.append(mb)
+        if self.sharded:  # every rank runs as many forwards (each gathers parameters collectively)
+            most = torch.tensor([len(mbs)], device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            mbs += [padding_micro_batch(dtype=float_dtype, device=self.device) for _ in range(int(most) - len(mbs))]
         return mbs
 
     def compute_logprobs(self, batch: TrainingBatch, *, reference: bool = False) -> list[list[float]]:
@@ -171,7 +195,10 @@ class TorchTrainBackend:
             offsets.append(offsets[-1] + max(n, 0))
         flat = torch.zeros(offsets[-1], dtype=torch.float64, device=self.device)
         for mb in self._plan(batch, None):
-            for idx, piece in zip(mb.indices, mb.split(self.scorer.logprobs(model, mb)), strict=True):
+            scored = self.scorer.logprobs(model, mb)
+            if mb.padding:
+                continue
+            for idx, piece in zip(mb.indices, mb.split(scored), strict=True):
                 flat[offsets[idx]: offsets[idx + 1]] = piece.double()
         flat = all_reduce_sum(flat).cpu()
         return [[0.0, *flat[offsets[i]: offsets[i + 1]].tolist()] for i in range(len(batch.sequences))]
@@ -205,14 +232,10 @@ class TorchTrainBackend:
         if objective not in ("policy", "sft"):
             raise ValueError(f"objective={objective!r}: expected 'policy' or 'sft'")
         mbs = self._plan(batch, micro_batches)
-        cfg = self.config.loss
-        for mb in mbs if objective == "policy" else ():
-            if cfg.old_logprobs == "recompute" and mb.old_logprobs is None:
-                mb.old_logprobs = self.scorer.logprobs(self.model, mb)
-            if cfg.kl_loss_coef > 0 and self.ref_model is not None and mb.ref_logprobs is None:
-                mb.ref_logprobs = self.scorer.logprobs(self.ref_model, mb)
+        if objective == "policy":
+            self._fill_side_logprobs(mbs)
         counts = StepCounts(num_rollouts=batch.num_rollouts, num_tokens=batch.num_trainable_tokens)
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         sums: dict[str, torch.Tensor] = {}
         bad: dict[str, Any] | None = None
         for k, mb in enumerate(mbs):
@@ -222,16 +245,40 @@ class TorchTrainBackend:
             for name, value in metrics.items():
                 sums[name] = sums.get(name, torch.zeros((), dtype=torch.float64)) + value.double().cpu()
             sums["loss"] = sums.get("loss", torch.zeros((), dtype=torch.float64)) + loss.detach().double().cpu()
-        all_reduce_gradients(self.model.parameters())
-        run = sum(mb.prefix.num_tokens if mb.prefix is not None else mb.num_tokens for mb in mbs)
-        return self._finish_metrics(sums, bad, len(mbs), (sum(mb.num_tokens for mb in mbs), run), objective)
+        if not self.sharded:  # FSDP reduce-scatters (sums) gradients in the backward pass itself
+            all_reduce_gradients(self.update_params)
+        real = [mb for mb in mbs if not mb.padding]
+        run = sum(mb.prefix.num_tokens if mb.prefix is not None else mb.num_tokens for mb in real)
+        return self._finish_metrics(sums, bad, len(real), (sum(mb.num_tokens for mb in real), run), objective)
+
+    def _fill_side_logprobs(self, mbs: list[MicroBatch]) -> None:
+        """Old logprobs (recompute mode) and reference logprobs (KL loss) of the micro-batches that
+        lack them. Sharded, a forward on one rank needs one on every rank: a micro-batch is scored
+        when any rank's micro-batch at that position needs it (padding rows included)."""
+        cfg = self.config.loss
+        jobs: list[tuple[str, torch.nn.Module]] = []
+        if cfg.old_logprobs == "recompute":
+            jobs.append(("old_logprobs", self.model))
+        if cfg.kl_loss_coef > 0 and self.ref_model is not None:
+            jobs.append(("ref_logprobs", self.ref_model))
+        for field, model in jobs:
+            need = [float(getattr(mb, field) is None and not mb.padding) for mb in mbs]
+            if self.sharded and need:
+                flags = torch.tensor(need, device=self.device)
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                need = flags.tolist()
+            for mb, wanted in zip(mbs, need, strict=True):
+                if wanted:
+                    scored = self.scorer.logprobs(model, mb)
+                    if getattr(mb, field) is None:
+                        setattr(mb, field, scored)
 
     def _micro_batch(self, mb: MicroBatch, counts: StepCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config.loss
         logprobs, entropy, anchor = self.scorer.scores(
             self.model, mb, entropy="grad" if cfg.entropy_coef > 0 else "metric")
         loss, metrics = micro_batch_objective(mb, logprobs, entropy, cfg, counts)
-        if float(mb.loss_mask.sum()) == 0:
+        if mb.num_trainable == 0:
             # Keep the graph connected to every parameter used, so backward runs the same on all ranks.
             loss = loss + 0.0 * anchor.sum()
         loss.backward()
@@ -240,21 +287,21 @@ class TorchTrainBackend:
     def _sft_micro_batch(self, mb: MicroBatch, counts: StepCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logprobs, _, anchor = self.scorer.scores(self.model, mb, entropy="none")
         loss, metrics = sft_objective(mb, logprobs, counts)
-        if float(mb.loss_mask.sum()) == 0:
+        if mb.num_trainable == 0:
             loss = loss + 0.0 * anchor.sum()
         loss.backward()
         return loss, metrics
 
     def _diagnose(self, batch: TrainingBatch, mb: MicroBatch, index: int, loss: torch.Tensor) -> dict[str, Any]:
-        with torch.no_grad():
-            logprobs = self.scorer.logprobs(self.model, mb)
+        # Sharded, a forward on one rank only would wait for the others forever: report the loss alone.
+        logprobs = self.scorer.logprobs(self.model, mb) if not self.sharded else torch.zeros(1)
         return {
             "step": self.step, "rank": self.dist.rank, "micro_batch": index, "loss": float(loss.detach()),
             "rollout_ids": [batch.sequences[i].rollout_id for i in mb.indices],
             "nonfinite_logprobs": int((~torch.isfinite(logprobs)).sum()),
             "nonfinite_advantages": int((~torch.isfinite(mb.advantages)).sum()),
             "nonfinite_rollout_logprobs": int((~torch.isfinite(mb.rollout_logprobs)).sum()),
-            "nonfinite_params": [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()][:5],
+            "nonfinite_params": [n for n, p in self.model.named_parameters() if not torch.isfinite(_local(p)).all()][:5],
         }
 
     def _finish_metrics(
@@ -274,7 +321,7 @@ class TorchTrainBackend:
                              torch.tensor(float(n_tokens[1]), dtype=torch.float64)])
         vec = all_reduce_sum(vec.to(self.device)).cpu()
         if bad is not None or float(vec[len(names)]) > 0 or not bool(torch.isfinite(vec[: len(names)]).all()):
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             raise NonFiniteLossError(
                 f"non-finite loss at step {self.step}; the step was not applied",
                 bad or {"step": self.step, "rank": self.dist.rank, "where": "another rank"},
@@ -285,17 +332,35 @@ class TorchTrainBackend:
         metrics["forward_tokens"] = float(vec[len(names) + 3])  # fewer than packed_tokens with shared prefixes
         return metrics
 
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            self.masters.zero_grad()
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip the (already summed) gradient to ``optimizer.grad_clip``; returns the norm before
+        clipping (a global norm under FSDP)."""
+        clip = self.config.optimizer.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.update_params, clip if clip is not None else math.inf)
+        full = getattr(norm, "full_tensor", None)
+        return full() if callable(full) else norm
+
+    def apply_update(self) -> None:
+        """Step the optimizer on the clipped gradient, round master weights into the model, zero
+        the gradients."""
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.copy_to_model()
+        self._zero_grad()
+
     def optim_step(self) -> dict[str, float]:
         """Clip the (already summed) gradient, check it is finite, step the optimiser."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.config.optimizer.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
+        norm = self.clip_gradients()
         if not math.isfinite(float(norm)):
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             raise NonFiniteLossError(f"non-finite gradient norm at step {self.step}; the step was not applied",
                                      {"step": self.step, "grad_norm": float(norm)})
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.apply_update()
         self.step += 1
         return {"grad_norm": float(norm), "lr": float(self.optimizer.param_groups[0]["lr"]), "step": float(self.step)}
 
@@ -314,54 +379,43 @@ class TorchTrainBackend:
 
     # -- state -----------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Write model, optimiser and step (rank 0) and this rank's RNG state; returns the directory."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        if self.dist.rank == 0:
-            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
-            torch.save(state, trainer_path(path))
-        torch.save(capture_rng_state(self.device), rng_path(path, self.dist.rank))
-        barrier()
-        return path
+        """Write model, master weights, optimiser and step (rank 0) and this rank's RNG state
+        (:mod:`agentrl.train.torch_state`); returns the directory. Collective under FSDP."""
+        return torch_state.save_checkpoint(self, directory)
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (every rank reads the rank-0 model file)."""
-        path = Path(directory)
-        if not trainer_path(path).is_file():
-            raise FileNotFoundError(f"directory: no trainer.pt in {str(path)!r}; not a checkpoint of this backend")
-        state = torch.load(trainer_path(path), map_location=self.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        rng_file = rng_path(path, self.dist.rank)
-        if rng_file.is_file():
-            restore_rng_state(torch.load(rng_file, weights_only=False), self.device)
+        """Restore what :meth:`save_checkpoint` wrote (every rank reads the rank-0 file)."""
+        torch_state.load_checkpoint(self, directory)
 
     def export_hf(self, directory: str | Path, *, tokenizer: Any | None = None) -> Path:
-        """Save the model in Hugging Face format (config + safetensors) with its tokenizer, so that the
-        folder serves on its own (an engine launch or ``update_weights_from_disk`` loads both).
+        """Save the model in Hugging Face format (config + safetensors in ``config.export_dtype``) with
+        its tokenizer, so that the folder serves on its own (an engine launch or
+        ``update_weights_from_disk`` loads both). Collective under FSDP.
 
         ``tokenizer`` defaults to the backend's (``from_pretrained`` loads the model folder's); with
         neither, ``ValueError`` — a folder without a tokenizer cannot start an engine.
         """
-        path = Path(directory)
-        tok = tokenizer if tokenizer is not None else self.tokenizer
-        if tok is None:
-            raise ValueError("export_hf: no tokenizer to write next to the weights; pass tokenizer= or build the "
-                             "backend with one (from_pretrained loads the model folder's)")
-        if self.dist.rank == 0:
-            save = getattr(self.model, "save_pretrained", None)
-            if save is None:
-                raise TypeError("model: export_hf needs a Hugging Face PreTrainedModel (no save_pretrained)")
-            save(str(path), safe_serialization=True)
-            tok.save_pretrained(str(path))
-        barrier()
-        return path
+        return torch_state.export_hf(self, directory, tokenizer)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` of the current weights, detached, for syncing inference engines."""
+        """``(name, tensor)`` of the current weights, detached, for syncing inference engines.
+        Under FSDP each tensor is gathered whole on every rank (every rank must iterate, in step)."""
+        if self.sharded:
+            yield from sharded_named_weights(self.model)
+            return
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach()
+
+    def offloadable(self) -> list[torch.Tensor]:
+        """Tensors besides the optimizer state that may wait in host memory between steps: the
+        float32 master weights (the model's own weights stay for scoring and export)."""
+        return list(self.masters.params) if self.masters is not None else []
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the tensor itself otherwise)."""
+    local = getattr(tensor, "to_local", None)
+    return local() if callable(local) else tensor
 
 
 def _embedding_rows(model: torch.nn.Module) -> int:

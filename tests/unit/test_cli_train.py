@@ -303,6 +303,88 @@ def test_qwen3_5_folder_on_megatron_is_refused_and_the_torch_fallback_dry_runs(
                      "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "trainer         torch, dp=4 tp=1 pp=1, bfloat16" in result.stdout
+    # the memory planner does not model it, and says so rather than printing wrong figures
+    assert "not planned: model_type='qwen3_5' nests its language model under text_config" in result.stdout
+
+
+QWEN3_4B_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2560, "intermediate_size": 9728, "max_position_embeddings": 40960, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_sliding_window": False,
+    "vocab_size": 151936}
+
+
+@pytest.fixture(scope="module")
+def qwen3_4b(tiny: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder with Qwen3-4B's real config.json (and the tiny tokenizer): what the planner reads."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("qwen3-4b")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny) / name, folder / name)
+    (folder / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
+    return str(folder)
+
+
+def _memory_lines(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("memory "))
+    out = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith(" "):
+            break
+        out.append(line.strip())
+    return out
+
+
+@pytest.mark.parametrize(("recipe", "trainer"), [
+    ("retool_qwen3_4b_gpu.toml", "trainer rank (torch, bfloat16 + float32 master weights, FSDP over 4)"),
+    ("retool_qwen3_4b_instruct_8gpu.toml",
+     "trainer rank (megatron, bfloat16 + float32 master weights, distributed optimizer over 2)")])
+def test_gpu_recipes_fit_the_memory_they_declare(recipe: str, trainer: str, qwen3_4b: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real Qwen3-4B shape on each Qwen3 recipe's 80 GB GPUs: the plan prints the planner's table
+    per device (weights, gradients, master weights, optimizer state, activations with and without
+    checkpointing, the logits working set; the engines' KV cache in tokens) and the peak fits."""
+    monkeypatch.chdir(ROOT)
+    path = f"examples/{recipe}"
+    result = invoke([path, f"model.path={qwen3_4b}", *shipped_data(ROOT / path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    table = _memory_lines(result.stdout)
+    print("\n".join(table))
+    assert table[1].startswith(trainer + ": weights ")
+    assert "optimizer state" in table[1] and "master weights" in table[1]
+    assert table[2].startswith("activations at 32768 tokens") and "checkpointing full; full 6.3, selective" in table[2]
+    assert "logits working set" in table[2]
+    peak = float(re.search(r"peak ~([\d.]+) GiB of 80.0 GiB", table[3]).group(1))  # type: ignore[union-attr]
+    assert 25 < peak < 80 * 0.92
+    assert re.match(r"engine rank \(tp=\d, bfloat16\): weights [\d.]+ GiB, KV cache [\d,]+ tokens at "
+                    r"mem_fraction_static 0\.8", table[4])
+
+
+def test_a_plan_over_capacity_is_refused_naming_the_largest_term_and_the_setting(
+        qwen3_4b: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    path = "examples/retool_qwen3_4b_gpu.toml"
+    base = [path, f"model.path={qwen3_4b}", *shipped_data(ROOT / path)]
+    result = invoke([*base, "train.activation_checkpointing=none", "--dry-run"])
+    assert result.exit_code == 2
+    assert re.search(r"memory: a trainer rank needs ~\d+\.\d GiB at its peak but an accelerator has 80\.0 GiB",
+                     result.stderr)
+    assert "the largest term is activations" in result.stderr
+    assert "expected train.activation_checkpointing='full'" in result.stderr
+    result = invoke([*base, "train.sharding=none", "train.data_parallel_size=4", "--dry-run"])
+    assert result.exit_code == 2 and "the largest term is optimizer state" in result.stderr
+    assert "train.sharding='fsdp'" in result.stderr
+    result = invoke([*base, "train.attention=model", "--dry-run"])  # transformers' dense [S, S] mask
+    assert result.exit_code == 2
+    assert "train.attention='model': dense attention at train.max_tokens_per_micro_batch=32768 builds [S, S]" \
+        in result.stderr and "expected train.attention='auto'" in result.stderr
+    megatron = "examples/retool_qwen3_4b_instruct_8gpu.toml"
+    result = invoke([megatron, f"model.path={qwen3_4b}", *shipped_data(ROOT / megatron), "train.attention=dense",
+                     "--dry-run"])
+    assert result.exit_code == 2 and "train.attention='dense'" in result.stderr
 
 
 def _cuda() -> bool:

@@ -33,9 +33,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agentrl.algorithms.fused_logprobs import scores_from_hidden
 from agentrl.model_folder import check_model_folder, has_tokenizer
 from agentrl.train.batching import TrainingBatch
 from agentrl.train.device import device_module, resolve_device
+from agentrl.train.megatron.attention import resolve_attention
 from agentrl.train.megatron.config import MegatronBackendConfig
 from agentrl.train.megatron.parallel import ParallelLayout, setup_model_parallel
 from agentrl.train.megatron.qwen3 import (
@@ -86,6 +88,9 @@ class MegatronTrainBackend:
                              f"{self.spec.vocab_size} rows (wrong tokenizer or model?)")
         if cfg.loss.kl_loss_coef > 0 and not with_ref_model:
             raise ValueError("with_ref_model: loss.kl_loss_coef > 0 needs a reference model; pass with_ref_model=True")
+        self.attention = resolve_attention(cfg.attention, self.device)
+        self._scoring_model: Any = None
+        self.head = "hidden" if cfg.fused_lm_head else "logits"
         module = device_module(self.device)
         if module is not None:
             module.set_device(self.device)
@@ -115,15 +120,17 @@ class MegatronTrainBackend:
 
         cfg, layout = self.config, self.layout
         model = build_gpt_model(self.spec, cfg, pre_process=layout.first_stage, post_process=layout.last_stage,
-                                cpu_init=self.device.type == "cpu")
+                                cpu_init=self.device.type == "cpu", attention=self.attention)
         load_hf_weights(model, hf_state, self.spec, layout, self.padded_vocab)
-        model = model.to(self.device).eval()  # eval for good: no dropout anywhere (it is 0 anyway)
+        model = model.to(self.device).eval()  # eval: no dropout anywhere (it is 0 anyway, checked)
         if not trainable:
             return model.requires_grad_(False)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=self._distributed_optimizer)
         # The model config's calculate_per_token_loss makes DDP sum (not average) over DP ranks.
-        return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model).eval()
+        wrapped = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+        # Megatron recomputes only in training mode; with dropout 0 that mode changes nothing else.
+        return wrapped.train() if cfg.activation_checkpointing != "none" else wrapped.eval()
 
     @property
     def _distributed_optimizer(self) -> bool:
@@ -160,11 +167,38 @@ class MegatronTrainBackend:
 
     def _logprobs(self, mb: MicroBatch, logits: torch.Tensor, *, entropy_grad: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs and entropy of ``mb``'s targets from the last stage's output: its logits slice, or
+        (fused head) its final hidden states and this rank's slice of the output embedding."""
         layout = self.layout
+        if self.head == "hidden":
+            return self._fused_logprobs(mb, logits, entropy_grad=entropy_grad)
         return vocab_parallel_logprobs(
             logits, mb.target_ids, vocab_start=layout.tp_rank * logits.shape[-1], valid_vocab=self.spec.vocab_size,
             group=layout.tp_group if layout.tp_size > 1 else None, temperature=self.config.loss.temperature,
             chunk_size=self.config.logprob_chunk_size, entropy_grad=entropy_grad)
+
+    def _fused_logprobs(self, mb: MicroBatch, hidden: torch.Tensor, *, entropy_grad: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
+
+        layout, stage = self.layout, unwrap(self._scoring_model)  # the model the schedule is running
+        weight = (stage.shared_embedding_or_output_weight() if stage.share_embeddings_and_output_weights
+                  else stage.output_layer.weight)
+        group = layout.tp_group if layout.tp_size > 1 else None
+        if group is not None:  # the output layer's input: identity forward, all-reduced gradient
+            hidden = copy_to_tensor_model_parallel_region(hidden)
+        ops = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
+
+        def all_reduce(tensor: torch.Tensor, op: str) -> None:
+            dist.all_reduce(tensor, op=ops[op], group=group)
+
+        lp, ent = scores_from_hidden(
+            hidden, weight, mb.target_ids, temperature=self.config.loss.temperature,
+            chunk_size=self.config.logprob_chunk_size, entropy="grad" if entropy_grad else "metric",
+            vocab_start=layout.tp_rank * weight.shape[0], valid_vocab=self.spec.vocab_size,
+            all_reduce=all_reduce if group is not None else None)
+        assert ent is not None
+        return lp, ent
 
     def _score_only(self, model: Any, mbs: list[MicroBatch]) -> list[torch.Tensor]:
         """Logprobs of each micro-batch (no gradient); on the last stage only, else an empty list."""
@@ -172,8 +206,9 @@ class MegatronTrainBackend:
             lp, _ = self._logprobs(mb, logits)
             return torch.zeros((), device=logits.device), {"logprobs": lp.detach()}
 
+        self._scoring_model = model
         with torch.no_grad():
-            out = run_schedule(model, mbs, score, forward_only=True)
+            out = run_schedule(model, mbs, score, forward_only=True, attention=self.attention, head=self.head)
         return [values["logprobs"] for values in out]
 
     def _all_reduce_world(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -232,7 +267,8 @@ class MegatronTrainBackend:
             return loss, {**metrics, "loss": loss.detach(), "nonfinite": (~finite).to(loss.dtype)}
 
         self._zero_grads()
-        out = run_schedule(self.model, mbs, score, forward_only=False)
+        self._scoring_model = self.model
+        out = run_schedule(self.model, mbs, score, forward_only=False, attention=self.attention, head=self.head)
         self._finalize_grads()
         return self._finish_metrics(out, len(mbs), sum(mb.num_tokens for mb in mbs), objective)
 

@@ -29,7 +29,16 @@ class MegatronBackendConfig:
     data-parallel ranks (megatron-core supports it on CUDA only); ``None`` turns it on for
     accelerators and off on CPU. ``device``, ``dtype``, ``packing``, ``loss``, ``optimizer``,
     ``logprob_chunk_size`` and ``seed`` mean what they mean for :class:`TorchBackendConfig`;
-    ``dtype="bfloat16"`` trains with fp32 main weights in the optimizer (Megatron mixed precision).
+    ``dtype="bfloat16"`` trains with float32 main weights, gradients and Adam state in the optimizer
+    (Megatron mixed precision; sharded over data-parallel ranks by the distributed optimizer).
+    ``activation_checkpointing``: ``"full"`` recomputes each layer (Megatron's ``recompute_granularity
+    ="full"``, uniform, one layer per unit), ``"selective"`` each layer's core attention and MLP
+    (``recompute_modules=["core_attn", "mlp"]``). ``attention``: packed attention without an
+    ``[S, S]`` tensor (:mod:`agentrl.train.megatron.attention`: ``"auto"``, ``"te"``,
+    ``"per_document"``) or the dense block mask (``"dense"``). ``fused_lm_head``: score tokens from
+    the final hidden states and this rank's slice of the output embedding, chunk by chunk, never
+    building the ``[tokens, vocab/TP]`` logits. ``export_dtype``: the dtype of exported weights
+    (``"auto"``: ``dtype``).
     """
 
     tensor_parallel_size: int = 1
@@ -43,6 +52,10 @@ class MegatronBackendConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
     seed: int = 0
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    attention: Literal["auto", "te", "per_document", "dense"] = "auto"
+    fused_lm_head: bool = True
+    export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
 
     def __post_init__(self) -> None:
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size,
@@ -54,6 +67,12 @@ class MegatronBackendConfig:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", self.dtype,
                  "'float32', 'bfloat16' or 'float16' (megatron-core has no float64 path)")
         _require(self.logprob_chunk_size > 0, "logprob_chunk_size", self.logprob_chunk_size, "a positive integer")
+        _require(self.activation_checkpointing in ("none", "full", "selective"), "activation_checkpointing",
+                 self.activation_checkpointing, "'none', 'full' or 'selective'")
+        _require(self.attention in ("auto", "te", "per_document", "dense"), "attention", self.attention,
+                 "'auto', 'te', 'per_document' or 'dense'")
+        _require(self.export_dtype in ("auto", "bfloat16", "float16", "float32"), "export_dtype", self.export_dtype,
+                 "'auto', 'bfloat16', 'float16' or 'float32'")
 
     @property
     def model_parallel_size(self) -> int:
@@ -63,6 +82,11 @@ class MegatronBackendConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _torch_dtype(self.dtype)
+
+    @property
+    def export_torch_dtype(self) -> torch.dtype:
+        """The dtype exported weights are written in."""
+        return _torch_dtype(self.dtype if self.export_dtype == "auto" else self.export_dtype)
 
     def padded_vocab_size(self, vocab_size: int) -> int:
         """``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by × TP``."""

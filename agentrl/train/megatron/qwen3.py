@@ -138,7 +138,17 @@ def transformer_config(spec: Qwen3Spec, config: MegatronBackendConfig, *, cpu_in
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         cross_entropy_loss_fusion=False, attention_softmax_in_fp32=True,
+        **_recompute(config.activation_checkpointing),
     )
+
+
+def _recompute(mode: str) -> dict[str, Any]:
+    """Megatron's recompute settings for ``activation_checkpointing``."""
+    if mode == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if mode == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"]}
+    return {}
 
 
 def check_transformer_config(spec: Qwen3Spec, tc: Any, *, rotary_base: float, vocab_size: int,
@@ -174,21 +184,22 @@ def check_transformer_config(spec: Qwen3Spec, tc: Any, *, rotary_base: float, vo
 
 
 def build_gpt_model(spec: Qwen3Spec, config: MegatronBackendConfig, *, pre_process: bool,
-                    post_process: bool, cpu_init: bool = False) -> Any:
+                    post_process: bool, cpu_init: bool = False, attention: str = "per_document") -> Any:
     """This pipeline stage's ``GPTModel`` (model-parallel state must be initialised), weights unset.
 
-    Uses megatron-core's local layer spec (torch norms and attention; no Transformer Engine).
+    Uses megatron-core's local layer spec (torch norms; no fused kernels) with the core attention of
+    ``attention``, a resolved mode of :mod:`agentrl.train.megatron.attention`.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from agentrl.train.megatron.attention import layer_spec
 
     tc = transformer_config(spec, config, cpu_init=cpu_init)
     vocab = config.padded_vocab_size(spec.vocab_size)
     check_transformer_config(spec, tc, rotary_base=spec.rope_theta, vocab_size=vocab,
                              share_embeddings=spec.tie_word_embeddings)
-    layer_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     return GPTModel(
-        config=tc, transformer_layer_spec=layer_spec, vocab_size=vocab,
+        config=tc, transformer_layer_spec=layer_spec(attention), vocab_size=vocab,
         max_sequence_length=spec.max_position_embeddings, pre_process=pre_process, post_process=post_process,
         parallel_output=True, share_embeddings_and_output_weights=spec.tie_word_embeddings,
         position_embedding_type="rope", rotary_percent=1.0, rotary_base=spec.rope_theta,  # type: ignore[arg-type]

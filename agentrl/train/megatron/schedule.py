@@ -2,7 +2,7 @@
 
 :func:`run_schedule` feeds this rank's micro-batches to Megatron's schedule (no pipelining,
 or 1F1B across pipeline stages) and applies ``score`` to the last stage's logits of each one.
-``score(mb, logits) -> (loss, values)`` returns the micro-batch's loss *share* (already divided by
+``score(mb, logits or hidden states) -> (loss, values)`` returns the micro-batch's loss *share* (already divided by
 the step's global counts) and detached per-micro-batch values; the values come back from the
 last stage, in micro-batch order (an empty list on other stages).
 
@@ -35,8 +35,11 @@ def unwrap(model: Any) -> Any:
 
 
 def run_schedule(model: Any, micro_batches: Sequence[MicroBatch], score: Score, *,
-                 forward_only: bool) -> list[dict[str, torch.Tensor]]:
-    """Run ``micro_batches`` (this rank's, identical across its TP/PP group) through the schedule."""
+                 forward_only: bool, attention: str = "per_document", head: str = "logits",
+                 ) -> list[dict[str, torch.Tensor]]:
+    """Run ``micro_batches`` (this rank's, identical across its TP/PP group) through the schedule;
+    ``attention`` and ``head`` are :func:`~agentrl.train.megatron.forward.packed_forward`'s (``score``
+    then gets the last stage's logits, or its hidden states with ``head="hidden"``)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     if not micro_batches:
@@ -45,7 +48,8 @@ def run_schedule(model: Any, micro_batches: Sequence[MicroBatch], score: Score, 
 
     def forward_step(data_iterator: Any, wrapped: Any) -> tuple[torch.Tensor, Callable[..., Any]]:
         mb: MicroBatch = next(data_iterator)
-        output = packed_forward(unwrap(wrapped), mb.input_ids, mb.position_ids)
+        output = packed_forward(unwrap(wrapped), mb.input_ids, mb.position_ids, lengths=mb.document_lengths,
+                                attention=attention, head=head)
 
         def loss_func(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
             loss, values = score(mb, logits)

@@ -7,7 +7,9 @@ Checkpoint layout (TP and PP sizes must match on load)::
 
 With the distributed optimizer (GPU), optimizer state is sharded over data-parallel ranks; it is
 gathered to replica 0 by megatron-core's ``save_parameter_state`` into ``optimizer_tp{t}_pp{p}.pt``.
-Export writes one ``model.safetensors`` plus the Hugging Face config and tokenizer from global rank 0.
+Export writes one ``model.safetensors`` (in ``export_dtype``) plus the Hugging Face config and
+tokenizer from global rank 0. The optimizer state holds Megatron's float32 main weights (with
+``bf16``), so a resumed step equals the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -86,16 +88,17 @@ class MegatronCheckpointer:
             raise ValueError("export_hf: no tokenizer to write next to the weights; pass tokenizer= or build the "
                              "backend with one (from_pretrained loads the model folder's)")
         tensors: dict[str, torch.Tensor] = {}
+        dtype = b.config.export_torch_dtype  # what the engines serve (the run's model.dtype)
         if b.layout.dp_rank == 0:  # replica 0 gathers; its global rank 0 writes
             for name, tensor in b.named_weights():
                 if dist.get_rank() == 0:
-                    tensors[name] = tensor.detach().cpu().contiguous()
+                    tensors[name] = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
         if dist.get_rank() == 0:
             path.mkdir(parents=True, exist_ok=True)
             save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
             config = b.hf_config
             if hasattr(config, "save_pretrained"):
-                config.dtype = b.config.dtype
+                config.dtype = str(dtype).removeprefix("torch.")
                 config.save_pretrained(str(path))
             tok.save_pretrained(str(path))
         dist.barrier()

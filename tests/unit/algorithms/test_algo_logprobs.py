@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -10,6 +13,7 @@ from agentrl.algorithms import (
     entropy_from_logits,
     logprobs_from_hidden,
     logprobs_from_logits,
+    scores_from_hidden,
 )
 
 
@@ -107,3 +111,79 @@ def test_logprobs_from_hidden_gradcheck_and_errors() -> None:
         logprobs_from_hidden(hidden, weight.T, targets)
     with pytest.raises(ValueError, match=r"targets: ids must lie in \[0, 6\)"):
         logprobs_from_hidden(hidden, weight, torch.tensor([0, 1, 2, 6]))
+
+
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 3), (0.7, 1000)])
+def test_scores_from_hidden_entropy_gradient_matches_the_logits_path(temperature: float, chunk: int) -> None:
+    torch.manual_seed(5)
+    hidden = torch.randn(10, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(19, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 19, (10,))
+    lp, ent = scores_from_hidden(hidden, weight, targets, temperature=temperature, chunk_size=chunk, entropy="grad")
+    assert ent is not None
+    h2 = hidden.detach().clone().requires_grad_(True)
+    w2 = weight.detach().clone().requires_grad_(True)
+    logp = torch.log_softmax((h2 @ w2.T) / temperature, dim=-1)
+    ref_lp = logp.gather(1, targets[:, None])[:, 0]
+    ref_ent = -(logp.exp() * logp).sum(-1)
+    assert torch.allclose(lp, ref_lp, atol=1e-12, rtol=0) and torch.allclose(ent, ref_ent, atol=1e-12, rtol=0)
+    a, b = torch.randn(10, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
+    ((lp * a).sum() + (ent * b).sum()).backward()
+    ((ref_lp * a).sum() + (ref_ent * b).sum()).backward()
+    assert hidden.grad is not None and weight.grad is not None and h2.grad is not None and w2.grad is not None
+    assert torch.allclose(hidden.grad, h2.grad, atol=1e-12, rtol=0)
+    assert torch.allclose(weight.grad, w2.grad, atol=1e-12, rtol=0)
+
+
+def test_scores_from_hidden_over_vocabulary_slices_equal_the_whole() -> None:
+    """Two slices of the vocabulary (the second with 3 padding rows), combined by a summing/maxing
+    stand-in for the tensor-parallel all-reduce, give the whole vocabulary's scores and gradients."""
+    torch.manual_seed(6)
+    hidden = torch.randn(7, 5, dtype=torch.float64)
+    weight = torch.randn(16, 5, dtype=torch.float64)
+    targets = torch.randint(0, 13, (7,))
+    valid = 13
+    whole_h = hidden.clone().requires_grad_(True)
+    whole_w = weight[:valid].clone().requires_grad_(True)
+    want_lp, want_ent = scores_from_hidden(whole_h, whole_w, targets, temperature=0.9, chunk_size=3, entropy="grad")
+    assert want_ent is not None
+    (want_lp.sum() + 0.5 * want_ent.sum()).backward()
+    slices = [weight[:8].clone().requires_grad_(True), weight[8:].clone().requires_grad_(True)]
+    hs = [hidden.clone().requires_grad_(True) for _ in slices]
+    barrier = threading.Barrier(2)
+    posted: dict[int, torch.Tensor] = {}
+
+    def reducer(rank: int) -> Callable[[torch.Tensor, str], None]:
+        def all_reduce(t: torch.Tensor, op: str) -> None:  # two threads stand in for two TP ranks
+            posted[rank] = t.clone()
+            barrier.wait()
+            a, b = posted[0], posted[1]
+            result = torch.maximum(a, b) if op == "max" else a + b
+            barrier.wait()
+            t.copy_(result)
+        return all_reduce
+
+    results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def run(rank: int) -> None:
+        lp, ent = scores_from_hidden(hs[rank], slices[rank], targets, temperature=0.9, chunk_size=3,
+                                     vocab_start=8 * rank, valid_vocab=valid, all_reduce=reducer(rank),
+                                     entropy="grad")
+        assert ent is not None
+        (lp.sum() + 0.5 * ent.sum()).backward()
+        results[rank] = (lp.detach(), ent.detach())
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for rank in (0, 1):
+        assert torch.allclose(results[rank][0], want_lp, atol=1e-12, rtol=0)
+        assert torch.allclose(results[rank][1], want_ent, atol=1e-12, rtol=0)
+    grad_h = hs[0].grad + hs[1].grad  # what the TP all-reduce of the hidden gradient sums
+    assert whole_h.grad is not None and whole_w.grad is not None
+    assert torch.allclose(grad_h, whole_h.grad, atol=1e-12, rtol=0)
+    grad_w = torch.cat([slices[0].grad, slices[1].grad])
+    assert torch.allclose(grad_w[:valid], whole_w.grad, atol=1e-12, rtol=0)
+    assert torch.equal(grad_w[valid:], torch.zeros_like(grad_w[valid:]))  # padding rows get nothing

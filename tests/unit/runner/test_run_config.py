@@ -126,6 +126,41 @@ def test_colocated_gpu_engines_release_memory_and_the_trainer_gets_cuda() -> Non
     assert make(rollout={"sampling": {"temperature": 0.7}}).torch_backend_config().loss.temperature == 0.7
 
 
+def test_the_train_section_carries_precision_sharding_checkpointing_attention_and_export_dtype() -> None:
+    cfg = make(model={"dtype": "bfloat16"}, train={"dtype": "bfloat16", "activation_checkpointing": "full",
+                                                   "sharding": "fsdp", "optimizer_offload": True, "attention": "varlen",
+                                                   "fused_lm_head": False}, cluster={"accelerator": "gpu"})
+    torch_cfg = cfg.torch_backend_config()
+    assert (torch_cfg.master_weights, torch_cfg.sharding, torch_cfg.optimizer_offload) == ("float32", "fsdp", True)
+    assert (torch_cfg.activation_checkpointing, torch_cfg.attention, torch_cfg.fused_lm_head) == ("full", "varlen", False)
+    assert torch_cfg.uses_master_weights and torch_cfg.export_dtype == "bfloat16"
+    assert make(model={"dtype": "float32"}).torch_backend_config().export_dtype == "float32"
+    megatron = make(model={"dtype": "float16"}, train={"backend": "megatron", "dtype": "bfloat16",
+                                                       "activation_checkpointing": "selective", "attention": "dense"})
+    mcfg = megatron.megatron_backend_config()
+    assert (mcfg.activation_checkpointing, mcfg.attention, mcfg.fused_lm_head, mcfg.export_dtype) == (
+        "selective", "dense", True, "float16")
+
+
+@pytest.mark.parametrize(("train", "message"), [
+    ({"attention": "dense"}, "attention='dense' with backend='torch': expected one of"),
+    ({"backend": "megatron", "attention": "model"}, "attention='model' with backend='megatron'"),
+    ({"backend": "megatron", "master_weights": "none"}, "master_weights='none' with backend='megatron'"),
+    ({"backend": "megatron", "sharding": "fsdp"}, "sharding='fsdp' with backend='megatron'"),
+    ({"dtype": "bfloat16", "autocast": "bfloat16"}, "autocast='bfloat16' with dtype='bfloat16'"),
+    ({"activation_checkpointing": "layers"}, "activation_checkpointing"),
+])
+def test_train_settings_that_cannot_run_are_named(train: dict[str, Any], message: str) -> None:
+    assert message in error_of(train=train)
+
+
+def test_cuda_kernels_and_optimizer_offload_need_an_accelerator() -> None:
+    assert "train.attention='varlen' with cluster.accelerator='cpu'" in error_of(train={"attention": "varlen"})
+    assert "train.optimizer_offload=True with cluster.accelerator='cpu'" in error_of(train={"optimizer_offload": True})
+    gpu = make(train={"attention": "varlen", "optimizer_offload": True}, cluster={"accelerator": "gpu"})
+    assert gpu.torch_backend_config().attention == "varlen"
+
+
 @pytest.mark.parametrize("loss", list(PolicyLossKind))
 def test_clip_ranges_default_to_the_chosen_loss(loss: PolicyLossKind) -> None:
     estimator = {"ppo": "grpo", "gspo": "gspo", "cispo": "cispo"}[loss.value]

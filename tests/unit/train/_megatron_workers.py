@@ -74,10 +74,35 @@ def _gather_logits(backend: Any) -> torch.Tensor | None:
         return None
     ids, pos = probe_row()
     with torch.no_grad():
-        local = packed_forward(unwrap(backend.model), ids, pos)
+        local = packed_forward(unwrap(backend.model), ids, pos, attention=backend.attention)
     parts = [torch.empty_like(local) for _ in range(layout.tp_size)]
     torch.distributed.all_gather(parts, local.contiguous(), group=layout.tp_group)
     return torch.cat(parts, dim=-1)
+
+
+def _isolation(backend: Any) -> float | None:
+    """Max |change| of the second packed document's logits when the first one's tokens change
+    (0.0: the documents cannot see each other). None on pipeline-parallel layouts."""
+    from agentrl.train.megatron import packed_forward
+    from agentrl.train.megatron.schedule import unwrap
+
+    if backend.layout.pp_size > 1:
+        return None
+    ids, pos = probe_row()
+    changed = ids.clone()
+    changed[:7] = (changed[:7] + 11) % vocab_size()
+    outs = []
+    with torch.no_grad():
+        for row in (ids, changed):
+            local = packed_forward(unwrap(backend.model), row, pos, attention=backend.attention)
+            outs.append(local[7:])
+    return float((outs[0] - outs[1]).abs().max())
+
+
+def _main_grads(backend: Any) -> dict[str, torch.Tensor]:
+    from agentrl.train.megatron.schedule import unwrap
+
+    return {name: p.main_grad.detach().clone() for name, p in unwrap(backend.model).named_parameters()}
 
 
 def loss_config(kl: bool) -> LossConfig:
@@ -86,8 +111,10 @@ def loss_config(kl: bool) -> LossConfig:
 
 
 def scenario(tp: int, pp: int, tied: bool, steps: tuple[str, ...], *, kl: bool = False,
-             checkpoint_dir: Path | None = None) -> dict[str, Any]:
-    """Build, export (round trip), score, train ``steps`` batches, export again; optionally check resume."""
+             checkpoint_dir: Path | None = None, recompute: str = "none", attention: str = "auto",
+             fused: bool = True, grads: bool = False, export_dir: Path | None = None) -> dict[str, Any]:
+    """Build, export (round trip), score, train ``steps`` batches, export again; optionally check resume.
+    ``grads``: keep the first step's gradients (Megatron's main grads, before the optimizer)."""
     from megatron.core import parallel_state
 
     from agentrl.train.megatron import MegatronBackendConfig, MegatronTrainBackend
@@ -95,20 +122,49 @@ def scenario(tp: int, pp: int, tied: bool, steps: tuple[str, ...], *, kl: bool =
     model = hf_model(tied)
     config = MegatronBackendConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, device="cpu",
                                    make_vocab_size_divisible_by=VOCAB_MULTIPLE,
-                                   packing=PACKING, loss=loss_config(kl), optimizer=OPTIMIZER)
+                                   packing=PACKING, loss=loss_config(kl), optimizer=OPTIMIZER,
+                                   activation_checkpointing=recompute, attention=attention,  # type: ignore[arg-type]
+                                   fused_lm_head=fused, export_dtype="bfloat16" if export_dir else "auto")
     backend = MegatronTrainBackend(model.state_dict(), model.config, config, with_ref_model=kl)
     out: dict[str, Any] = {"padded_vocab": backend.padded_vocab}
     out["export0"] = {k: v.clone() for k, v in backend.named_weights()}
     out["logits"] = _gather_logits(backend)
+    out["isolation"] = _isolation(backend)
+    if export_dir is not None:  # written in bfloat16 (the serving dtype) by a float32 trainer
+        import json
+
+        from safetensors import safe_open
+
+        from agentrl.testing import build_tokenizer
+
+        backend.export_hf(export_dir, tokenizer=build_tokenizer())
+        if torch.distributed.get_rank() == 0:
+            with safe_open(str(export_dir / "model.safetensors"), "pt") as f:
+                out["export_dtypes"] = sorted({str(f.get_tensor(n).dtype) for n in f.keys()})
+            out["export_config_dtype"] = json.loads((export_dir / "config.json").read_text())["dtype"]
     data = batches()
     out["logprobs"] = backend.compute_logprobs(data["full"])
     out["metrics"] = []
+    calls = {"linear_qkv": 0, "linear_fc1": 0}  # the first step's forwards of layer 0's first projections
+    from agentrl.train.megatron.schedule import unwrap
+
+    layer = unwrap(backend.model).decoder.layers[0]
+    hooks = [sub.register_forward_hook(lambda *_, n=n: calls.__setitem__(n, calls[n] + 1))
+             for n, sub in (("linear_qkv", layer.self_attention.linear_qkv), ("linear_fc1", layer.mlp.linear_fc1))]
     for i, name in enumerate(steps):
         if checkpoint_dir is not None and i == len(steps) - 1:
             backend.save_checkpoint(checkpoint_dir)
         # "sft-<batch>": a supervised step on that batch; otherwise an RL step
-        step = backend.sft_step if name.startswith("sft-") else backend.train_step
-        out["metrics"].append(step(data[name.removeprefix("sft-")]))
+        metrics = backend.forward_backward(data[name.removeprefix("sft-")],
+                                           objective="sft" if name.startswith("sft-") else "policy")
+        if grads and i == 0:
+            out["grads"] = _main_grads(backend)
+        if i == 0:
+            out["layer_calls"] = dict(calls)
+            for hook in hooks:
+                hook.remove()
+        metrics.update(backend.optim_step())
+        out["metrics"].append(metrics)
         out[f"export_after_{i + 1}"] = {k: v.clone() for k, v in backend.named_weights()}
     out["export1"] = out[f"export_after_{len(steps)}"]
     if checkpoint_dir is not None:  # resume before the last step and redo it: the same weights, bitwise
@@ -135,7 +191,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, plan: list[tupl
         for key, kwargs in plan:
             started = time.perf_counter()
             ckpt = kwargs.pop("checkpoint", False)
-            results[key] = scenario(**kwargs, checkpoint_dir=Path(out_dir) / f"ckpt-{key}" if ckpt else None)
+            export = kwargs.pop("export", False)
+            results[key] = scenario(**kwargs, checkpoint_dir=Path(out_dir) / f"ckpt-{key}" if ckpt else None,
+                                    export_dir=Path(out_dir) / f"export-{key}" if export else None)
             timings[key] = time.perf_counter() - started
         if rank == 0:
             torch.save({"results": results, "timings": timings}, Path(out_dir) / "results.pt")

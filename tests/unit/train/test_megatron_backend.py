@@ -26,8 +26,16 @@ pytestmark = [
 
 # TP=1·PP=1 runs as DP=2 (each replica is one rank): a world-1 launch would cost another ~15 s of imports.
 LAYOUTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
-    2: [("tp2pp1-tied", {"tp": 2, "pp": 1, "tied": True, "steps": ("full", "masked"), "checkpoint": True}),
-        ("tp2pp1-untied", {"tp": 2, "pp": 1, "tied": False, "steps": ("full", "masked", "sft-full")}),
+    2: [("tp2pp1-tied", {"tp": 2, "pp": 1, "tied": True, "steps": ("full", "masked"), "checkpoint": True,
+                         "grads": True}),
+        ("tp2pp1-recompute-full", {"tp": 2, "pp": 1, "tied": True, "steps": ("full",), "recompute": "full",
+                                   "grads": True}),
+        ("tp2pp1-recompute-selective", {"tp": 2, "pp": 1, "tied": True, "steps": ("full",),
+                                        "recompute": "selective", "grads": True}),
+        ("tp2pp1-dense", {"tp": 2, "pp": 1, "tied": True, "steps": ("full",), "attention": "dense",
+                          "fused": False}),
+        ("tp2pp1-untied", {"tp": 2, "pp": 1, "tied": False, "steps": ("full", "masked", "sft-full"),
+                           "export": True}),
         ("tp2pp1-kl", {"tp": 2, "pp": 1, "tied": True, "steps": ("full", "full"), "kl": True}),
         ("tp1pp2-tied", {"tp": 1, "pp": 2, "tied": True, "steps": ("full", "masked")}),
         ("tp1pp2-untied", {"tp": 1, "pp": 2, "tied": False, "steps": ("full", "masked")}),
@@ -169,6 +177,32 @@ def test_parallel_layouts_equal_tp1_pp1(results: dict[str, Any], parallel: str, 
         assert abs(ma["loss"] - mb["loss"]) <= 1e-5
     for name, tensor in a["export_after_2"].items():
         assert float((tensor - b["export_after_2"][name]).abs().max()) <= 1e-5, name
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recomputation_leaves_the_gradients_unchanged(results: dict[str, Any], mode: str) -> None:
+    base, recomputed = results["tp2pp1-tied"]["grads"], results[f"tp2pp1-recompute-{mode}"]["grads"]
+    assert set(base) == set(recomputed)
+    worst = max(float((recomputed[n] - g).abs().max()) for n, g in base.items())
+    print(f"megatron TP2 recompute {mode}: max |grad - grad without recompute| {worst:.1e}")
+    assert worst <= 1e-6 and max(float(g.abs().max()) for g in base.values()) > 1e-3
+    # Each micro-batch of the first step is scored (no grad) and trained: recomputation adds one forward.
+    n = int(results["tp2pp1-tied"]["metrics"][0]["micro_batches"])
+    assert results["tp2pp1-tied"]["layer_calls"] == {"linear_qkv": 2 * n, "linear_fc1": 2 * n}
+    assert results[f"tp2pp1-recompute-{mode}"]["layer_calls"] == (
+        {"linear_qkv": 3 * n, "linear_fc1": 3 * n} if mode == "full" else {"linear_qkv": 2 * n, "linear_fc1": 3 * n})
+
+
+@pytest.mark.parametrize("key", [k for k in ALL if _settings(k)["pp"] == 1])
+def test_packed_documents_cannot_see_each_other(results: dict[str, Any], key: str) -> None:
+    """Per-document core attention (the default on CPU) and the dense block mask: changing the first
+    packed document changes nothing in the second one's logits."""
+    assert results[key]["isolation"] == 0.0
+
+
+def test_export_writes_the_serving_dtype(results: dict[str, Any]) -> None:
+    r = results["tp2pp1-untied"]  # a float32 trainer exporting for bfloat16 engines
+    assert r["export_dtypes"] == ["torch.bfloat16"] and r["export_config_dtype"] == "bfloat16"
 
 
 def test_tp2_pads_the_vocabulary_differently(results: dict[str, Any]) -> None:

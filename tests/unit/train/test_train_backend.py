@@ -389,7 +389,7 @@ def test_fused_lm_head_matches_the_logits_path() -> None:
     results = []
     for fused in (False, True):
         cfg = TorchBackendConfig(device="cpu", dtype="float64", fused_lm_head=fused,
-                                 loss=LossConfig(old_logprobs="recompute", eps_clip_high=0.28),
+                                 loss=LossConfig(old_logprobs="recompute", eps_clip_high=0.28, entropy_coef=0.01),
                                  optimizer=OptimizerConfig(grad_clip=None))
         backend = TorchTrainBackend(copy.deepcopy(model), cfg)
         metrics = backend.forward_backward(batch, micro_batches=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11, 12]])
@@ -421,8 +421,11 @@ def test_fused_lm_head_refuses_models_it_cannot_reproduce() -> None:
     biased.lm_head = torch.nn.Linear(64, biased.lm_head.out_features, bias=True).to(torch.float64)
     with pytest.raises(ValueError, match="fused_lm_head: the model's output embedding is not a bias-free"):
         TorchTrainBackend(biased, cfg)
-    with pytest.raises(ValueError, match=r"fused_lm_head: expected False when loss\.entropy_coef > 0"):
-        TorchBackendConfig(fused_lm_head=True, loss=LossConfig(entropy_coef=0.01))
+    # Automatic (the default): both fall back to the logits path, which scores them right.
+    auto = TorchBackendConfig(device="cpu", dtype="float64")
+    for model in (scaled, biased):
+        backend = TorchTrainBackend(model, auto)
+        assert backend.scorer.head(backend.model) is None
 
 
 def test_non_finite_gradient_stops_before_the_update() -> None:

@@ -40,3 +40,22 @@ def test_a_round_trip_on_cpu_frees_nothing_and_changes_nothing() -> None:
         assert report == {"offload/bytes": 0.0}
         assert onload(opts[0], torch.device("cpu")) == {"onload/bytes": 0.0}
     assert all(torch.equal(p, q) for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True))
+
+
+def test_master_weights_are_offloaded_with_the_optimizer_state() -> None:
+    """A bfloat16 backend's offloadable tensors are its float32 master weights (the optimizer's
+    parameters, not the model's): the service hands them to offload/onload with Adam's moments. On
+    CPU nothing moves; scripts/gpu_check_train.py moves them on a GPU and checks the next step."""
+    from _train_helpers import tiny_model, trajectories
+
+    from agentrl.runner.trainer import TrainService
+    from agentrl.train import LossConfig, TorchBackendConfig, TorchTrainBackend, build_training_batch
+
+    backend = TorchTrainBackend(tiny_model(0, dtype=torch.float32), TorchBackendConfig(
+        device="cpu", dtype="bfloat16", loss=LossConfig(old_logprobs="recompute")))
+    backend.train_step(build_training_batch(trajectories(1, 2, seed=3)))
+    assert backend.masters is not None
+    assert [id(t) for t in backend.offloadable()] == [id(t) for t in backend.masters.params]
+    assert {id(p) for g in backend.optimizer.param_groups for p in g["params"]} == {id(t) for t in backend.masters.params}
+    service = TrainService(backend)
+    assert service.offload() == {"offload/bytes": 0.0} and service.onload() == {"onload/bytes": 0.0}

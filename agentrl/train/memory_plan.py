@@ -1,0 +1,316 @@
+"""How much accelerator memory a training step and an engine need: a pure function of the model's
+config, the parallel layout, the precision, activation checkpointing and the micro-batch size.
+
+No torch import, no device: ``agentrl train --dry-run`` prints it per device before anything starts,
+and the pre-flight refuses a plan over the device's capacity, naming the largest term and the
+setting that shrinks it. Figures are bytes per device.
+
+**Trainer rank** (:func:`plan_trainer_memory`), for dense decoder models (Qwen3, Qwen2, Llama,
+Mistral shapes; ``N`` parameters, ``b`` bytes per compute element):
+
+- *weights*: the compute copy (``b·N``; float32 for a sharded model with master weights, whose
+  shards *are* the masters; under FSDP the gathered layers in flight and the root's embedding);
+- *gradients*: float32 with master weights (``4N``), else the weights' dtype; all of them, since a
+  step accumulates over several micro-batches;
+- *master weights* (``4N``) and *optimizer state* (Adam's two moments, ``8N`` in float32): divided
+  by the data-parallel size when sharded (FSDP, Megatron's distributed optimizer), on the host with
+  ``optimizer_offload``;
+- *activations* at ``micro_batch_tokens`` per layer and token, itemised from the modelling code
+  (Hugging Face's for the torch backend: float32 norms, q/k norms, RoPE, the attention's inputs and
+  output, SwiGLU's gate, up and product), with and without checkpointing; with checkpointing, one
+  layer recomputed during its backward pass;
+- *logits working set*: with the fused head a few ``[chunk, vocab]`` float32 buffers and the
+  output embedding's float32 gradient accumulator; without it the ``[tokens, vocab]`` logits and
+  their gradient in the compute dtype;
+- *attention scores*: zero for packed per-document attention; ``[S, S]`` (mask, or Megatron's
+  ``[heads, S, S]`` scores) for dense attention.
+
+The peak is the resident terms plus the largest of: the head's backward pass on top of all
+activations, a layer's recomputation and backward pass, and (unfused AdamW) the optimizer's
+per-parameter temporaries. The torch backend's figures are checked against PyTorch's
+``MemTracker`` on fake tensors (``bench/bench_memory.py``); the Megatron figures follow the same
+itemisation for its local layer spec and are not measured.
+
+**Engine** (:func:`engine_kv_tokens`): SGLang's static pool is ``mem_fraction_static`` of the
+device; what the weights leave of it holds the KV cache, ``2 · layers · kv_heads/TP · head_dim ·
+b`` bytes per token.
+
+Architectures outside that shape (hybrid linear attention such as Qwen3.5's Gated DeltaNet
+layers, mixtures of experts, vision-language towers) raise :class:`UnmodelledModel`: the planner
+says so instead of printing wrong numbers.
+
+Example::
+
+    shape = ModelShape.from_config(json.load(open("models/Qwen3-4B/config.json")))
+    memory = plan_trainer_memory(shape, TrainerSetup(data_parallel=4, sharded=True,
+                                                     activation_checkpointing="full", micro_batch_tokens=32768))
+    print(memory.peak / GIB)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["GIB", "ModelShape", "TrainerMemory", "TrainerSetup", "UnmodelledModel", "activation_bytes_per_token",
+           "engine_kv_tokens", "engine_weight_bytes", "plan_trainer_memory"]
+
+GIB = 1 << 30
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+_DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+
+
+class UnmodelledModel(ValueError):
+    """The planner has no memory model for this architecture (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a dense decoder-only transformer (from a Hugging Face ``config.json``)."""
+
+    model_type: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
+        """Read a ``config.json`` dict; :class:`UnmodelledModel` for an architecture outside the model."""
+        model_type = str(config.get("model_type", "?"))
+        layer_types = set(config.get("layer_types") or ())
+        text = config.get("text_config")
+        if isinstance(text, Mapping):
+            layer_types |= set(text.get("layer_types") or ())
+        if layer_types - {"full_attention", "sliding_attention"}:
+            raise UnmodelledModel(f"model_type={model_type!r} has layer types {sorted(layer_types)} (hybrid linear "
+                                  "attention): the memory planner models dense attention layers only")
+        if isinstance(text, Mapping):
+            raise UnmodelledModel(f"model_type={model_type!r} nests its language model under text_config (a "
+                                  "vision-language model): the memory planner models text-only decoders")
+        experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+        if experts:
+            raise UnmodelledModel(f"model_type={model_type!r} is a mixture of experts ({experts} experts): the "
+                                  "memory planner models dense MLPs only")
+        if model_type not in _DENSE_TYPES:
+            raise UnmodelledModel(f"model_type={model_type!r}: the memory planner models {list(_DENSE_TYPES)}")
+        try:
+            heads = int(config["num_attention_heads"])
+            hidden = int(config["hidden_size"])
+            return cls(model_type=model_type, vocab=int(config["vocab_size"]), hidden=hidden,
+                       layers=int(config["num_hidden_layers"]), heads=heads,
+                       kv_heads=int(config.get("num_key_value_heads") or heads),
+                       head_dim=int(config.get("head_dim") or hidden // heads), ffn=int(config["intermediate_size"]),
+                       tied=bool(config.get("tie_word_embeddings", False)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UnmodelledModel(f"config.json: cannot read the model's sizes ({type(exc).__name__}: {exc})") from None
+
+    @property
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 2 * self.hidden * q + 2 * self.hidden * kv + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        """The input embedding, plus the output embedding when it is not tied."""
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def params(self) -> int:
+        return self.embedding_params + self.layers * self.layer_params + self.hidden
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+        """Key and value bytes per token on one engine rank (KV heads are split, or replicated past TP = heads)."""
+        kv_per_rank = max(self.kv_heads // tensor_parallel, 1)
+        return 2 * self.layers * kv_per_rank * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class TrainerSetup:
+    """What a trainer rank's memory depends on besides the model (see the module doc).
+
+    ``sharded``: FSDP (torch backend); ``distributed_optimizer``: Megatron's. ``attention``:
+    ``"packed"`` (per-document kernels, ``kernel_copies_output`` when the CPU per-document path keeps a
+    second copy of the attention output) or ``"dense"``. ``micro_batches``: per step and rank; with two
+    or more the gradients are complete while the last micro-batch's activations are alive.
+    ``fused_optimizer``: AdamW's fused kernel (CUDA), without per-parameter temporaries.
+    """
+
+    backend: Literal["torch", "megatron"] = "torch"
+    dtype: str = "bfloat16"
+    master_weights: bool = True
+    data_parallel: int = 1
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    sharded: bool = False
+    distributed_optimizer: bool = True
+    optimizer_offload: bool = False
+    activation_checkpointing: str = "none"
+    micro_batch_tokens: int = 8192
+    attention: Literal["packed", "dense"] = "packed"
+    kernel_copies_output: bool = False
+    fused_lm_head: bool = True
+    logprob_chunk_size: int = 128
+    reference_model: bool = False
+    fused_optimizer: bool = True
+    micro_batches: int = 2
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPE_BYTES:
+            raise ValueError(f"dtype: expected one of {sorted(_DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.activation_checkpointing not in ("none", "full", "selective"):
+            raise ValueError(f"activation_checkpointing: expected 'none', 'full' or 'selective', got "
+                             f"{self.activation_checkpointing!r}")
+        for name in ("data_parallel", "tensor_parallel", "pipeline_parallel", "micro_batch_tokens",
+                     "logprob_chunk_size", "micro_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
+
+    @property
+    def compute_bytes(self) -> int:
+        return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def uses_masters(self) -> bool:
+        return self.master_weights and self.compute_bytes < 4
+
+
+@dataclass
+class TrainerMemory:
+    """One trainer rank's memory: the named ``terms`` (bytes; what the dry run prints), the
+    activations at the configured tokens under each checkpointing mode, the ``peak`` of a step, and
+    ``resident`` — what stays on the device between steps once the optimizer state is offloaded
+    (colocated engines have the rest)."""
+
+    terms: dict[str, int]
+    activations_by_mode: dict[str, int]
+    peak: int
+    resident: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def largest(self) -> str:
+        return max(self.terms, key=lambda k: self.terms[k])
+
+
+def activation_bytes_per_token(shape: ModelShape, setup: TrainerSetup) -> dict[str, int]:
+    """Bytes one decoder layer keeps per token for its backward pass, under each checkpointing
+    mode: ``"none"``, ``"selective"`` (the MLP recomputed) and ``"full"`` (the layer's input only).
+    Per tensor-parallel rank for Megatron (heads and MLP split, hidden-sized tensors replicated)."""
+    b, h = setup.compute_bytes, shape.hidden
+    tp = setup.tensor_parallel if setup.backend == "megatron" else 1
+    q, kv, ffn, heads = (shape.heads * shape.head_dim // tp, max(shape.kv_heads // tp, 1) * shape.head_dim,
+                         shape.ffn // tp, shape.heads // tp)
+    norm = 4 * h + 2 * b * h + 4  # the float32 input (squared, normalised), the rounded norm, the output
+    qk_norm = (4 + b) * (q + kv) + 4 * (heads + max(shape.kv_heads // tp, 1))  # float32 q, k; rounded; rsqrt
+    rope = b * (q + kv)  # the rotated q and k (the attention's inputs; cos and sin are shared)
+    attention = b * kv + b * q * (2 if setup.kernel_copies_output else 1) + 4 * heads  # v, output, log-sum-exp
+    mlp = 4 * b * ffn  # gate, SiLU(gate), up, their product
+    full_layer = 2 * norm + qk_norm + rope + attention + mlp + 8  # + the position ids
+    return {"none": full_layer, "selective": full_layer - mlp, "full": b * h}
+
+
+def _head_bytes(shape: ModelShape, setup: TrainerSetup) -> tuple[int, int, int]:
+    """(kept for the backward pass, forward working set, backward working set) of the output head."""
+    s, b, v, h, c = setup.micro_batch_tokens, setup.compute_bytes, shape.vocab, shape.hidden, setup.logprob_chunk_size
+    tp = setup.tensor_parallel if setup.backend == "megatron" else 1
+    rows = -(-v // tp)
+    kept = s * (4 * h + 2 * b * h + 64)  # the final norm (as a layer norm) + per-token scalars of the loss
+    if setup.fused_lm_head:
+        forward = 2 * c * rows * 4
+        grad_w = rows * h * (4 + b)  # the float32 accumulator, then its cast to the weight's dtype
+        backward = grad_w + 3 * c * rows * 4 + s * b * h
+        return kept, forward, backward
+    logits = s * rows * b
+    return kept + logits, 2 * c * rows * 4, logits + 2 * c * rows * 4
+
+
+def _attention_scores(shape: ModelShape, setup: TrainerSetup) -> int:
+    if setup.attention != "dense":
+        return 0
+    s = setup.micro_batch_tokens
+    if setup.backend == "megatron":  # [b, heads/TP, S, S] scores in the compute dtype plus a float32 softmax
+        return s * s * (shape.heads // setup.tensor_parallel) * (setup.compute_bytes + 4) + s * s
+    return s * s  # transformers' [1, 1, S, S] boolean mask (the kernel blocks its scores)
+
+
+def _static_terms(shape: ModelShape, setup: TrainerSetup) -> dict[str, int]:
+    n, b = shape.params, setup.compute_bytes
+    if setup.backend == "megatron":
+        model_parallel = setup.tensor_parallel * setup.pipeline_parallel
+        n_rank = n // model_parallel
+        weights, grads = n_rank * b, n_rank * 4  # Megatron accumulates (and reduces) gradients in float32
+        shard = setup.data_parallel if setup.distributed_optimizer else 1
+        master = n_rank * 4 // shard if b < 4 else 0
+        optimizer = n_rank * 8 // shard
+    elif setup.sharded:
+        d = setup.data_parallel
+        held = 4 if setup.uses_masters else b
+        # Gathered in the compute dtype while in use: the root's embedding(s) and two layers (current, next).
+        weights = (shape.embedding_params + 2 * shape.layer_params) * b
+        master = n * held // d
+        grads = n * (4 if setup.uses_masters else b) // d + shape.layer_params * (b + 4)
+        optimizer = n * 2 * (4 if setup.uses_masters else b) // d
+    else:
+        weights = n * b
+        master = n * 4 if setup.uses_masters else 0
+        grads = n * (4 if setup.uses_masters else b)
+        optimizer = n * 2 * (4 if setup.uses_masters else b)
+    if setup.optimizer_offload:
+        master, optimizer = 0, 0
+    reference = n * b // (setup.tensor_parallel * setup.pipeline_parallel if setup.backend == "megatron" else 1)
+    return {"weights": weights, "gradients": grads, "master weights": master, "optimizer state": optimizer,
+            "reference weights": reference if setup.reference_model else 0}
+
+
+def plan_trainer_memory(shape: ModelShape, setup: TrainerSetup) -> TrainerMemory:
+    """One trainer rank's memory for a step (see the module doc)."""
+    terms = _static_terms(shape, setup)
+    s = setup.micro_batch_tokens
+    layers = -(-shape.layers // setup.pipeline_parallel)
+    per_token = activation_bytes_per_token(shape, setup)
+    by_mode = {mode: s * layers * value for mode, value in per_token.items()}
+    kept, head_forward, head_backward = _head_bytes(shape, setup)
+    mode = setup.activation_checkpointing
+    terms["activations"] = by_mode[mode] + kept
+    terms["logits working set"] = max(head_forward, head_backward)
+    terms["attention scores"] = _attention_scores(shape, setup)
+    recompute = s * (per_token["none"] if mode == "full" else per_token["none"] - per_token["selective"]
+                     if mode == "selective" else 0)
+    layer_backward = s * (3 * setup.compute_bytes * shape.ffn // (setup.tensor_parallel
+                                                                  if setup.backend == "megatron" else 1)
+                          + 4 * setup.compute_bytes * shape.hidden)
+    terms["recomputed layer"] = recompute + layer_backward
+    largest_param = shape.vocab * shape.hidden // (setup.tensor_parallel if setup.backend == "megatron" else 1)
+    optimizer_temps = 0 if setup.fused_optimizer or setup.optimizer_offload else 2 * 4 * largest_param
+    static = sum(terms[k] for k in ("weights", "gradients", "master weights", "optimizer state", "reference weights"))
+    step_peak = max(terms["activations"] + head_backward,
+                    terms["activations"] + terms["recomputed layer"],
+                    optimizer_temps)
+    peak = static + step_peak + terms["attention scores"]
+    resident = terms["weights"] + terms["reference weights"]
+    if setup.sharded and setup.uses_masters:
+        resident = terms["master weights"] + terms["reference weights"]  # the float32 shards stay
+    notes = []
+    if setup.backend == "megatron":
+        notes.append("Megatron figures: itemised for its local layer spec, not measured")
+    return TrainerMemory(terms=terms, activations_by_mode={k: v + kept for k, v in by_mode.items()}, peak=peak,
+                         resident=resident, notes=notes)
+
+
+def engine_weight_bytes(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+    """One engine rank's weights (layers and the vocabulary split over TP; norms are small)."""
+    return shape.params * dtype_bytes // tensor_parallel
+
+
+def engine_kv_tokens(shape: ModelShape, *, capacity_bytes: int, mem_fraction: float, tensor_parallel: int = 1,
+                     dtype_bytes: int = 2) -> int:
+    """How many tokens one engine's KV cache holds: the static pool (``mem_fraction`` of the device)
+    minus the rank's weights, over the KV bytes per token (0 when the weights do not fit)."""
+    pool = int(capacity_bytes * mem_fraction) - engine_weight_bytes(shape, dtype_bytes, tensor_parallel)
+    return max(pool, 0) // shape.kv_bytes_per_token(dtype_bytes, tensor_parallel)

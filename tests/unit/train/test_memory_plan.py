@@ -1,0 +1,122 @@
+"""The memory planner: its arithmetic against the reference figures (gpu-scale.md §5), what it
+refuses to model, and its measurement twin (MemTracker on fake tensors) on a small Qwen3."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.train.memory_plan import (
+    GIB,
+    ModelShape,
+    TrainerSetup,
+    UnmodelledModel,
+    engine_kv_tokens,
+    plan_trainer_memory,
+)
+
+QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "head_dim": 128, "num_hidden_layers": 36}
+QWEN3_4B = {**QWEN3, "hidden_size": 2560, "intermediate_size": 9728, "tie_word_embeddings": True}
+QWEN3_8B = {**QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "tie_word_embeddings": False}
+
+
+def test_parameter_counts_match_the_reference() -> None:
+    assert ModelShape.from_config(QWEN3_4B).params / 1e9 == pytest.approx(4.022, abs=5e-4)
+    assert ModelShape.from_config(QWEN3_8B).params / 1e9 == pytest.approx(8.191, abs=5e-4)
+
+
+@pytest.mark.parametrize(("setup", "bytes_per_param"), [
+    (TrainerSetup(), 2 + 4 + 4 + 8),  # bf16 weights, fp32 gradients, master weights, Adam moments
+    (TrainerSetup(master_weights=False), 2 + 2 + 4),  # pure bf16 AdamW
+    (TrainerSetup(dtype="float32"), 4 + 4 + 8),
+    (TrainerSetup(backend="megatron", data_parallel=8), 6 + 12 / 8),  # Megatron's distributed optimizer
+    (TrainerSetup(optimizer_offload=True), 2 + 4),
+])
+def test_resident_bytes_per_parameter(setup: TrainerSetup, bytes_per_param: float) -> None:
+    shape = ModelShape.from_config(QWEN3_4B)
+    terms = plan_trainer_memory(shape, setup).terms
+    static = sum(terms[k] for k in ("weights", "gradients", "master weights", "optimizer state"))
+    assert static / shape.params == pytest.approx(bytes_per_param, rel=1e-3)
+
+
+def test_sharding_divides_gradients_master_weights_and_optimizer_state() -> None:
+    shape = ModelShape.from_config(QWEN3_4B)
+    whole = plan_trainer_memory(shape, TrainerSetup()).terms
+    quarter = plan_trainer_memory(shape, TrainerSetup(data_parallel=4, sharded=True)).terms
+    assert quarter["optimizer state"] == whole["optimizer state"] // 4
+    assert quarter["master weights"] == whole["master weights"] // 4
+    assert quarter["gradients"] < 0.3 * whole["gradients"]  # a quarter, plus one layer being reduced
+    assert quarter["weights"] < 0.2 * whole["weights"]  # the gathered layers and embedding only
+
+
+def test_activations_with_and_without_checkpointing() -> None:
+    """Full checkpointing keeps each layer's input: 2·hidden bytes per token and layer in bf16, 5.6 GiB
+    for Qwen3-4B at 32k (reference §5); without it Hugging Face's modelling keeps ~28x that."""
+    shape = ModelShape.from_config(QWEN3_4B)
+    memory = plan_trainer_memory(shape, TrainerSetup(micro_batch_tokens=32768, activation_checkpointing="full"))
+    by_mode = memory.activations_by_mode
+    kept_by_head = by_mode["full"] - 36 * 5120 * 32768
+    assert (by_mode["full"] - kept_by_head) / GIB == pytest.approx(5.625)
+    assert by_mode["none"] / by_mode["full"] > 20 and by_mode["none"] > by_mode["selective"] > by_mode["full"]
+    assert memory.terms["activations"] == by_mode["full"]
+    assert memory.terms["attention scores"] == 0
+
+
+def test_dense_attention_and_unfused_logits_are_quadratic_and_vocabulary_sized() -> None:
+    shape = ModelShape.from_config(QWEN3_4B)
+    packed = plan_trainer_memory(shape, TrainerSetup(micro_batch_tokens=32768))
+    dense = plan_trainer_memory(shape, TrainerSetup(micro_batch_tokens=32768, attention="dense", fused_lm_head=False))
+    assert dense.terms["attention scores"] == 32768**2
+    megatron = plan_trainer_memory(shape, TrainerSetup(backend="megatron", tensor_parallel=2, micro_batch_tokens=32768,
+                                                       attention="dense"))
+    assert megatron.terms["attention scores"] > 90 * GIB  # [16 heads, S, S] in bf16 plus the float32 softmax
+    assert packed.terms["logits working set"] < 3 * GIB < dense.terms["activations"] - packed.terms["activations"]
+
+
+def test_engine_kv_budget() -> None:
+    shape = ModelShape.from_config(QWEN3_4B)
+    per_token = 2 * 36 * 8 * 128 * 2  # keys and values, 36 layers, 8 KV heads x 128, bf16
+    assert shape.kv_bytes_per_token(2) == per_token
+    tokens = engine_kv_tokens(shape, capacity_bytes=80 * GIB, mem_fraction=0.8)
+    assert tokens == (int(80 * GIB * 0.8) - shape.params * 2) // per_token
+    assert engine_kv_tokens(shape, capacity_bytes=8 * GIB, mem_fraction=0.5) == 0
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({**QWEN3_4B, "model_type": "qwen3_5", "layer_types": ["linear_attention", "full_attention"]},
+     "hybrid linear attention"),
+    ({"model_type": "qwen3_5", "text_config": {**QWEN3_4B, "layer_types": ["linear_attention"]}},
+     "hybrid linear attention"),
+    ({"model_type": "qwen2_5_vl", "text_config": QWEN3_4B}, "vision-language"),
+    ({**QWEN3_4B, "model_type": "qwen3_moe", "num_experts": 128}, "mixture of experts"),
+    ({**QWEN3_4B, "model_type": "gpt2"}, "models \\['qwen3'"),
+    ({"model_type": "qwen3"}, "cannot read the model's sizes"),
+])
+def test_architectures_it_does_not_model_are_said_to_be_unmodelled(config: dict[str, object], message: str) -> None:
+    with pytest.raises(UnmodelledModel, match=message):
+        ModelShape.from_config(config)
+
+
+def test_the_plan_matches_memtracker_on_fake_tensors() -> None:
+    """The torch backend's real step (old-logprob forward, two micro-batches, optimizer) on a small
+    Qwen3 on fake tensors: the planned peak within 15% of MemTracker's, with and without checkpointing
+    (the bench checks the Qwen3-4B/8B shapes); checkpointing lowers the dynamic peak."""
+    from agentrl.train.memory_measure import measure_train_step
+
+    small = {"model_type": "qwen3", "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+             "tie_word_embeddings": False}
+    dynamic = {}
+    for mode in ("none", "full"):
+        setup = TrainerSetup(micro_batch_tokens=2048, activation_checkpointing=mode, fused_optimizer=False,
+                             kernel_copies_output=True)
+        measured = measure_train_step(small, setup, report_at_least=2048 * 2048)
+        planned = plan_trainer_memory(ModelShape.from_config(small), setup)
+        error = (planned.peak - measured.peak) / measured.peak
+        print(f"ckpt={mode}: MemTracker {measured.peak / 2**20:.1f} MiB, planner {planned.peak / 2**20:.1f} MiB "
+              f"({error:+.1%}); largest allocation {measured.largest_shape}")
+        assert abs(error) <= 0.15
+        assert measured.start > 0 and measured.gradients > 0
+        assert measured.large == {}  # nothing of S² elements or more: no [S, S], no [S, vocab]
+        dynamic[mode] = measured.dynamic
+    assert dynamic["none"] > 1.5 * dynamic["full"]
