@@ -159,6 +159,12 @@ class ErrorKind(NamedEnum):
     BRIDGE = "bridge"  # the chat template rejected the conversation
     REWARD = "reward"  # the reward function raised or returned no number
     REWARD_TIMEOUT = "reward_timeout"  # the reward function ran past its deadline
+    # an agent harness behind the proxy (agentrl.proxy): its run() raised, ran past its deadline, sent a
+    # request the proxy refused, or called its session after the episode closed
+    AGENT = "agent"
+    AGENT_TIMEOUT = "agent_timeout"
+    AGENT_REQUEST = "agent_request"
+    AGENT_LATE_CALL = "agent_late_call"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ Three sources, in this order:
    where the caller allows it (``allow_import=True``: the command line does; the Python API takes
    the objects themselves).
 
+An environment name may also stand for an agent harness (:class:`agentrl.proxy.Agent`: ``async def
+run(task, client)`` written against the OpenAI client, plus a reward), named exactly like an
+environment (``module:attr`` or an entry point): it is a ``row -> episode`` factory too. A bare
+``run`` function is refused with the hint to wrap it in ``Agent(run, reward)``.
+
 A built-in name wins over an installed one of the same name. An unknown name raises
 :class:`RegistryError` listing every valid name. Nothing is imported until a name is resolved, and
 only the entry point asked for is loaded.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -128,12 +134,24 @@ def resolve(kind: Kind, name: str, *, allow_import: bool = False) -> Any:
     if kind == "environment":
         from agentrl.environments.base import Environment
 
+        if _looks_like_agent_run(obj):
+            raise RegistryError(f"environment {name!r} ({found.source}): {obj!r:.80} looks like an agent harness "
+                                "run(task, client); expected it wrapped: agent = agentrl.proxy.Agent(run, reward), "
+                                "and that object named")
         if not (isinstance(obj, type) and issubclass(obj, Environment)) and not callable(obj):
             raise RegistryError(f"environment {name!r} ({found.source}): expected an Environment subclass or a "
                                 f"callable row -> environment, got {obj!r:.100}")
     elif not callable(obj):
         raise RegistryError(f"{kind} {name!r} ({found.source}): expected a callable, got {obj!r:.100}")
     return obj
+
+
+def _looks_like_agent_run(obj: Any) -> bool:
+    """An ``async def`` function, or one taking a ``client``: an agent's ``run``, not a ``row -> environment``
+    factory (which builds the environment synchronously from the row alone)."""
+    if isinstance(obj, type) or not inspect.isfunction(obj):
+        return False
+    return inspect.iscoroutinefunction(obj) or "client" in inspect.signature(obj).parameters
 
 
 def _find(kind: Kind, name: str, allow_import: bool) -> _Found:

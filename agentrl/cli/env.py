@@ -9,9 +9,12 @@ package's entry point, or ``module:Class`` (imported with the current directory 
 names a reward function ``(trajectory, task) -> float`` the same way (as ``agentrl train --reward``
 takes it) and checks it on every scripted episode. ``--data`` is a JSONL file with one dataset row
 per line; the report names rows by their line. ``--verbose`` prints each scripted episode. No model
-is needed: see :mod:`agentrl.environments.conformance` for what is checked. Exit status: 0 when
-every check passes (warnings allowed), 1 when there are violations, 2 for bad arguments
-(``error: ...`` on stderr).
+is needed: see :mod:`agentrl.environments.conformance` for what is checked. An agent harness
+(:class:`agentrl.proxy.Agent`) named the same way is run on each row against a scripted model
+through a real proxy server (:mod:`agentrl.proxy.check`; ``--template`` picks the chat template,
+rendered with the tiny test tokenizer: no model files are needed). Exit status: 0 when every check
+passes (warnings allowed), 1 when there are violations, 2 for bad arguments (``error: ...`` on
+stderr).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import typer
 
 from agentrl.cli._errors import fail
 
-__all__ = ["CheckInputError", "check", "env_app", "load_environment_class", "load_reward", "load_rows"]
+__all__ = ["CheckInputError", "check", "env_app", "load_environment", "load_environment_class", "load_reward",
+           "load_rows"]
 
 env_app = typer.Typer(name="env", no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="""\
 Check environments.
@@ -39,6 +43,19 @@ Examples:
 
 class CheckInputError(ValueError):
     """The environment class, the reward function or the data file cannot be used."""
+
+
+def load_environment(target: str) -> Any:
+    """The Environment subclass or the :class:`agentrl.proxy.Agent` ``target`` names (see
+    :func:`load_environment_class`)."""
+    from agentrl.environments.registry import RegistryError, resolve
+    from agentrl.proxy.adapter import Agent
+
+    try:
+        obj = resolve("environment", target, allow_import=True)
+    except RegistryError as exc:
+        raise CheckInputError(str(exc)) from None
+    return obj if isinstance(obj, Agent) else load_environment_class(target)
 
 
 def load_environment_class(target: str) -> type[Any]:
@@ -102,8 +119,14 @@ def check(
     reward: Annotated[str | None, typer.Option("--reward", help="A reward function (trajectory, task) -> float "
                                                "to check too: a name or module:fn, as train takes it.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every scripted episode.")] = False,
+    template: Annotated[str, typer.Option("--template", help="The chat template an agent's requests are "
+                                          "rendered with (agents only).")] = "qwen3",
 ) -> None:
     """Runs scripted episodes (no model) and reports every contract violation.
+
+    An agent (agentrl.proxy.Agent) is run once per row against a scripted model
+    through a real proxy server; its harness errors, refused requests, late calls
+    and reward are checked.
 
     With --reward, also calls that reward function on every episode and reports an exception,
     None, or a value that is not a finite number, with the text it was given.
@@ -115,19 +138,37 @@ def check(
       agentrl env check agentrl.environments:RetoolMathEnv --data rows.jsonl
       agentrl env check my_package.envs:MyEnv --data rows.jsonl --rows 10 -v
       agentrl env check toy_arithmetic --data rows.jsonl --reward my_rewards:score
+      agentrl env check examples.byo_agent:openai_agent --data rows.jsonl
     """
     from agentrl.environments.conformance import check_environment
+    from agentrl.proxy.adapter import Agent
 
     try:
-        env_cls = load_environment_class(target)
+        env_cls = load_environment(target)
         reward_fn = load_reward(reward) if reward is not None else None
         dataset, lines, total = load_rows(data, rows)
     except CheckInputError as exc:
         fail(str(exc))
     if rows > total:
         typer.echo(f"note: --rows {rows}, but {data} has {total} row{'s' if total != 1 else ''}; checking {total}")
-    report = asyncio.run(check_environment(env_cls, dataset, max_rows=rows, row_numbers=lines, verbose=verbose,
-                                           reward=reward_fn))
+    if isinstance(env_cls, Agent):
+        report = asyncio.run(_check_agent(env_cls, dataset, lines, reward_fn, verbose, template))
+    else:
+        report = asyncio.run(check_environment(env_cls, dataset, max_rows=rows, row_numbers=lines, verbose=verbose,
+                                               reward=reward_fn))
     typer.echo(report.format())
     if not report.ok:
         raise typer.Exit(code=1)
+
+
+async def _check_agent(agent: Any, dataset: list[Any], lines: list[int], reward_fn: Any, verbose: bool,
+                       template_name: str) -> Any:
+    from agentrl.chat.template import ChatTemplate
+    from agentrl.proxy.check import check_agent
+    from agentrl.testing import build_tokenizer
+
+    try:
+        template = ChatTemplate.from_name(template_name, build_tokenizer())
+    except ValueError as exc:
+        fail(f"--template: {exc}")
+    return await check_agent(agent, dataset, template=template, row_numbers=lines, reward=reward_fn, verbose=verbose)

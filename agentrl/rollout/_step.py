@@ -108,7 +108,8 @@ class PendingGroup:
 
 
 # errors that make a failed episode lost (regenerated, or its group failed): the infrastructure's, not the model's
-_LOST_KINDS = (ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT, ErrorKind.ENV)
+# (an agent harness that raised or ran past its deadline is the environment failing: agentrl.proxy)
+_LOST_KINDS = (ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT, ErrorKind.ENV, ErrorKind.AGENT, ErrorKind.AGENT_TIMEOUT)
 
 
 def lost_reason(episode: Episode) -> str | None:

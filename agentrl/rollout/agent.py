@@ -88,7 +88,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
 from agentrl.chat.template import ChatTemplate
@@ -163,6 +163,17 @@ def record_step_failure(traj: Trajectory, step: StepResult) -> None:
     kinds = ", ".join(k.value for k in step.failures) or "none"
     traj.add_error(ErrorKind.ENV, f"step() ended the episode as failed without an error (failures: {kinds})",
                    component="step")
+
+
+def runner_for(env: Any, template: ChatTemplate, client: GenerateClient, config: AgentConfig | None = None,
+               **kwargs: Any) -> EpisodeRunner:
+    """The runner of one episode: ``env.make_runner(template, client, config, **kwargs)`` when the
+    environment brings its own (an agent harness behind the proxy, :class:`agentrl.proxy.AgentEpisode`,
+    whose runner has the same surface), else an :class:`EpisodeRunner`."""
+    make = getattr(env, "make_runner", None)
+    if make is not None:
+        return cast("EpisodeRunner", make(template, client, config, **kwargs))
+    return EpisodeRunner(env, template, client, config, **kwargs)
 
 
 async def run_episode(env: Environment, template: ChatTemplate, client: GenerateClient,

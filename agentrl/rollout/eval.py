@@ -28,7 +28,7 @@ from typing import Any
 
 from agentrl.chat.template import ChatTemplate
 from agentrl.environments.base import Environment
-from agentrl.rollout.agent import AgentConfig, Episode, EpisodeRunner, GenerateClient
+from agentrl.rollout.agent import AgentConfig, Episode, GenerateClient, runner_for
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.types import SamplingParams
 from agentrl.trajectory import Status
@@ -109,9 +109,9 @@ async def evaluate(env_factory: Callable[[dict[str, Any]], Environment], templat
 
     async def one(row: Mapping[str, Any], i: int, j: int) -> Episode:
         async with limit:
-            runner = EpisodeRunner(env_factory(dict(row)), template, client, agent_cfg, group_id=f"{cfg.name}:{i}",
-                                   rollout_id=uuid.uuid4().hex, sample_id=f"{cfg.name}:{i}:{j}",
-                                   tool_slots=tool_slots, opening_cache=cache)
+            runner = runner_for(env_factory(dict(row)), template, client, agent_cfg, group_id=f"{cfg.name}:{i}",
+                                rollout_id=uuid.uuid4().hex, sample_id=f"{cfg.name}:{i}:{j}",
+                                tool_slots=tool_slots, opening_cache=cache)
             try:
                 episode = await runner.advance()
                 return episode if episode is not None else runner.finish_aborted()

@@ -72,7 +72,14 @@ from agentrl.rollout._step import (
     oldest_version,
     segment_version,
 )
-from agentrl.rollout.agent import PROMPT_TOO_LONG, AgentConfig, EpisodeRunner, GenerateClient, new_id
+from agentrl.rollout.agent import (
+    PROMPT_TOO_LONG,
+    AgentConfig,
+    EpisodeRunner,
+    GenerateClient,
+    new_id,
+    runner_for,
+)
 from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
 from agentrl.rollout.groups import GroupFilter, RolloutGroup, apply_filter
 from agentrl.rollout.opening import OpeningCache
@@ -319,10 +326,10 @@ class Scheduler:
     def _new_runner(self, group: PendingGroup, index: int, step: Step, record: MemberRecord | None) -> EpisodeRunner:
         env = self.env_factory(dict(group.row.data))
         rollout_id = record.rollout_id if record is not None else None  # a restored episode keeps its id
-        return EpisodeRunner(env, self.template, StepClient(self.client, self._slots, step), self.agent,
-                             group_id=group.group_id, rollout_id=rollout_id or new_id(),
-                             sample_id=f"{group.row.prompt_id}:{index}", tool_slots=self._tool_slots,
-                             opening_cache=self.opening_cache, pacer=self.pacer)
+        return runner_for(env, self.template, StepClient(self.client, self._slots, step), self.agent,
+                          group_id=group.group_id, rollout_id=rollout_id or new_id(),
+                          sample_id=f"{group.row.prompt_id}:{index}", tool_slots=self._tool_slots,
+                          opening_cache=self.opening_cache, pacer=self.pacer)
 
     async def _run_member(self, group: PendingGroup, index: int, member: Member, step: Step) -> None:
         member.stale = False

@@ -1,0 +1,484 @@
+"""One proxy session: an episode whose turns an agent harness asks for, one OpenAI request at a time.
+
+A :class:`ProxySession` is the agent loop's token path driven from the outside. Each request is
+placed against the session's sequences (:mod:`agentrl.proxy._history`):
+
+- it **extends** a sequence (its history, the proxy's last reply recognised, then new messages):
+  the new messages are bridged exactly as the agent loop bridges an environment's reply
+  (:class:`~agentrl.chat.bridge.BridgeSession`, prefix-checked; a synthetic turn close as
+  ``scaffold`` when the turn did not end with one) and appended with
+  :meth:`~agentrl.trajectory.Trajectory.append_env`; the sampled ids of every recognised reply
+  stand, nothing sampled is re-tokenised;
+- it **repeats** the request of the last reply: a retry (the OpenAI client's
+  ``X-Stainless-Retry-Count`` > 0) is answered with the same reply; otherwise it is a new sample
+  of the same prompt and forks;
+- it continues a **pending** turn (one an abort cut short, or whose request failed);
+- or it matches no sequence (the harness truncated, summarised or re-ordered its history, changed
+  the tools, or dropped a reply): a new sequence is **forked** from the full render of the request,
+  sharing the rollout id, as the agent loop forks when a template rewrites history.
+
+Then the turn is generated token-in/token-out through the inference client (the router's, with the
+session's routing key), appended verbatim with its logprobs and weight version, parsed by the
+template's parser (the calls SGLang's parser serves) and returned in OpenAI's shape with ids the
+proxy issues (``chatcmpl-…``, ``call_…``: random, so only this session's harness can quote them).
+
+Sampling: ``AgentConfig.sampling`` is the base; a request's ``max_tokens`` lowers the per-turn cap,
+its ``stop`` strings are added; with ``ProxyConfig.pin_sampling`` (default) its ``temperature`` and
+``top_p`` are ignored (counted as ``proxy/ignored_sampling``), because the trainer scores tokens at
+the run's temperature. ``tool_choice`` ``required``/named is served with a grammar
+(:mod:`agentrl.proxy._grammar`) when ``ProxyConfig.constrained_decoding`` is on, else refused (400).
+
+Aborts: with a ``should_abort`` set by the owner (:class:`agentrl.proxy.AgentRunner`), a request
+that finds it true (or whose turn the engine aborted while it is true) is *held*: the session is
+suspended with the partial turn kept, and the request continues the same turn when the owner
+resumes it; the harness sees nothing. Any other abort answers 503 ``aborted`` with
+``x-should-retry: true``: the partial turn is kept and the retried request continues it.
+
+Errors answer the harness in OpenAI's error shape (:class:`SessionError`): 400 for a request the
+proxy cannot serve (recorded as an ``agent_request`` error), 400 ``context_length_exceeded`` when
+no token fits (the episode ends truncated), 502/503 for engine failures (``engine`` errors), 410
+after the episode closed. Single-use, not thread-safe: the server serialises a session's requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
+from agentrl.chat.template import ChatTemplate
+from agentrl.chat.types import Message, ToolCall
+from agentrl.episode import Episode
+from agentrl.proxy._grammar import forced_call_grammar
+from agentrl.proxy._history import Issued, Match, match
+from agentrl.proxy._wire import ChatRequest, Reply, RequestError
+from agentrl.rollout._agent_config import AgentConfig
+from agentrl.rollout.agent import GenerateClient, new_id, request_sampling
+from agentrl.rollout.types import (
+    FinishKind,
+    GenerateResult,
+    InferenceError,
+    PromptTooLongError,
+    SamplingParams,
+    continuation_budget,
+)
+from agentrl.trajectory import (
+    EpisodeError,
+    ErrorKind,
+    SegmentKind,
+    StopReason,
+    Trajectory,
+    TrajectoryError,
+    status_for,
+)
+
+__all__ = ["ProxyConfig", "ProxySession", "SessionError"]
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Settings of the proxy server and its sessions.
+
+    - ``host``/``port``: where the server listens (``port=0``: a free one); loopback by default.
+    - ``api_key``: when set, every request must carry ``Authorization: Bearer <api_key>`` (else 401).
+    - ``model_name``: the one model ``/v1/models`` lists (requests may name any model).
+    - ``pin_sampling``: temperature and top_p come from ``AgentConfig.sampling``; a request's are ignored.
+    - ``constrained_decoding``: serve ``tool_choice`` ``"required"``/named with a grammar (the engine
+      needs a grammar backend, SGLang's default xgrammar); off: such a request is a 400.
+    - ``max_body_bytes``: the largest request body accepted (413 above).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    api_key: str | None = None
+    model_name: str = "agentrl"
+    pin_sampling: bool = True
+    constrained_decoding: bool = False
+    max_body_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
+            raise ValueError(f"ProxyConfig.port: got {self.port!r}; expected an int in [0, 65535]")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ValueError(f"ProxyConfig.api_key: got {self.api_key!r}; expected None or a non-empty string")
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
+            raise ValueError(f"ProxyConfig.max_body_bytes: got {self.max_body_bytes!r}; expected an int >= 1024")
+
+
+class SessionError(Exception):
+    """A request the session answers with an error: HTTP ``status``, OpenAI error ``kind``, and whether
+    the harness should retry (``x-should-retry``)."""
+
+    def __init__(self, status: int, kind: str, message: str, *, retry: bool = False, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message, self.retry, self.code = status, kind, message, retry, code
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass
+class _Sequence:
+    traj: Trajectory
+    tools: list[dict[str, object]] | None
+    owners: list[Issued | None]
+    bridge: BridgeSession | None
+    partial: list[int] = field(default_factory=list)  # ids of a turn an abort cut short
+
+
+class ProxySession:
+    """See the module doc. ``id`` is unguessable (the URL path segment that addresses the session)."""
+
+    def __init__(self, template: ChatTemplate, client: GenerateClient, agent: AgentConfig | None = None,
+                 config: ProxyConfig | None = None, *, session_id: str | None = None, group_id: str | None = None,
+                 rollout_id: str | None = None, sample_id: str | None = None) -> None:
+        self.template, self.client = template, client
+        self.agent, self.config = agent or AgentConfig(), config or ProxyConfig()
+        self.id = session_id or secrets.token_urlsafe(24)
+        self.group_id, self.rollout_id, self.sample_id = group_id, rollout_id or new_id(), sample_id
+        self.routing_key = group_id if self.agent.routing == "group" and group_id else new_id()
+        self.kwargs = dict(self.agent.template_kwargs)
+        self.stops = tuple(dict.fromkeys((*template.stop_token_ids(), *self.agent.sampling.stop_token_ids)))
+        self.decodable = len(template.tokenizer)
+        self.context = self.agent.context_length
+        self.sequences: list[Trajectory] = []
+        self._seqs: list[_Sequence] = []
+        self.metrics: Counter[str] = Counter()
+        self.timings: dict[str, float] = {"time/generate_s": 0.0, "time/proxy_s": 0.0}
+        self.should_abort: Callable[[], bool] = _never
+        self.suspended = asyncio.Event()  # set while a request waits for the owner to resume the session
+        self._resume = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self.closed = False
+        self.abort_message: str | None = None
+        self.last_request: ChatRequest | None = None
+        self.last_finish: FinishKind | None = None
+        self.context_exceeded = False
+        self._unplaced: list[tuple[ErrorKind, str, str]] = []  # errors before the first sequence existed
+        self.parsed: dict[bytes, tuple[Message, dict[str, Any]]] = {}  # the server's parse cache (read-only messages)
+        self._samplings: dict[tuple[Any, ...], SamplingParams] = {}  # per distinct request settings
+
+    # -- the owner's side ------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """A request is being served (or held)."""
+        return self._lock.locked()
+
+    @property
+    def partial_turn_tokens(self) -> int:
+        return sum(len(s.partial) for s in self._seqs)
+
+    def resume(self, should_abort: Callable[[], bool] | None = None) -> None:
+        """Lets a held request go on (with a new abort check)."""
+        self.should_abort = should_abort or _never
+        self.suspended.clear()
+        self._resume.set()
+
+    def close(self) -> None:
+        """No request is served after this (410); a held request is answered ``aborted``."""
+        self.closed = True
+        self._resume.set()
+
+    def episode(self) -> Episode:
+        return Episode(sequences=list(self.sequences))
+
+    def finish(self, reason: StopReason) -> Episode:
+        """Ends every sequence with ``reason``'s status and puts the session's metrics on the last one."""
+        if self.sequences:
+            for kind, message, component in self._unplaced:
+                self.sequences[0].errors.insert(0, EpisodeError(kind, message, turn=0, component=component))
+            self._unplaced = []
+        for seq in self.sequences:
+            seq.finish(status_for(reason), reason)
+        if self.sequences:
+            last = self.sequences[-1]
+            last.metrics.update({k: float(v) for k, v in self.metrics.items()})
+            last.metrics.update(self.timings)
+            last.metrics["sequences"] = float(len(self.sequences))
+            follow_ups = max(self.metrics["proxy/requests"] - 1, 0)
+            last.metrics["proxy/fork_rate"] = self.metrics["proxy/forks"] / follow_ups if follow_ups else 0.0
+        return self.episode()
+
+    def record(self, kind: ErrorKind, message: str, component: str) -> None:
+        """An error of the harness's side, on the latest sequence (kept for later when there is none yet)."""
+        if self.sequences:
+            self.sequences[-1].add_error(kind, message, component=component)
+        else:
+            self._unplaced.append((kind, message, component))
+        self.metrics[f"proxy/errors/{kind.value}"] += 1
+
+    # -- serving ---------------------------------------------------------------------------------
+    async def handle(self, request: ChatRequest, *, retry: bool = False) -> Reply:
+        """Serves one request (see the module doc); raises :class:`SessionError` or :class:`RequestError`."""
+        async with self._lock:
+            if self.closed:
+                self.record(ErrorKind.AGENT_LATE_CALL, "a request after the episode ended", "request")
+                raise SessionError(410, "episode_closed", "this session's episode has ended; no more requests "
+                                   "are served")
+            started = time.perf_counter()
+            generate_before = self.timings["time/generate_s"]
+            self.metrics["proxy/requests"] += 1
+            self.last_request = request
+            try:
+                return await self._serve(request, retry)
+            except RequestError as exc:
+                if exc.code != "context_length_exceeded":
+                    self.metrics["proxy/bad_requests"] += 1
+                    self.record(ErrorKind.AGENT_REQUEST, f"{exc.param or 'request'}: {exc.message}", "request")
+                raise
+            finally:
+                spent = time.perf_counter() - started
+                self.timings["time/proxy_s"] += spent - (self.timings["time/generate_s"] - generate_before)
+
+    async def _serve(self, request: ChatRequest, retry: bool) -> Reply:
+        sampling = self._sampling(request)
+        seq, placed = self._place(request)
+        if seq is not None and placed.kind == "repeat":
+            last = seq.owners[-1]
+            if retry and last is not None:
+                self.metrics["proxy/retries_served"] += 1
+                return last.reply
+            seq = self._fork(request.messages, request.render_tools, "resampled",
+                             "the same request again: a new sample of its prompt")
+        elif seq is not None and placed.kind == "extend":
+            seq = self._extend(seq, list(placed.new))
+        elif seq is None:
+            seq = self._fork(request.messages, request.render_tools, "harness" if self._seqs else "first",
+                             placed.reason)
+        for how in placed.recognised:
+            self.metrics[f"proxy/recognised/{how}"] += 1
+        return await self._turn(seq, request, sampling)
+
+    def _place(self, request: ChatRequest) -> tuple[_Sequence | None, Match]:
+        """The newest sequence the request continues, with how; else (None, why the last one does not)."""
+        first: Match | None = None
+        for seq in reversed(self._seqs):
+            found = match(seq.traj.messages, seq.owners, seq.tools, request)
+            if found.kind == "none" or (seq.partial and found.kind != "pending"):
+                first = first or found
+                continue
+            return seq, found
+        return None, first or Match("none", reason="the session's first request")
+
+    def _sampling(self, request: ChatRequest) -> SamplingParams:
+        key = (request.stop, request.temperature, request.top_p, request.forced, request.tool_choice)
+        cached = self._samplings.get(key) if not request.forced else None
+        if cached is not None and not request.template_kwargs:
+            if request.temperature is not None or request.top_p is not None:
+                self.metrics["proxy/ignored_sampling"] += self.config.pin_sampling
+            return cached
+        sampling = self._sampling_of(request)
+        if not request.forced:
+            self._samplings[key] = sampling
+        return sampling
+
+    def _sampling_of(self, request: ChatRequest) -> SamplingParams:
+        base = self.agent.sampling
+        for key, value in request.template_kwargs.items():
+            if self.kwargs.get(key) != value:
+                raise RequestError(f"chat_template_kwargs.{key}: got {value!r}; the run renders with "
+                                   f"{self.kwargs.get(key)!r} (AgentConfig.template_kwargs)", param="chat_template_kwargs")
+        changes: dict[str, object] = {"stop": tuple(dict.fromkeys((*base.stop, *request.stop)))}
+        if request.temperature is not None or request.top_p is not None:
+            if self.config.pin_sampling:
+                self.metrics["proxy/ignored_sampling"] += 1
+            else:
+                if request.temperature is not None:
+                    changes["temperature"] = request.temperature
+                if request.top_p is not None:
+                    changes["top_p"] = request.top_p
+        if request.forced:
+            if not self.config.constrained_decoding:
+                raise RequestError(f"tool_choice: {request.tool_choice!r} forces a call, which needs constrained "
+                                   "decoding (ProxyConfig.constrained_decoding=True on an engine with a grammar "
+                                   "backend); expected 'auto' or 'none'", param="tool_choice")
+            if base.regex or base.json_schema or base.ebnf:
+                raise RequestError("tool_choice: the run's sampling already constrains every turn by a grammar; "
+                                   "a forced call cannot add another", param="tool_choice")
+            assert request.render_tools is not None
+            changes["ebnf"] = forced_call_grammar(self.template.tool_call_format, request.render_tools)
+        return base.replace(**changes)
+
+    # -- sequences -------------------------------------------------------------------------------
+    def _fork(self, messages: Sequence[Message], tools: list[dict[str, object]] | None, kind: str,
+              why: str) -> _Sequence:
+        bridge = BridgeSession(self.template, list(messages), tools=tools, **self.kwargs)
+        ids = bridge.prompt_ids
+        if self.context is not None and len(ids) >= self.context:
+            raise self._too_long(f"the conversation renders to {len(ids)} tokens; the context holds {self.context}")
+        traj = Trajectory.from_prompt(ids, messages=list(messages), vocab_size=self.agent.vocab_size,
+                                      group_id=self.group_id, rollout_id=self.rollout_id, sample_id=self.sample_id,
+                                      session_id=self.routing_key)
+        traj.sequence_index = len(self.sequences)
+        if kind != "first":
+            traj.info["forked_because"] = f"{kind}: {why}"
+            self.metrics["proxy/forks"] += 1
+            self.metrics[f"proxy/fork/{kind}"] += 1
+        seq = _Sequence(traj, tools, [None] * len(traj.messages), bridge)
+        self.sequences.append(traj)
+        self._seqs.append(seq)
+        return seq
+
+    def _extend(self, seq: _Sequence, new: list[Message]) -> _Sequence:
+        """Bridges the request's new messages after the sequence's last reply (or forks where the template
+        rewrites history), exactly as the agent loop bridges an environment's reply."""
+        last = seq.owners[-1]
+        assert last is not None
+        traj = seq.traj
+        try:
+            if seq.bridge is not None:
+                bridge = seq.bridge.step(last.ids, last.message, new)
+                if bridge.outcome is not BridgeOutcome.APPEND:
+                    seq.bridge = None  # later turns use the stateless bridge, as in the agent loop
+            else:
+                bridge = self.template.bridge(traj.tokens, traj.messages, new, tools=seq.tools, audit=self.agent.audit,
+                                              **self.kwargs)
+        except ValueError as exc:  # the template rejected the conversation
+            traj.add_error(ErrorKind.BRIDGE, str(exc), component="bridge")
+            raise RequestError(f"messages: the chat template rejected the conversation: {exc}", param="messages") from None
+        self._count(bridge)
+        if bridge.outcome is BridgeOutcome.NOT_APPEND_ONLY:
+            self.metrics["bridge/fork"] += 1
+            return self._fork([*traj.messages, *new], seq.tools, "template", bridge.reason)
+        if self.context is not None and len(traj.tokens) + len(bridge.ids) >= self.context:
+            raise self._too_long(f"the sequence holds {len(traj.tokens)} tokens and the new messages add "
+                                 f"{len(bridge.ids)}; the context holds {self.context}")
+        self.metrics["bridge/append"] += 1
+        first_new = len(traj.messages)
+        for piece in bridge.pieces:
+            kind = SegmentKind(piece.kind)
+            traj.append_env(piece.ids, kind=kind, message_index=None if kind is SegmentKind.SCAFFOLD else first_new)
+            self.metrics[f"{kind.value}_tokens"] += len(piece.ids)
+        traj.messages.extend(new)
+        seq.owners.extend([None] * len(new))
+        return seq
+
+    def _count(self, bridge: BridgeResult) -> None:
+        if bridge.outcome is BridgeOutcome.SAMPLED_TEXT_DIFFERS or bridge.history_matches is False:
+            self.metrics["bridge/sampled_text_differs"] += 1
+        if bridge.control_tokens:
+            self.metrics["bridge/control_tokens_in_env_text"] += bridge.control_tokens
+
+    def _too_long(self, detail: str) -> RequestError:
+        self.context_exceeded = True
+        self.metrics["proxy/context_refusals"] += 1
+        return RequestError(f"this model's context is full: {detail}", param="messages", code="context_length_exceeded")
+
+    # -- one model turn ----------------------------------------------------------------------------
+    async def _hold(self) -> None:
+        """Waits while the owner has the session suspended (the step is full, the episode too stale)."""
+        while self.should_abort() and not self.closed:
+            self._resume.clear()
+            self.suspended.set()
+            await self._resume.wait()
+        if self.closed:
+            raise SessionError(503, "aborted", "the episode was ended while this request waited", retry=True)
+
+    async def _turn(self, seq: _Sequence, request: ChatRequest, sampling: SamplingParams) -> Reply:
+        per_turn = min(request.max_tokens or sampling.max_new_tokens, sampling.max_new_tokens)
+        traj = seq.traj
+        while True:
+            await self._hold()
+            budget = per_turn - len(seq.partial)
+            if self.context is not None:
+                budget = continuation_budget(per_turn, len(seq.partial), len(traj.tokens), self.context)
+            if budget <= 0:
+                if seq.partial and len(seq.partial) >= per_turn:  # a resumed turn that used its whole budget
+                    return self._reply(seq, request, tuple(seq.partial), FinishKind.LENGTH, None, 0)
+                raise self._too_long(f"the sequence holds {len(traj.tokens)} tokens; the context holds {self.context}")
+            result = await self._generate(traj, request_sampling(sampling, budget, self.stops))
+            if result.finish_reason.kind is FinishKind.ABORT:
+                self._aborted(seq, result)
+                continue  # held until resumed (the owner suspended the session), then the same turn goes on
+            turn_ids = (*seq.partial, *result.output_ids)
+            seq.partial = []
+            return self._reply(seq, request, turn_ids, result.finish_reason.kind, result.finish_reason.matched,
+                               result.cached_tokens)
+
+    async def _generate(self, traj: Trajectory, sampling: SamplingParams) -> GenerateResult:
+        rid = new_id()
+        started = time.perf_counter()
+        try:
+            result = await self.client.generate(list(traj.tokens), sampling, rid=rid, routing_key=self.routing_key)
+        except asyncio.CancelledError:
+            abort = getattr(self.client, "abort", None)
+            if abort is not None:
+                await asyncio.shield(abort(rid))
+            raise
+        except PromptTooLongError as exc:
+            traj.add_error(ErrorKind.PROMPT_TOO_LONG, str(exc), component="generate")
+            raise self._too_long(str(exc)) from None
+        except InferenceError as exc:
+            traj.add_error(ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", component="generate")
+            raise SessionError(502, "engine_error", f"the engine refused the request: {exc}") from None
+        finally:
+            self.timings["time/generate_s"] += time.perf_counter() - started
+        if len(result.output_logprobs) != len(result.output_ids):
+            traj.add_error(ErrorKind.ENGINE_OUTPUT, f"the engine returned {len(result.output_ids)} ids but "
+                           f"{len(result.output_logprobs)} logprobs; nothing was appended", component="generate")
+            raise SessionError(502, "engine_error", "the engine's answer had no logprobs")
+        try:
+            traj.append_model(result.output_ids, result.output_logprobs, weight_version=result.weight_version,
+                              finish_reason=result.finish_reason.kind.value, message_index=len(traj.messages))
+        except TrajectoryError as exc:
+            traj.add_error(ErrorKind.ENGINE_OUTPUT, f"the engine's answer breaks a trajectory invariant; nothing was "
+                           f"appended: {exc}", component="generate")
+            raise SessionError(502, "engine_error", f"the engine's answer was unusable: {exc}") from None
+        self.metrics["generated_tokens"] += len(result.output_ids)
+        if result.output_ids and max(result.output_ids) >= self.decodable:
+            self.metrics["padding_tokens"] += sum(1 for t in result.output_ids if t >= self.decodable)
+        self.metrics["prompt_tokens"] += result.prompt_tokens
+        self.metrics["cached_tokens"] += result.cached_tokens
+        return result
+
+    def _aborted(self, seq: _Sequence, result: GenerateResult) -> None:
+        cause = result.finish_reason.cause
+        message = result.finish_reason.message or "the request was aborted"
+        if cause is not None and cause.failure:
+            seq.traj.add_error(ErrorKind.ENGINE, message, component="generate")
+            raise SessionError(503, "engine_unavailable", f"the engine is unavailable: {message}", retry=True)
+        seq.partial.extend(result.output_ids)
+        self.abort_message = message
+        if not self.should_abort():  # not the owner's abort: the harness retries, the retry continues the turn
+            self.metrics["proxy/aborted_requests"] += 1
+            raise SessionError(503, "aborted", f"the turn was aborted ({message}); retry the same request to "
+                                              "continue it", retry=True)
+
+    def _reply(self, seq: _Sequence, request: ChatRequest, turn_ids: tuple[int, ...], finish: FinishKind,
+               matched: object, cached: int) -> Reply:
+        tools = request.render_tools
+        parsed = self.template.parse(turn_ids, tools, strict=self.agent.strict_parsing,
+                                     max_calls=self.agent.max_calls_per_turn)
+        message = parsed.to_message()
+        call_ids = [f"call_{secrets.token_hex(12)}" for _ in message.tool_calls]
+        message.tool_calls = [ToolCall(c.name, c.arguments, cid) for c, cid in zip(message.tool_calls, call_ids,
+                                                                                     strict=True)]
+        shown = parsed
+        if isinstance(matched, str) and matched:  # a stop string: OpenAI leaves it (and what follows) out
+            text = self.template.decode(turn_ids)
+            shown = self.template.parse(text[:text.find(matched)] if matched in text else text, tools,
+                                        strict=self.agent.strict_parsing, max_calls=self.agent.max_calls_per_turn)
+        calls = tuple((cid, c.name, c.arguments) for cid, c in zip(call_ids, shown.calls, strict=False))
+        content = shown.content
+        if request.tool_choice == "none" and shown.calls:  # no parser runs: the calls stay text, as served
+            content, calls = (shown.message_content or shown.content), ()
+        for failure in parsed.failures:
+            self.metrics[f"{'tolerated' if failure.tolerated else 'failures'}/{failure.kind.value}"] += 1
+        reply = Reply(response_id=f"chatcmpl-{secrets.token_hex(16)}", created=int(time.time()),
+                      model=request.model or self.config.model_name, content=content, reasoning=shown.reasoning,
+                      calls=calls, finish_reason="tool_calls" if calls else ("length" if finish is FinishKind.LENGTH
+                                                                             else "stop"),
+                      prompt_tokens=len(seq.traj.tokens) - len(turn_ids), completion_tokens=len(turn_ids),
+                      cached_tokens=cached)
+        seq.traj.messages.append(message)
+        seq.owners.append(Issued(reply, message, turn_ids))
+        self.metrics["turns"] += 1
+        self.metrics["tool_calls"] += len(calls)
+        self.last_finish = finish
+        return reply

@@ -1,0 +1,106 @@
+"""The OpenAI wire format of the proxy: what a request may hold (and the 400 for what it may not),
+and replies the real ``openai`` client's types read back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from _proxy_support import ADD
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+import agentrl.proxy
+from agentrl.proxy import Reply, RequestError, parse_request
+from agentrl.proxy._wire import completion, stream_events
+
+
+def test_public_surface_is_pinned() -> None:
+    assert set(agentrl.proxy.__all__) == {
+        "Agent", "AgentEpisode", "AgentRunner", "ChatRequest", "ProxyConfig", "ProxyServer", "ProxySession", "Reply",
+        "RequestError", "SessionError", "check_agent", "parse_request"}
+    for name in agentrl.proxy.__all__:
+        assert getattr(agentrl.proxy, name) is not None
+
+
+def test_a_request_with_everything_the_proxy_serves() -> None:
+    req = parse_request({
+        "model": "m", "messages": [{"role": "developer", "content": "be brief"},
+                                   {"role": "user", "content": [{"type": "text", "text": "1+2"}, {"type": "text", "text": "?"}]},
+                                   {"role": "assistant", "content": None, "tool_calls": [
+                                       {"id": "c1", "type": "function", "function": {"name": "add",
+                                                                                    "arguments": '{"a": 1, "b": 2}'}}]},
+                                   {"role": "tool", "tool_call_id": "c1", "content": "3"}],
+        "tools": [ADD], "tool_choice": "auto", "temperature": 0.5, "top_p": 0.9, "max_tokens": 10,
+        "max_completion_tokens": 7, "stop": "END", "stream": True, "stream_options": {"include_usage": True},
+        "n": 1, "user": "u", "parallel_tool_calls": True, "seed": 3})
+    assert [m.role for m in req.messages] == ["system", "user", "assistant", "tool"]
+    assert req.messages[1].content == "1+2 ?"  # text parts joined with a space, as SGLang joins them
+    assert req.messages[2].tool_calls[0].arguments == {"a": 1, "b": 2}
+    assert (req.temperature, req.top_p, req.max_tokens, req.stop) == (0.5, 0.9, 7, ("END",))
+    assert req.stream and req.include_usage and req.render_tools == [ADD] and not req.forced
+
+
+def test_tool_choice_none_renders_no_tools_and_a_named_choice_renders_only_that_tool() -> None:
+    other = {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}
+    base: dict[str, Any] = {"messages": [{"role": "user", "content": "x"}], "tools": [ADD, other]}
+    assert parse_request({**base, "tool_choice": "none"}).render_tools is None
+    named = parse_request({**base, "tool_choice": {"type": "function", "function": {"name": "mul"}}})
+    assert named.forced and named.named and named.render_tools == [other]
+    assert parse_request({**base, "tool_choice": "required"}).forced
+
+
+@pytest.mark.parametrize(("body", "param", "says"), [
+    ({"messages": []}, "messages", "non-empty list"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "expected one of"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0]", "text parts only"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "{bad"}}]}]},
+     "messages[0]", "JSON object string"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "expected 1"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs", "not served"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format",
+     "text"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 2}}, "logit_bias", "not supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "presence_penalty", "expected 0"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature", "[0, 2]"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens", ">= 1"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice", "without tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [ADD],
+      "tool_choice": {"type": "function", "function": {"name": "mul"}}}, "tool_choice", "not in tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}, "tools[0]", "function"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [ADD, ADD]}, "tools", "unique"),
+])
+def test_a_request_the_proxy_cannot_honour_is_a_400_naming_the_field(body: dict[str, Any], param: str,
+                                                                      says: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_request(body)
+    assert info.value.status == 400 and info.value.param == param and says in info.value.message
+
+
+REPLY = Reply(response_id="chatcmpl-x", created=1, model="m", content="", reasoning="think",
+              calls=(("call_1", "add", {"a": 1, "b": 2}),), finish_reason="tool_calls", prompt_tokens=10,
+              completion_tokens=5, cached_tokens=2)
+
+
+def test_a_reply_is_a_chat_completion_the_openai_types_read() -> None:
+    parsed = ChatCompletion.model_validate(orjson.loads(completion(REPLY)))
+    message = parsed.choices[0].message
+    assert message.content is None and message.tool_calls is not None
+    assert message.tool_calls[0].id == "call_1" and message.tool_calls[0].function.arguments == '{"a": 1, "b": 2}'
+    assert parsed.choices[0].finish_reason == "tool_calls"
+    assert parsed.usage is not None and (parsed.usage.prompt_tokens, parsed.usage.total_tokens) == (10, 15)
+    assert (message.model_extra or {}).get("reasoning_content") == "think"
+
+
+def test_a_streamed_reply_is_chunks_then_done() -> None:
+    events = stream_events(REPLY, include_usage=True).split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    chunks = [ChatCompletionChunk.model_validate(orjson.loads(e.removeprefix(b"data: "))) for e in events[:-2]]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert calls and calls[0] is not None and calls[0][0].function is not None
+    assert calls[0][0].function.name == "add"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
