@@ -44,6 +44,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "bench_megatron": ("cuda",),
     "bench_inspect": ("chromium",),
     "bench_sandbox": ("bwrap",),
+    "bench_workspace": ("bwrap",),
     "bench_scheduler": ("bwrap",),
 }
 # Benches started through a launcher (after the Python, before the script).

@@ -22,6 +22,15 @@ Contract (what the agent loop relies on, and what ``agentrl env check`` verifies
 - ``reward(trajectory)`` may be sync or async and returns a float or a
   :class:`~agentrl.rewards.Reward` inside ``reward_range``. Step-level ``reward_parts`` (failure
   penalties) are added on top by the agent loop.
+- **A workspace** (optional): an environment that declares ``workspace = WorkspaceSpec(...)`` gets a
+  per-episode folder, shell and Python kernel that keep their state across its tool calls
+  (:mod:`agentrl.tools.workspace`): ``self.workspace_session``, created at the first tool call (from
+  the spec and :meth:`Environment.workspace_files`, the row's own files), with the spec's tools
+  (``bash``, ``python`` kernel, ``read_file``, ``write_file``, ``edit_file``, ``list_dir``) registered
+  per instance. It is removed by ``close()``, which the agent loop calls after ``reward()``, so a
+  reward may run commands in it; an override of ``close()`` must call ``super().close()``. A
+  resumed episode's replay (:meth:`Environment.begin_replay`) rebuilds it by running the recorded
+  calls again and answering with the recorded results.
 - The default ``step`` logs, in ``StepResult.info``: ``turn`` (1 for the first reply), ``calls``
   (one ``{"id", "name", "failure", "duration_s"}`` per call run; ``failure`` a failure kind or None)
   and ``parse_failures`` (kind, tool, call id, tolerated, message) of the reply. The agent loop keeps
@@ -54,6 +63,7 @@ from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.policy import EnvLimits, FailureAction, FailurePolicy
 from agentrl.rewards.types import RewardValue
 from agentrl.tools.base import Tool, ToolResult, short_error, tool_schema
+from agentrl.tools.workspace import WorkspaceSession, WorkspaceSpec, answers_from_record, workspace_tools
 from agentrl.trajectory import EpisodeError, ErrorKind, StopReason, Trajectory
 
 __all__ = ["Environment", "EpisodeDoneError", "StepResult", "ToolLike", "tool_spec"]
@@ -148,6 +158,7 @@ class Environment(ABC):
     reward_range: tuple[float, float] = (0.0, 1.0)  # an instance may narrow or widen it (e.g. shaping)
     default_limits: ClassVar[EnvLimits] = EnvLimits()
     default_failure_policy: ClassVar[FailurePolicy] = FailurePolicy()
+    workspace: ClassVar[WorkspaceSpec | None] = None
 
     def __init__(self, task: Mapping[str, Any] | BaseModel, *, limits: EnvLimits | None = None,
                  failure_policy: FailurePolicy | None = None) -> None:
@@ -157,6 +168,15 @@ class Environment(ABC):
         self._tools: dict[str, Tool] = {}
         for t in type(self).tools:
             self.register_tool(t)
+        spec = self.workspace_spec()
+        self.workspace_session: WorkspaceSession | None = None
+        if spec is not None:
+            if not isinstance(spec, WorkspaceSpec):
+                raise TypeError(f"{type(self).__name__}.workspace: expected a WorkspaceSpec or None, got "
+                                f"{type(spec).__name__}")
+            self.workspace_session = WorkspaceSession(spec, self.workspace_files)
+            for t in workspace_tools(self.workspace_session, spec.tools):
+                self.register_tool(t)
         self.turns = 0
         self.tool_calls = 0
         self.successful_tool_calls = 0
@@ -256,6 +276,8 @@ class Environment(ABC):
                 end |= self._apply_failure(result, out.failure, out.content, result.messages, msg,
                                            where=(call.name, call.id))
         result.messages.extend(feedback)
+        if run and self.workspace_session is not None:
+            await self.workspace_session.after_step(result.info)
         result.info["tool_calls"] = len(run)
         result.info["turn"] = self.turns
         if run:
@@ -279,8 +301,30 @@ class Environment(ABC):
     def reward(self, trajectory: Trajectory) -> RewardValue | Awaitable[RewardValue]:
         """The episode's reward, within ``reward_range``; read only the model's own text."""
 
-    async def close(self) -> None:  # noqa: B027 - a no-op default is the right default
-        """Releases what this episode started (processes, containers, files). Idempotent."""
+    def workspace_spec(self) -> WorkspaceSpec | None:
+        """This episode's workspace spec: the class's ``workspace`` (override to choose per instance,
+        e.g. the backend from an option; called by ``__init__``, before a subclass's own attributes
+        are set unless it sets them before ``super().__init__``)."""
+        return type(self).workspace
+
+    def workspace_files(self) -> Mapping[str, str | bytes]:
+        """The task's own files, written into the workspace (relative path -> content) before the
+        spec's setup commands run; called once, when the workspace is created. Default: none."""
+        return {}
+
+    def begin_replay(self, sequences: Sequence[Trajectory], env_info: Sequence[Mapping[str, Any]]) -> None:
+        """A resumed episode is about to be replayed (:mod:`agentrl.rollout.restore`): its workspace
+        tools run the recorded calls again and answer with the recorded results. No-op without a workspace."""
+        session = self.workspace_session
+        if session is not None and sequences:
+            names = tuple(n for n, t in self._tools.items() if getattr(t, "session", None) is session)
+            session.begin_replay(*answers_from_record(sequences[-1].messages, env_info, names))
+
+    async def close(self) -> None:
+        """Releases what this episode started (processes, containers, files): the workspace, if one
+        was created. Idempotent; an override must call ``super().close()``."""
+        if self.workspace_session is not None:
+            await self.workspace_session.remove()
 
     # -- helpers for subclasses ------------------------------------------------------------
     def _begin_step(self) -> None:

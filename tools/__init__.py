@@ -3,7 +3,9 @@
 - :class:`Tool` protocol, :class:`ToolResult`, the :func:`tool` decorator (schema from type hints
   and the docstring), :func:`tool_schema` (the OpenAI function dict the chat templates render);
 - built-in tools: :class:`PythonTool` (sandboxed interpreter) and :data:`calculator`;
-- :mod:`agentrl.tools.sandbox`: ``create_sandbox(backend="bwrap" | "docker" | "local")``.
+- :mod:`agentrl.tools.sandbox`: ``create_sandbox(backend="bwrap" | "docker" | "local")``;
+- :mod:`agentrl.tools.workspace`: an episode's stateful workspace (files, shell, Python kernel),
+  forked for a group, removed with the episode.
 """
 
 from agentrl.tools.base import (

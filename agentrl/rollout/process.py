@@ -38,11 +38,15 @@ __all__ = [
     "ManagedProcess",
     "default_log_dir",
     "free_port",
+    "reap_container_with_this_process",
+    "reap_path_with_this_process",
     "reap_with_this_process",
     "request_json",
     "stop_all",
     "stop_all_on_exit",
     "unreap",
+    "unreap_container",
+    "unreap_path",
     "wait_ready",
 ]
 
@@ -82,14 +86,16 @@ _REGISTRY = _Registry()
 
 
 class _ReaperLink:
-    """This process's pipe to its reaper (started with the first tree it guards, ended with the last;
-    started again after a fork or if it died)."""
+    """This process's pipe to its reaper (started with the first thing it guards, ended with the last;
+    started again after a fork or if it died). Guards process trees (``registered``) and, for
+    workspaces, containers and folders (``others``: the line that registers each, by key)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.owner = -1
         self.lock = threading.Lock()
         self.registered: dict[int, float] = {}
+        self.others: dict[str, str] = {}
 
     def _send(self, line: str) -> None:
         if self.proc is None or self.owner != os.getpid() or self.proc.poll() is not None:
@@ -100,9 +106,38 @@ class _ReaperLink:
             assert self.proc.stdin is not None
             for pid, created in self.registered.items():  # a new reaper learns what the last one knew
                 self.proc.stdin.write(f"add {pid} {created}\n".encode())
+            for known in self.others.values():
+                self.proc.stdin.write(known.encode())
         assert self.proc.stdin is not None
         self.proc.stdin.write(line.encode())
         self.proc.stdin.flush()
+
+    def add_other(self, key: str, line: str) -> None:
+        with self.lock:
+            self.others[key] = line
+            try:
+                self._send(line)
+            except OSError:
+                pass
+
+    def remove_other(self, key: str, line: str) -> None:
+        with self.lock:
+            if self.others.pop(key, None) is None:
+                return
+            try:
+                self._send_or_end(line)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+    def _send_or_end(self, line: str) -> None:
+        """Sends ``line``, or ends the reaper when nothing is left to guard (a later entry starts a new one)."""
+        if self.registered or self.others or self.proc is None or self.owner != os.getpid():
+            self._send(line)
+        else:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+            self.proc = None
 
     def add(self, pid: int) -> None:
         try:
@@ -121,13 +156,7 @@ class _ReaperLink:
             if self.registered.pop(pid, None) is None:
                 return
             try:
-                if self.registered or self.proc is None or self.owner != os.getpid():
-                    self._send(f"remove {pid}\n")
-                else:  # nothing left to guard: the reaper ends (a later tree starts a new one)
-                    assert self.proc.stdin is not None
-                    self.proc.stdin.close()
-                    self.proc.wait(timeout=10)
-                    self.proc = None
+                self._send_or_end(f"remove {pid}\n")
             except (OSError, subprocess.TimeoutExpired):
                 pass
 
@@ -144,6 +173,38 @@ def reap_with_this_process(pid: int) -> None:
 
 def unreap(pid: int) -> None:
     _REAPER.remove(pid)
+
+
+def _one_line(value: str, what: str) -> str:
+    if not value or "\n" in value or "\r" in value:
+        raise ValueError(f"{what}: expected a non-empty value without line breaks, got {value!r}")
+    return value
+
+
+def reap_path_with_this_process(path: str) -> None:
+    """Registers a folder (absolute path) the reaper removes with everything in it if this process dies
+    before :func:`unreap_path` (a workspace's staged base, a cgroup parent: deepest groups first)."""
+    path = _one_line(os.path.abspath(path), "reap_path_with_this_process(path)")
+    _REAPER.add_other(f"path {path}", f"path {path}\n")
+
+
+def unreap_path(path: str) -> None:
+    path = os.path.abspath(path)
+    _REAPER.remove_other(f"path {path}", f"unpath {path}\n")
+
+
+def reap_container_with_this_process(container_id: str, docker_host: str) -> None:
+    """Registers a Docker container the reaper removes (with force, through the daemon at ``docker_host``)
+    if this process dies before :func:`unreap_container`."""
+    if not container_id.isalnum() or " " in docker_host:
+        raise ValueError(f"reap_container_with_this_process: expected a container id and a DOCKER_HOST URL, got "
+                         f"{container_id!r}, {docker_host!r}")
+    _one_line(docker_host, "reap_container_with_this_process(docker_host)")
+    _REAPER.add_other(f"container {container_id}", f"container {container_id} {docker_host}\n")
+
+
+def unreap_container(container_id: str) -> None:
+    _REAPER.remove_other(f"container {container_id}", f"uncontainer {container_id}\n")
 
 
 def default_log_dir() -> Path:

@@ -212,6 +212,9 @@ async def replay(runner: EpisodeRunner, record: MemberRecord) -> str | None:
     own = runner.client
     runner.client = client
     try:
+        begin = getattr(runner.env, "begin_replay", None)  # a workspace answers replayed calls from the record
+        if callable(begin):
+            begin(record.sequences, record.env_info)
         while True:
             before = client.cursor
             episode = await runner.advance(client.exhausted)

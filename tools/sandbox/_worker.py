@@ -153,6 +153,13 @@ def _run_python(code: str, status_fd: int) -> int:
     return status
 
 
+def script_path(req: dict[str, Any]) -> str:
+    """Where a bash program is written: ``/tmp/.cell.sh``, or the request's ``script`` (a name in /tmp:
+    a Docker workspace keeps its /tmp across calls, which may run at the same time)."""
+    name = str(req.get("script") or ".cell.sh")
+    return "/tmp/" + (name if name.replace(".", "").replace("-", "").isalnum() else ".cell.sh")
+
+
 def _read_to_end(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
@@ -197,10 +204,17 @@ def _prepared_child(fds: dict[str, int], state: dict[str, Any], tmp_bytes: int) 
         _set_limits(req)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if req.get("language") == "bash":
-            path = os.path.join(workdir, ".cell.sh")
-            with open(path, "w") as f:
+            # in /tmp, never in the working directory: a workspace's files stay the program's own
+            path = script_path(req)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
                 f.write(req["code"])
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8",
+                   **{str(k): str(v) for k, v in (req.get("env") or {}).items()}}
             os.write(FD_READY, b"G")
             os.close(FD_READY)
             os.execve("/bin/bash", ["bash", path], env)
@@ -382,7 +396,7 @@ def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     os.close(handle.pop("request"))
     cap = int(req.get("max_output_bytes") or 65536)
     out_r, err_r, st_r, ready_r = handle["out"], handle["err"], handle["status"], handle["ready"]
-    captures = {out_r: _Capture(cap), err_r: _Capture(cap), st_r: _Capture(256), ready_r: _Capture(8)}
+    captures = {out_r: _Capture(cap), err_r: _Capture(cap), st_r: _Capture(4096), ready_r: _Capture(8)}
     deadline = start + float(req.get("timeout_s") or 10.0)
     timed_out = not _drain([out_r, err_r, st_r, ready_r], captures, deadline, handle["pidfd"], pid)
     tree_cpu = _tree_cpu(pid) if timed_out else 0.0  # before the kill: the program's own CPU time
@@ -403,6 +417,11 @@ def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
+        if req.get("language") == "bash":  # (with namespaces, the execution's own /tmp is gone already)
+            try:
+                os.unlink(script_path(req))
+            except OSError:
+                pass
         if state["sweep"]:
             unclean = _container().reset_container()
     _close_handle(handle)
@@ -412,12 +431,16 @@ def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     cpu_s = max(usage.ru_utime + usage.ru_stime, tree_cpu)
     sig, reason = _classify(status, timed_out, cpu_s, req)
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    claim = b"".join(captures[st_r].chunks).decode("ascii", "replace") or None
+    channel = b"".join(captures[st_r].chunks)
+    claim = channel[:200].decode("ascii", "replace") or None
+    bash = req.get("language") == "bash"
     return {
         "stdout": captures[out_r].b64(), "stderr": captures[err_r].b64(),
         "stdout_bytes": captures[out_r].total, "stderr_bytes": captures[err_r].total,
         "exit_code": exit_code, "signal": sig, "timed_out": timed_out, "killed_reason": reason,
-        "claimed_exception": claim if exit_code == EXIT_EXCEPTION else None,
+        "claimed_exception": claim if exit_code == EXIT_EXCEPTION and not bash else None,
+        # what a bash program wrote on fd 3 (a workspace's shell reports its working directory there)
+        "channel": channel.decode("utf-8", "replace") if bash else None,
         "cpu_s": round(cpu_s, 4), "duration_s": round(time.monotonic() - start, 6),
         "clean": unclean is None, "unclean": unclean, "prepared": how,
     }
@@ -477,7 +500,7 @@ def _owns_pid_namespace() -> bool:
         return False
 
 
-def _state(sweep: bool, seccomp: bytes | None, ahead: bool) -> dict[str, Any]:
+def _state(sweep: bool, seccomp: bytes | None, ahead: bool, writable: tuple[str, ...] = ()) -> dict[str, Any]:
     # Non-dumpable: code running as the same uid (the Docker backend) cannot ptrace the worker or
     # read its memory; the child makes itself dumpable again.
     isolation.prctl(PR_SET_DUMPABLE, 0)
@@ -490,20 +513,21 @@ def _state(sweep: bool, seccomp: bytes | None, ahead: bool) -> dict[str, Any]:
         state["pidns_fd"] = os.open("/proc/self/ns/pid", os.O_RDONLY)
         state["bounding"] = isolation.bounding_capabilities()
         # Each execution's mount namespace copies this one and replaces /proc and /dev/pts (and mounts
-        # its own /tmp and /dev/shm): nothing else may be writable.
-        extra = isolation.writable_mounts(("/proc", "/dev/pts"))
+        # its own /tmp and /dev/shm): nothing else may be writable, but a workspace (``--writable=``),
+        # which is meant to keep one episode's files from one call to the next.
+        extra = isolation.writable_mounts(("/proc", "/dev/pts", *writable))
         if extra:
             state["layout_error"] = f"writable mounts {extra}: each execution could leave files for the next"
     return state
 
 
-def serve(sweep: bool, seccomp: bytes | None) -> None:
+def serve(sweep: bool, seccomp: bytes | None, writable: tuple[str, ...] = ()) -> None:
     """The request loop of a pooled worker: frames in on fd 0, frames out on fd 1."""
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-    state = _state(sweep, seccomp, ahead=True)
+    state = _state(sweep, seccomp, ahead=True, writable=writable)
     gc.freeze()  # the worker's objects stay out of the children's collections (fewer copy-on-write faults)
     _write_frame(proto_out, {"ready": True, "namespaces": state["namespaces"], "pid": os.getpid(),
                              "python": sys.version.split()[0], "seccomp": seccomp is not None,
@@ -544,10 +568,13 @@ def once(chunks: list[str], sweep: bool, seccomp: bytes | None) -> None:
 def main(argv: list[str]) -> None:
     sweep = "--sweep" in argv
     seccomp = None
-    args = []
+    args: list[str] = []
+    writable: list[str] = []
     for arg in argv:
         if arg.startswith("--seccomp="):
             seccomp = base64.b64decode(arg.split("=", 1)[1])
+        elif arg.startswith("--writable="):
+            writable.append(arg.split("=", 1)[1])
         elif arg != "--sweep":
             args.append(arg)
     if args and args[0] == "once":
@@ -560,7 +587,7 @@ def main(argv: list[str]) -> None:
             site.main()  # -S skipped it: make the interpreter's dist-packages importable by user code
         except Exception:
             pass
-        serve(sweep, seccomp)
+        serve(sweep, seccomp, tuple(writable))
 
 
 if __name__ == "__main__":

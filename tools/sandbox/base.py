@@ -257,7 +257,8 @@ def result_from_worker(data: dict[str, Any], duration_s: float) -> ExecResult:
         claimed_exception=data.get("claimed_exception"), signal=data.get("signal"),
         cpu_s=float(data.get("cpu_s", 0.0)), stdout_bytes=int(data["stdout_bytes"]),
         stderr_bytes=int(data["stderr_bytes"]),
-        metrics={"inner_duration_s": data.get("duration_s"), "prepared": data.get("prepared")},
+        metrics={"inner_duration_s": data.get("duration_s"), "prepared": data.get("prepared"),
+                 **({"channel": data["channel"]} if data.get("channel") is not None else {})},
     )
 
 

@@ -35,7 +35,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.tools.sandbox.base import (
@@ -52,7 +52,7 @@ from agentrl.tools.sandbox.base import (
     worker_binds,
     worker_request,
 )
-from agentrl.tools.sandbox.cgroups import CgroupSet, CgroupSupport, detect_cgroups
+from agentrl.tools.sandbox.cgroups import CgroupSet, CgroupSupport, WorkerCgroup, detect_cgroups
 from agentrl.tools.sandbox.pool import WorkerError, WorkerLaunch, WorkerPool, process_tree_memory
 from agentrl.tools.sandbox.seccomp import BLOCKED, SeccompUnsupported, filter_b64
 
@@ -84,8 +84,19 @@ class BwrapSandbox(Sandbox):
         recycle_after: int = 1000,
         bwrap: str | None = None,
         seccomp: bool = True,
+        enter: Sequence[str] = (),
+        binds: Sequence[tuple[str, str]] = (),
+        ro_binds: Sequence[tuple[str, str]] = (),
+        register_cgroup: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(limits or SandboxLimits())
+        # A workspace's sandbox (agentrl.tools.workspace): ``enter`` is the command that puts bwrap into
+        # the namespaces holding the workspace's mounts (nsenter; it also sets the user), ``binds`` are
+        # the writable places it keeps across calls, ``ro_binds`` extra read-only files.
+        self._enter = list(enter)
+        self._binds = list(binds)
+        self._ro_binds = list(ro_binds)
+        self._register_cgroup = register_cgroup  # each cgroup folder, before it is made (the reaper's list)
         found = bwrap or shutil.which("bwrap")
         if found is None or not os.access(found, os.X_OK):
             raise SandboxUnavailableError(f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
@@ -98,8 +109,8 @@ class BwrapSandbox(Sandbox):
         _bwrap_help(found)  # cached now, not on the event loop later
         self._python = python
         self._root = os.geteuid() == 0
-        self._setpriv = shutil.which("setpriv") if self._root else None
-        if self._root and self._setpriv is None:
+        self._setpriv = shutil.which("setpriv") if self._root and not self._enter else None
+        if self._root and self._setpriv is None and not self._enter:
             raise SandboxUnavailableError("running as root needs setpriv (util-linux) to drop to uid 65534")
         support = detect_cgroups() if use_cgroups else CgroupSupport(None, frozenset(), reason="disabled")
         self._cgroup_support = support
@@ -123,47 +134,64 @@ class BwrapSandbox(Sandbox):
     def _has(self, ctrl: str) -> bool:
         return ctrl in self._cgroup_support.controllers
 
-    def bwrap_argv(self) -> list[str]:
-        """The bwrap command line of one worker (without the cgroup/uid prefix)."""
+    def bwrap_argv(self, program: Sequence[str] | None = None, *, capabilities: bool = True,
+                   tmp_bytes: int | None = None, env: dict[str, str] | None = None) -> list[str]:
+        """The bwrap command line of one worker (without the cgroup/uid prefix). ``program`` replaces
+        the worker program (a workspace's kernel: ``capabilities=False``, its own tmpfs ``/tmp`` of
+        ``tmp_bytes``, ``env`` added to its environment)."""
         # --disable-userns (bubblewrap >= 0.8): the program cannot create nested user namespaces.
         nested = ["--unshare-user", "--disable-userns"] if "--disable-userns" in _bwrap_help(self._bwrap) else []
+        if self._enter:  # inside a workspace's user namespace the user is its root: run as 65534 as elsewhere
+            nested = ["--unshare-user", *nested[1:], "--uid", str(NOBODY), "--gid", str(NOBODY)]
         # The worker keeps CAP_SYS_ADMIN (in its own user namespace only) to build each execution's
         # namespaces; every execution drops all capabilities before its code.
-        argv = [self._bwrap, "--unshare-all", *nested, "--die-with-parent", "--new-session",
-                "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP",
+        caps = ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if capabilities else []
+        argv = [self._bwrap, "--unshare-all", *nested, "--die-with-parent", "--new-session", *caps,
                 "--ro-bind", "/usr", "/usr"]
         for name in ("lib", "lib64", "lib32", "bin", "sbin"):
             if os.path.islink(f"/{name}") or os.path.isdir(f"/usr/{name}"):
                 argv += ["--symlink", f"usr/{name}", f"/{name}"]
         # /etc/alternatives holds only symlinks (Debian's choice of e.g. libblas.so.3, which numpy loads)
+        tmp = ["--size", str(tmp_bytes), "--tmpfs", "/tmp"] if tmp_bytes else ["--dir", "/tmp"]
         argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
-                 "--proc", "/proc", "--dev", "/dev", "--dir", "/tmp"]
-        for host, inside in worker_binds(WORKER_DIR):
+                 "--proc", "/proc", "--dev", "/dev", *tmp]
+        for host, inside in [*worker_binds(WORKER_DIR), *self._ro_binds]:
             argv += ["--ro-bind", host, inside]
+        for host, inside in self._binds:
+            argv += ["--bind", host, inside]
         # Last: the root and /dev read-only (each execution mounts its own /tmp, /dev/shm, /proc, /dev/pts).
         argv += ["--remount-ro", "/", "--remount-ro", "/dev",
                  "--hostname", "sandbox", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-                 "--setenv", "LANG", "C.UTF-8", "--chdir", "/tmp",
-                 self._python, "-I", "-S", WORKER_IN_SANDBOX, "--sweep"]
+                 "--setenv", "LANG", "C.UTF-8", "--chdir", self._binds[0][1] if self._binds else "/tmp",
+                 *(arg for k, v in (env or {}).items() for arg in ("--setenv", k, v))]
+        if program is not None:
+            return [*argv, *program]
+        argv += [self._python, "-I", "-S", WORKER_IN_SANDBOX, "--sweep",
+                 *(f"--writable={inside}" for _, inside in self._binds)]
         if self._seccomp is not None:
             argv.append(f"--seccomp={self._seccomp}")
         return argv
 
-    def _launch(self, index: int) -> WorkerLaunch:
-        argv = self.bwrap_argv()
+    def launch_argv(self, argv: list[str], cgroup: WorkerCgroup | None) -> list[str]:
+        """``argv`` (a bwrap command line) behind the uid switch, the namespace entry and the cgroup move."""
         if self._setpriv is not None:
             argv = [self._setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+        argv = [*self._enter, *argv]
+        if cgroup is not None:
+            moves = " && ".join(f"echo $$ > {shlex.quote(str(p))}" for p in cgroup.procs_files())
+            argv = ["/bin/sh", "-c", f'{moves} && exec "$@"', "sh", *argv]
+        return argv
+
+    def _launch(self, index: int) -> WorkerLaunch:
         cgroup = None
         if self._cgroups is None and self._cgroup_support.version is not None:
-            self._cgroups = CgroupSet(self._cgroup_support)
+            self._cgroups = CgroupSet(self._cgroup_support, register=self._register_cgroup)
         if self._cgroups is not None:
             lim = self.limits
             cgroup = self._cgroups.worker(index, (lim.memory_mb + WORKER_MEMORY_OVERHEAD_MB) << 20,
                                           lim.max_processes + EXTRA_PIDS, lim.cpu_cores)
-            moves = " && ".join(f"echo $$ > {shlex.quote(str(p))}" for p in cgroup.procs_files())
-            argv = ["/bin/sh", "-c", f'{moves} && exec "$@"', "sh", *argv]
-        return WorkerLaunch(argv, cgroup, hint=self._hint())
+        return WorkerLaunch(self.launch_argv(self.bwrap_argv(), cgroup), cgroup, hint=self._hint())
 
     def _hint(self) -> str:
         return ("bubblewrap could not create its namespaces; it needs unprivileged user namespaces "
@@ -176,9 +204,19 @@ class BwrapSandbox(Sandbox):
             self._cgroups.release(launch.cgroup)
 
     async def run(self, code: str, *, language: str = "python", timeout_s: float | None = None) -> ExecResult:
+        return await self.execute(code, language=language, timeout_s=timeout_s)
+
+    async def execute(self, code: str, *, language: str = "python", timeout_s: float | None = None,
+                      workdir: str | None = None, env: dict[str, str] | None = None) -> ExecResult:
+        """:meth:`run` in ``workdir`` (default ``/tmp``) with ``env`` added to a bash program's
+        environment (a workspace's commands)."""
         timeout = self._check_request(code, language, timeout_s)
         request = worker_request(code, language, timeout, self.limits, memory_rlimit=not self._has("memory"),
                                  nproc_rlimit=not self._has("pids"))
+        if workdir is not None:
+            request["workdir"] = workdir
+        if env:
+            request["env"] = dict(env)
         started = time.monotonic()
         try:
             data = await self._pool.execute(request, timeout, observe=_observe_oom)

@@ -20,6 +20,7 @@ import contextlib
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,7 +207,9 @@ def _remove_stale(hierarchy: Path) -> None:
 class CgroupSet:
     """A sandbox's parent group (``agentrl-<id>``) under which each worker gets its own group."""
 
-    def __init__(self, support: CgroupSupport) -> None:
+    def __init__(self, support: CgroupSupport, *, register: Callable[[str], None] | None = None) -> None:
+        """``register`` is called with each parent group's path before it is created (a workspace
+        registers it with the reaper, which removes it if this process dies)."""
         if support.version is None or support.base is None:
             raise ValueError(f"CgroupSet: cgroups are not usable here ({support.reason})")
         self.support = support
@@ -216,6 +219,8 @@ class CgroupSet:
         for ctrl in sorted(support.controllers):
             _remove_stale(self._hierarchy(ctrl))
             parent = self._hierarchy(ctrl) / self.name
+            if register is not None:
+                register(str(parent))
             parent.mkdir(exist_ok=True)
             self._parents[ctrl] = parent
         if support.version == 2:
