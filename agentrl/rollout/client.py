@@ -230,9 +230,26 @@ class InferenceClient:
         # answers arrive in bursts (an engine finishes a batch): each is parsed in its turn, so one loop pass
         # never parses a thousand of them back to back; a scheduler on this client shares this pacer
         self.pacer = Pacer()
-        # LoRA: the name of the adapter version every request is served through (None: the base weights);
-        # the weight sync moves it to each new version, so a request resumed after a sync uses the new one
-        self.adapter: str | None = None
+        # LoRA: the adapter every request is served through, (name, the policy version it is) (None: the
+        # base weights); the weight sync moves it to each new version, so a request sent (or resumed) after
+        # a sync uses the new one, and the tokens of a request say the version of the adapter they came from
+        self._adapter: tuple[str, str] | None = None
+
+    @property
+    def adapter(self) -> str | None:
+        """The name of the LoRA adapter requests go through (``None``: the base weights)."""
+        return None if self._adapter is None else self._adapter[0]
+
+    def set_adapter(self, name: str | None, version: str | int | None = None) -> None:
+        """Serve every later request through adapter ``name`` (``None``: the base weights); its results
+        then report ``version`` as their weight version (SGLang's own is the base weights' version, which
+        an adapter load does not change)."""
+        if name is None:
+            self._adapter = None
+            return
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"set_adapter(name={name!r}): expected an adapter name or None")
+        self._adapter = (name, str(version) if version is not None else name)
 
     async def __aenter__(self) -> InferenceClient:
         self._ensure_session()
@@ -298,8 +315,9 @@ class InferenceClient:
             payload["logprob_start_len"] = logprob_start_len
         if top_logprobs_num is not None:
             payload["top_logprobs_num"] = top_logprobs_num
-        if self.adapter is not None:  # LoRA: every request goes through the current adapter version
-            payload["lora_path"] = self.adapter
+        adapter = self._adapter
+        if adapter is not None:  # LoRA: every request goes through the current adapter version
+            payload["lora_path"] = adapter[0]
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key is not None else {}
         deadline = self.config.deadline_s if deadline_s is None else deadline_s
         if rid in self._attempt_rid:
@@ -310,8 +328,12 @@ class InferenceClient:
         try:
             async with self._limit:
                 if deadline is None:
-                    return await self._with_retries(payload, headers, rid)
-                return await self._with_deadline(payload, headers, rid, deadline)
+                    result = await self._with_retries(payload, headers, rid)
+                else:
+                    result = await self._with_deadline(payload, headers, rid, deadline)
+            if adapter is not None and result.weight_version is not None:  # the adapter's version, not the base's
+                result = dataclasses.replace(result, weight_version=adapter[1], weight_version_spans=())
+            return result
         finally:
             self._attempt_rid.pop(rid, None)
             self._client_aborted.discard(rid)

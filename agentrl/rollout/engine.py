@@ -35,7 +35,8 @@ from agentrl.model_folder import Need, check_model_folder
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = [
-    "EngineConfig", "EngineError", "EngineProcess", "EngineStarter", "SGLangEngine", "default_shim_dir", "detect_device",
+    "EngineConfig", "EngineError", "EngineLora", "EngineProcess", "EngineStarter", "SGLangEngine", "default_shim_dir",
+    "detect_device",
     "engine_environment",
 ]
 
@@ -109,6 +110,33 @@ def _at_least(name: str, value: float | None, low: float, *, above: bool = False
 
 
 @dataclass(frozen=True)
+class EngineLora:
+    """LoRA serving (``--enable-lora``): adapters of rank up to ``max_rank`` on ``target_modules``,
+    loaded and unloaded while the engine serves; ``backend`` SGLang's ``--lora-backend`` (``None``: its
+    default; ``torch_native`` is the one that runs without an accelerator); ``max_loras_per_batch``:
+    adapters one batch may mix (a sync briefly serves the old and the new version side by side)."""
+
+    max_rank: int
+    target_modules: tuple[str, ...]
+    backend: str | None = None
+    max_loras_per_batch: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("max_rank", "max_loras_per_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineLora.{name}={value!r}: expected an int >= 1")
+        if isinstance(self.target_modules, str) or not self.target_modules:
+            raise ValueError(f"EngineLora.target_modules={self.target_modules!r}: expected module names")
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+    def args(self) -> list[str]:
+        out = ["--enable-lora", "--max-lora-rank", str(self.max_rank), "--lora-target-modules",
+               *self.target_modules, "--max-loras-per-batch", str(self.max_loras_per_batch)]
+        return out + (["--lora-backend", self.backend] if self.backend is not None else [])
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """How to start one SGLang server. ``None`` leaves SGLang's default; ``port=None`` picks a free port.
 
@@ -150,6 +178,7 @@ class EngineConfig:
     log_dir: str | os.PathLike[str] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    lora: EngineLora | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_path, (str, os.PathLike)) or not os.fspath(self.model_path):
@@ -212,6 +241,8 @@ class EngineConfig:
                 cmd += [flag, str(value)]
         if self.enable_memory_saver:
             cmd.append("--enable-memory-saver")
+        if self.lora is not None:
+            cmd += self.lora.args()
         return [*cmd, *self.extra_args]
 
     def expected_server_info(self) -> dict[str, Any]:
@@ -496,6 +527,12 @@ class SGLangEngine:
         if load_format is not None:
             body["load_format"] = load_format
         return await self._checked("/load_lora_adapter_from_tensors", body, timeout_s=300.0)
+
+    async def lora_adapters(self) -> list[str]:
+        """The names of the adapters loaded now (``/v1/models``: the served model, then each adapter)."""
+        reply = await self._call("GET", "/v1/models", timeout_s=30.0)
+        cards = reply.get("data", []) if isinstance(reply, dict) else []
+        return [str(c["id"]) for c in cards if isinstance(c, dict) and c.get("parent")]
 
     async def unload_lora_adapter(self, name: str) -> dict[str, Any]:
         """Unloads ``name`` (SGLang waits for the requests that use it)."""

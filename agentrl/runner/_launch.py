@@ -100,9 +100,9 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
                           engines=len(group.engines))
     weights = EngineWeights(WeightSync(group.engines, config.run_dir() / "weights", config.sync.to_config(),
                                        on_remove=group.take_out, eligible=group.syncable),
-                            group, wait_s=wait, method=config.sync.resolved_method(config.cluster.placement,
-                                                                                   attached=bool(config.rollout.engines.urls)),
-                            bucket_bytes=config.sync.bucket_mb << 20)
+                            group, wait_s=wait, method=config.sync_method(),
+                            bucket_bytes=config.sync.bucket_mb << 20,
+                            adapter_switch=client.set_adapter if config.train.lora is not None else None)
     group.before_readmit = weights.resync
     evals: dict[str, tuple[list[dict[str, Any]], Any, int, bool]] = {}
     for section in config.data.eval:

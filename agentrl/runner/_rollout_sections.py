@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from agentrl.rollout.agent import AgentConfig
-from agentrl.rollout.engine import EngineConfig
+from agentrl.rollout.engine import EngineConfig, EngineLora
 from agentrl.rollout.router import RouterConfig, RouterPolicy
 from agentrl.rollout.scheduler import SchedulerConfig
 from agentrl.rollout.types import SamplingParams
@@ -60,15 +60,16 @@ class EnginesSection(Section):
     urls: tuple[str, ...] = ()
 
     def to_config(self, model_path: str, *, dtype: str = "bfloat16", device: EngineDevice = "auto",
-                  release_memory: bool = False) -> EngineConfig:
-        """One engine's :class:`EngineConfig`; ``release_memory`` is the default of ``enable_memory_saver``."""
+                  release_memory: bool = False, lora: EngineLora | None = None) -> EngineConfig:
+        """One engine's :class:`EngineConfig`; ``release_memory`` is the default of ``enable_memory_saver``;
+        ``lora``: LoRA serving (the run derives it from ``train.lora``)."""
         saver = self.enable_memory_saver if self.enable_memory_saver is not None else release_memory
         return EngineConfig(
             model_path=model_path, device=device, dtype=dtype, tp_size=self.tp_size, dp_size=self.dp_size,
             context_length=self.context_length, max_total_tokens=self.max_total_tokens,
             mem_fraction_static=self.mem_fraction_static, attention_backend=self.attention_backend,
             random_seed=self.random_seed, enable_memory_saver=saver, log_level=self.log_level,
-            startup_timeout_s=self.startup_timeout_s, env=dict(self.env), extra_args=self.extra_args,
+            startup_timeout_s=self.startup_timeout_s, env=dict(self.env), extra_args=self.extra_args, lora=lora,
         )
 
     @property

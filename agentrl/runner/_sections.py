@@ -7,7 +7,7 @@ its section, never the root :class:`~agentrl.runner.RunConfig`.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
@@ -16,7 +16,14 @@ from agentrl.data.source import BadRowPolicy, DataConfig, DataFormat
 from agentrl.rollout.eval import EvalConfig
 from agentrl.runner._base import Section
 from agentrl.runner._rollout_sections import SamplingSection
-from agentrl.train.config import LossConfig, OptimizerConfig, PackingConfig, TorchBackendConfig
+from agentrl.train.config import (
+    DEFAULT_LORA_LR,
+    LoraSettings,
+    LossConfig,
+    OptimizerConfig,
+    PackingConfig,
+    TorchBackendConfig,
+)
 from agentrl.train.megatron.config import MegatronBackendConfig
 
 __all__ = ["CheckpointSection", "ClusterSection", "DataSection", "DatasetSection", "EnvironmentSection",
@@ -203,6 +210,11 @@ class TrainSection(Section):
     dense path (``"model"`` on torch, ``"dense"`` on megatron; the pre-flight refuses it on an
     accelerator at lengths where the ``[S, S]`` scores are large). ``fused_lm_head``: score tokens
     without building the ``[tokens, vocab]`` logits (``None``: on where the model allows it).
+
+    ``lora`` (``[train.lora]``: ``rank``, ``alpha``, ``dropout``, ``target_modules``; see
+    :class:`~agentrl.train.config.LoraSettings`): train a LoRA adapter on the frozen model (torch
+    backend). The engines then serve adapters (their LoRA flags come from this section), each sync
+    sends only the adapter, and ``optimizer.lr`` defaults to ``DEFAULT_LORA_LR`` (1e-5) instead of 1e-6.
     """
 
     backend: TrainBackendName = "torch"
@@ -228,6 +240,22 @@ class TrainSection(Section):
     shared_prefix_min_tokens: int = Field(default=32, ge=1)
     seed: int = 0
     score_after_step: bool = False
+    lora: LoraSettings | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_learning_rate(cls, data: Any) -> Any:
+        """A LoRA run's learning rate defaults to LoRA's (about ten times full fine-tuning's)."""
+        if not isinstance(data, dict) or data.get("lora") is None:
+            return data
+        opt = data.get("optimizer")
+        if opt is None:
+            return {**data, "optimizer": {"lr": DEFAULT_LORA_LR}}
+        if isinstance(opt, dict) and "lr" not in opt:
+            return {**data, "optimizer": {**opt, "lr": DEFAULT_LORA_LR}}
+        if isinstance(opt, OptimizerSection) and "lr" not in opt.model_fields_set:
+            return {**data, "optimizer": opt.model_copy(update={"lr": DEFAULT_LORA_LR})}
+        return data
 
     @property
     def world_size(self) -> int:
@@ -250,7 +278,7 @@ class TrainSection(Section):
                                   optimizer_offload=self.optimizer_offload,
                                   activation_checkpointing=self.activation_checkpointing,
                                   attention=self.attention,  # type: ignore[arg-type]  # checked by _consistent
-                                  export_dtype=export_dtype)
+                                  export_dtype=export_dtype, lora=self.lora)
 
     def to_megatron_config(self, loss: LossConfig, *, device: str = "auto",
                            export_dtype: ExportDtype = "auto") -> MegatronBackendConfig:
@@ -284,6 +312,13 @@ class TrainSection(Section):
         if self.autocast != "none" and self.dtype in ("bfloat16", "float16"):
             raise ValueError(f"autocast={self.autocast!r} with dtype={self.dtype!r}: the model already computes in "
                              f"{self.dtype}; expected autocast='none' (master weights keep the optimizer in float32)")
+        if self.lora is not None and self.backend == "megatron":
+            raise ValueError("lora with backend='megatron': the megatron-core this project pins has no LoRA layers "
+                             "(its PEFT lives in Megatron-Bridge, not installed); expected backend='torch' for LoRA "
+                             "(a LoRA run's frozen base fits replicated: 2 bytes per parameter in bfloat16)")
+        if self.lora is not None and self.sharding == "fsdp":
+            raise ValueError("sharding='fsdp' with lora: the frozen base is replicated on every rank and only the "
+                             "adapter's gradients are summed; expected sharding='auto' or 'none'")
         if self.backend == "torch" and (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1):
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}, pipeline_parallel_size="
                              f"{self.pipeline_parallel_size} with backend='torch': the torch backend is data-"

@@ -23,6 +23,9 @@ class SyncSection(Section):
       engine: gloo on CPU, NCCL on GPU; every engine must reach rank 0's address), or ``auto``: tensor
       when colocated, distributed when disaggregated, disk for engines given by URL. ``bucket_mb``:
       the size of one transfer (buffers are reused across syncs).
+    - With ``train.lora`` only the adapter travels, under a new name per version (``disk``: a peft
+      folder → ``/load_lora_adapter``; ``tensor``: ``/load_lora_adapter_from_tensors``; no
+      ``distributed``); the engines keep serving meanwhile (docs/training.md "LoRA").
     - ``pause_mode``: ``retract`` (default) re-queues running requests across the update so none is
       aborted; ``in_place`` keeps them running on the old KV cache; ``abort`` ends them (counted).
       ``abort_requests``: also abort every request (SGLang's update flag).
@@ -49,14 +52,18 @@ class SyncSection(Section):
     probe_bound: float = Field(default=0.1, gt=0.0)
     probe_seed: int = 0
 
-    def resolved_method(self, placement: str, *, attached: bool) -> str:
+    def resolved_method(self, placement: str, *, attached: bool, lora: bool = False) -> str:
         """``method`` with ``auto`` decided: ``tensor`` colocated, ``distributed`` disaggregated, ``disk``
-        for engines the run did not start (``rollout.engines.urls``: their host is unknown)."""
+        for engines the run did not start (``rollout.engines.urls``: their host is unknown). A LoRA
+        run's adapter travels from tensors (colocated) or through a folder (SGLang loads adapters by
+        no broadcast), so ``auto`` is ``disk`` instead of ``distributed`` for it."""
         if self.method != "auto":
             return self.method
         if attached:
             return "disk"
-        return "tensor" if placement == "colocated" else "distributed"
+        if placement == "colocated":
+            return "tensor"
+        return "disk" if lora else "distributed"
 
     def to_config(self) -> WeightSyncConfig:
         return WeightSyncConfig(pause_mode=self.pause_mode, abort_requests=self.abort_requests, retries=self.retries,

@@ -122,6 +122,24 @@ def _train_numerics(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _lora(cfg: RunConfig) -> list[str]:
+    """A LoRA run: its adapter reaches the engines from tensors or a folder, never by a broadcast;
+    engines given by URL must have been started with LoRA serving."""
+    if cfg.train.lora is None:
+        return []
+    out: list[str] = []
+    if cfg.sync.method == "distributed":
+        out.append("sync.method='distributed' with train.lora: SGLang loads an adapter from tensors on its host or "
+                   "from a folder, not from a broadcast; expected 'tensor' (engines on the trainer's host), 'disk' "
+                   "(a folder both sides see) or 'auto'")
+    lora_args = [a for a in cfg.rollout.engines.extra_args if a.startswith("--lora") or a.startswith("--max-lora")
+                 or a == "--enable-lora"]
+    if lora_args:
+        out.append(f"rollout.engines.extra_args={lora_args}: the engines' LoRA flags come from train.lora (rank, "
+                   "target_modules); expected them out of extra_args")
+    return out
+
+
 def _eval(cfg: RunConfig) -> list[str]:
     out: list[str] = []
     ctx = cfg.rollout.context_length
@@ -132,7 +150,8 @@ def _eval(cfg: RunConfig) -> list[str]:
     return out
 
 
-_CHECKS: tuple[Callable[[RunConfig], list[str]], ...] = (_loop_mode, _batch, _devices, _train_numerics, _eval)
+_CHECKS: tuple[Callable[[RunConfig], list[str]], ...] = (
+    _loop_mode, _batch, _devices, _train_numerics, _lora, _eval)
 
 
 def run_checks(cfg: RunConfig) -> list[str]:

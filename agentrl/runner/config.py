@@ -37,7 +37,7 @@ import orjson
 from pydantic import Field, model_validator
 
 from agentrl.rollout.agent import AgentConfig
-from agentrl.rollout.engine import EngineConfig
+from agentrl.rollout.engine import EngineConfig, EngineLora
 from agentrl.runner._algorithm import AlgorithmSection
 from agentrl.runner._base import Section
 from agentrl.runner._rollout_sections import EngineDevice, RolloutSection
@@ -153,7 +153,21 @@ class RunConfig(Section):
         device = devices[self.cluster.accelerator]
         release = self.cluster.placement == "colocated" and self.cluster.accelerator != "cpu"
         return self.rollout.engines.to_config(self.model.path, dtype=self.model.dtype, device=device,
-                                              release_memory=release)
+                                              release_memory=release, lora=self.engine_lora())
+
+    def sync_method(self) -> str:
+        """How weights (or a LoRA run's adapter) reach the engines: ``sync.method`` with ``auto`` decided."""
+        return self.sync.resolved_method(self.cluster.placement, attached=bool(self.rollout.engines.urls),
+                                         lora=self.train.lora is not None)
+
+    def engine_lora(self) -> EngineLora | None:
+        """The engines' LoRA serving, from ``train.lora`` (``None`` without it): its rank and target
+        modules; on a CPU cluster SGLang's ``torch_native`` kernels (the others need an accelerator)."""
+        lora = self.train.lora
+        if lora is None:
+            return None
+        return EngineLora(max_rank=lora.rank, target_modules=lora.target_modules,
+                          backend="torch_native" if self.cluster.accelerator == "cpu" else None)
 
     def agent_config(self) -> AgentConfig:
         return self.rollout.to_agent_config()

@@ -12,15 +12,20 @@ engine group, by the run's ``sync.method``.
 version's folder (``disk``), or pushed by the trainer while its weights still are that version;
 when they moved on (an asynchronous run trains while engines generate), the engine waits on
 standby and the next sync brings it up to date and readmits it.
+
+A LoRA run (``adapter_switch``: the client's :meth:`~agentrl.rollout.InferenceClient.set_adapter`)
+syncs its adapter alone (:class:`~agentrl.runner.weight_transports.AdapterLoad`), by the same methods
+but ``distributed``.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.runner.weight_transports import Pusher, PushLoad, WeightsMovedError
+from agentrl.runner.weight_transports import AdapterLoad, Pusher, PushLoad, WeightsMovedError
 from agentrl.runner.weights import WeightSync
 
 if TYPE_CHECKING:
@@ -35,20 +40,29 @@ class EngineWeights:
     """The engines' :class:`~agentrl.runner.rollout_service.WeightLoader` (see the module doc)."""
 
     def __init__(self, sync: WeightSync, group: EngineGroup | None = None, wait_s: float = 600.0, *,
-                 method: str = "disk", bucket_bytes: int = 512 << 20) -> None:
+                 method: str = "disk", bucket_bytes: int = 512 << 20,
+                 adapter_switch: Callable[[str, int], None] | None = None) -> None:
         self.sync = sync
         self.group = group
         self.wait_s = wait_s
         self.method = method
         self.bucket_bytes = bucket_bytes
         self._tag = secrets.token_hex(4)  # weight-update group names unique to this run
+        # a LoRA run: only the adapter travels; the client follows each version it loads
+        self.adapter_switch = adapter_switch
+        if adapter_switch is not None and method == "disk":
+            self.sync.transport = AdapterLoad("disk", switch=adapter_switch)
 
     def folder(self, version: int) -> Path:
         return self.sync.root / f".export-{self.sync.folder(version).name}"
 
     def set_pusher(self, pusher: Pusher) -> None:
         """The trainer's sender, for ``tensor`` and ``distributed`` (a no-op for ``disk``)."""
-        if self.method != "disk":
+        if self.method == "disk":
+            return
+        if self.adapter_switch is not None:
+            self.sync.transport = AdapterLoad(self.method, switch=self.adapter_switch, pusher=pusher, target=self.target)
+        else:
             self.sync.transport = PushLoad(self.method, pusher, self.target)
 
     def target(self, engine: SGLangEngine) -> PushTarget:
@@ -83,7 +97,7 @@ class EngineWeights:
 
             report = await self.sync.sync(version, move)
         else:
-            if not isinstance(self.sync.transport, PushLoad):
+            if not isinstance(self.sync.transport, (PushLoad, AdapterLoad)):
                 raise RuntimeError(f"sync.method={self.method!r}: the trainer's pusher was not set (set_pusher)")
             report = await self.sync.sync(version)
         if self.group is not None:  # engines on standby that took this version serve again

@@ -29,10 +29,10 @@ prompt.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentrl.rollout.groups import RolloutGroup
@@ -41,6 +41,7 @@ from agentrl.runner._interfaces import RolloutSide, RunCallback, RunSummary, Tra
 from agentrl.runner._metrics import failures_text, step_metrics
 from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.ledger import PromptLedger
+from agentrl.runner.probe import ProbeError, check_adapter, compare_probe
 from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.serialize import batch_from_state, batch_to_state
 from agentrl.train.batching import TrainingBatch, build_training_batch
@@ -81,6 +82,8 @@ class LoopSettings:
     release_engine_memory: bool = False
     sync_method: str = "disk"
     progress_interval_s: float = 0.5
+    lora: bool = False
+    probe_seed: int = 0
 
     @classmethod
     def from_config(cls, config: Any, *, probe_sequences: Sequence[Sequence[int]] = (),
@@ -98,8 +101,8 @@ class LoopSettings:
                    rollout_only=rollout_only,
                    sync_at_start=config.rollout.engines.boot_path is not None or bool(config.rollout.engines.urls),
                    release_engine_memory=config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu",
-                   sync_method=config.sync.resolved_method(config.cluster.placement,
-                                                           attached=bool(config.rollout.engines.urls)))
+                   sync_method=config.sync_method(), lora=config.train.lora is not None,
+                   probe_seed=config.sync.probe_seed)
 
 
 class Runner:
@@ -228,16 +231,20 @@ class Runner:
         if not seqs or self.trainer is None:
             return {}
         engine, trainer = await asyncio.gather(self.rollout.score(seqs), self.trainer.score(seqs))
-        diffs = [abs(a - b) for e, t in zip(engine, trainer, strict=True) for a, b in zip(e[1:], t[1:], strict=True)]
-        mean = sum(diffs) / max(len(diffs), 1)
-        worst = max(diffs, default=0.0)
-        if mean > self.settings.probe_bound or not math.isfinite(mean):
-            raise RunnerError(
-                f"post-sync probe after weight version {self.version}: mean |engine - trainer| logprob = {mean:.4g} "
-                f"(max {worst:.4g}) over {len(diffs)} tokens exceeds the bound {self.settings.probe_bound}; the "
-                "engines do not serve the trainer's weights (a skipped or partial sync, a stale tied lm_head, a "
-                "dtype mismatch)")
-        return {"probe/mean_abs_diff": mean, "probe/max_abs_diff": worst, "probe/tokens": float(len(diffs))}
+        try:
+            return compare_probe(engine, trainer, bound=self.settings.probe_bound, version=self.version)
+        except ProbeError as err:
+            raise RunnerError(str(err)) from None
+
+    async def _check_adapter(self) -> None:
+        """LoRA: the engines apply an adapter as the trainer does (:func:`~agentrl.runner.probe.check_adapter`)."""
+        folder = str(Path(await self.rollout.weights_folder(0)).parent / "probe-adapter")
+        try:
+            self.summary.adapter_check = await check_adapter(
+                self.rollout, self.trainer, [list(s) for s in self.settings.probe_sequences], folder=folder,
+                bound=self.settings.probe_bound, seed=self.settings.probe_seed)
+        except ProbeError as err:
+            raise RunnerError(str(err)) from None
 
     async def evaluate(self, *, final: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -318,6 +325,8 @@ class Runner:
             shown = "\n  ".join(problems[:10])
             more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
             self._notice(f"{len(problems)} bad data row(s) skipped:\n  {shown}{more}")
+        if self.settings.lora and self.trainer is not None and self.settings.probe_sequences:
+            await self._check_adapter()
         if self.resume is None or self.checkpointer is None:
             if self.run_dir.read_metrics():
                 raise RunnerError(f"run folder {str(self.run_dir.root)!r} already holds a run's metrics: expected "

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 
 from agentrl.rollout.types import GenerateResult, SamplingParams
 
-__all__ = ["LogprobProbe", "ProbeError", "ProbeReport", "ScoringClient", "backend_scorer", "logprob_mismatch",
-           "probe_sequences"]
+__all__ = ["LogprobProbe", "ProbeError", "ProbeReport", "ScoringClient", "backend_scorer", "check_adapter",
+           "compare_probe", "logprob_mismatch", "probe_sequences"]
 
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 HINT = ("the engine does not serve the trainer's weights: a skipped or partial weight sync, a stale tied "
@@ -222,3 +222,58 @@ class LogprobProbe:
         if not report.passed or math.isnan(report.mean):
             raise ProbeError(f"logprob probe failed: {report.describe()}; likely cause: {HINT}", report)
         return report
+
+
+def _mean_abs(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> float:
+    """Mean |a - b| over aligned rows, position 0 (no logprob) left out."""
+    diffs = [abs(float(x) - float(y)) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra[1:], rb[1:], strict=True)]
+    return math.fsum(diffs) / len(diffs) if diffs else math.nan
+
+
+async def check_adapter(rollout: Any, trainer: Any, sequences: list[list[int]], *, folder: str, bound: float,
+                        seed: int) -> dict[str, float]:
+    """A LoRA run's start-up check that the engines *apply* an adapter the way the trainer does.
+
+    The trainer writes a probe adapter of fixed random weights (B ≠ 0: a fresh peft adapter has B = 0,
+    where an adapter that is never applied looks exactly like one that is) and scores ``sequences``
+    with it and without it (``trainer.probe_adapter``); every engine loads it, scores them through it
+    and unloads it (``rollout.score_adapter``). Each engine must be within ``bound`` (mean |Δ|) of the
+    trainer with the adapter, and so away from the base. Raises :class:`ProbeError` naming the engine
+    and what it serves instead; returns ``lora/*`` metrics."""
+    sides = await trainer.probe_adapter(folder, sequences, seed)
+    adapter, base = sides["adapter"], sides["base"]
+    effect = _mean_abs(adapter, base)
+    if not effect > 4 * bound:
+        raise ProbeError(f"LoRA check at start: the probe adapter moves the trainer's logprobs by only {effect:.3g} "
+                         f"(mean |Δ|), too little to tell against sync.probe_bound={bound}; expected a larger "
+                         "train.lora.rank or alpha, or a smaller probe_bound")
+    worst, closest = 0.0, math.inf
+    for url, rows in (await rollout.score_adapter(folder, sequences)).items():
+        through, off_base = _mean_abs(rows, adapter), _mean_abs(rows, base)
+        worst, closest = max(worst, through), min(closest, off_base)
+        if not through <= bound:
+            why = ("its logprobs through the adapter are the base model's: the engine does not apply the adapter "
+                   "(an adapter that is never loaded, loaded as zeros, or requests that do not name it)"
+                   if off_base <= bound else
+                   "it applies another adapter than the trainer's (tensor names, scaling alpha/r or target modules "
+                   "differ between trainer and engine)")
+            raise ProbeError(f"LoRA check at start on engine {url}: mean |engine through the probe adapter - trainer "
+                             f"with it| = {through:.3g} (bound {bound}), |engine - base model| = {off_base:.3g}, while "
+                             f"the adapter moves the trainer by {effect:.3g}: {why}")
+    return {"lora/check_abs_diff": worst, "lora/check_base_abs_diff": closest, "lora/check_adapter_effect": effect}
+
+
+def compare_probe(engine: Sequence[Sequence[float]], trainer: Sequence[Sequence[float]], *, bound: float,
+                  version: int) -> dict[str, float]:
+    """The runner's post-sync probe: ``probe/*`` metrics of the engine's and the trainer's logprobs of
+    the probe sequences (position 0 left out); :class:`ProbeError` when the mean |Δ| exceeds ``bound``."""
+    diffs = [abs(a - b) for e, t in zip(engine, trainer, strict=True) for a, b in zip(e[1:], t[1:], strict=True)]
+    mean = sum(diffs) / max(len(diffs), 1)
+    worst = max(diffs, default=0.0)
+    if mean > bound or not math.isfinite(mean):
+        raise ProbeError(
+            f"post-sync probe after weight version {version}: mean |engine - trainer| logprob = {mean:.4g} "
+            f"(max {worst:.4g}) over {len(diffs)} tokens exceeds the bound {bound}; the engines do not serve the "
+            "trainer's weights (a skipped or partial sync, a stale tied lm_head, a dtype mismatch; with LoRA, an "
+            "adapter that was not loaded or requests that do not name it)")
+    return {"probe/mean_abs_diff": mean, "probe/max_abs_diff": worst, "probe/tokens": float(len(diffs))}

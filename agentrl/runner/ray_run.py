@@ -82,6 +82,9 @@ class RolloutActor:
     async def score(self, sequences: list[list[int]]) -> list[list[float]]:
         return list(await self.service.score(sequences))
 
+    async def score_adapter(self, folder: str, sequences: list[list[int]]) -> dict[str, list[list[float]]]:
+        return dict(await self.service.score_adapter(folder, sequences))
+
     async def evaluate(self, name: str) -> dict[str, Any]:
         return dict(await self.service.evaluate(name))
 
@@ -148,6 +151,12 @@ class TrainRank:
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         return self.service.score(sequences)
 
+    def probe_adapter(self, folder: str, sequences: list[list[int]], seed: int) -> dict[str, Any]:
+        return self.service.probe_adapter(folder, sequences, seed)
+
+    def export_merged(self, folder: str) -> str:
+        return self.service.export_merged(folder)
+
     def save(self, folder: str) -> str:
         return self.service.save(folder)
 
@@ -201,6 +210,12 @@ class GroupTrainer:
 
     async def score(self, sequences: list[list[int]]) -> list[list[float]]:
         return list(await self._all("score", sequences))
+
+    async def probe_adapter(self, folder: str, sequences: list[list[int]], seed: int) -> dict[str, Any]:
+        return dict(await self._all("probe_adapter", folder, sequences, seed))
+
+    async def export_merged(self, folder: str) -> str:
+        return str(await self._all("export_merged", folder))
 
     async def save(self, folder: str) -> str:
         return str(await self._all("save", folder))
@@ -439,7 +454,7 @@ async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings
                                   rollout_only=settings.rollout_only, warmup_dir=warmup_dir, runtime=runtime)
         try:
             _record_device_map(sides, run_dir)
-            method = config.sync.resolved_method(config.cluster.placement, attached=bool(config.rollout.engines.urls))
+            method = config.sync_method()
             if method == "disk":
                 await check_weights_folder(sides, config.with_absolute_paths().run_dir() / "weights")
             elif sides.trainer is not None:

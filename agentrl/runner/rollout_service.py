@@ -7,7 +7,8 @@ the same methods):
 - :meth:`weights_folder` / :meth:`sync_weights`: where the trainer exports version *v*, then every
   engine loads it and reports it (the engines' weight loader, :class:`WeightLoader`), and the
   scheduler's policy version moves to *v*;
-- :meth:`score`: the engine's logprobs of fixed sequences (the post-sync probe);
+- :meth:`score`: the engine's logprobs of fixed sequences (the post-sync probe); :meth:`score_adapter`
+  the same through a LoRA adapter folder on every engine (a LoRA run's start-up check);
 - :meth:`evaluate`: the run's eval sets;
 - :meth:`state_dict` / :meth:`load_state_dict`: the scheduler's cursor and buffer (checkpoints);
 - :meth:`shutdown`: ends buffered episodes, stops the engines and the router it started.
@@ -20,6 +21,7 @@ it from parts (a fake client and a :class:`WeightLoader` stand-in).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -123,14 +125,30 @@ class RolloutService:
         """The engine's logprob of every token of each sequence given the ones before (entry 0: 0.0)."""
         if self.scoring is None:
             raise RuntimeError("score: this rollout service has no engine client to score with")
-        client = self.scoring
+        return await _score_with(self.scoring, sequences)
 
-        async def one(ids: list[int]) -> list[float]:
-            res = await client.generate(ids, SamplingParams(max_new_tokens=0), logprob_start_len=0)
-            lps = [0.0 if x is None else float(x) for x in res.input_logprobs]
-            return [0.0, *lps[1:len(ids)]] if len(lps) >= len(ids) else [0.0, *lps][:len(ids)]
+    async def score_adapter(self, folder: str, sequences: list[list[int]]) -> dict[str, list[list[float]]]:
+        """LoRA's start-up check: every engine in rotation loads the adapter folder ``folder`` under a
+        name of its own, scores ``sequences`` through it, and unloads it. Per engine URL, the logprobs."""
+        from agentrl.rollout.client import ClientConfig, InferenceClient
+        from agentrl.runner.weight_transports import load_adapter_folder
 
-        return list(await asyncio.gather(*(one(s) for s in sequences)))
+        engines = self.group.in_rotation() if self.group is not None else []
+        if not engines:
+            raise RuntimeError("score_adapter: no engine is in rotation to check")
+        name = f"agentrl-probe-{os.urandom(4).hex()}"
+
+        async def one(engine: Any) -> list[list[float]]:
+            await load_adapter_folder(engine, name, Path(folder))
+            try:
+                async with InferenceClient(ClientConfig(base_url=engine.url)) as client:
+                    client.set_adapter(name)
+                    return await _score_with(client, sequences)
+            finally:
+                await engine.unload_lora_adapter(name)
+
+        rows = await asyncio.gather(*(one(e) for e in engines))
+        return {e.url: r for e, r in zip(engines, rows, strict=True)}
 
     async def evaluate(self, name: str) -> dict[str, Any]:
         rows, eval_config, _, _ = self.eval_sets[name]
@@ -189,6 +207,9 @@ class RolloutService:
         return await self.group.active_requests()
 
     async def shutdown(self) -> None:
+        drain = getattr(getattr(getattr(self.weights, "sync", None), "transport", None), "drain", None)
+        if callable(drain):  # the adapters being unloaded
+            await drain()
         try:
             await self.scheduler.shutdown()
         finally:
@@ -196,3 +217,13 @@ class RolloutService:
                 result = self._on_shutdown()
                 if asyncio.iscoroutine(result):
                     await result
+
+
+async def _score_with(client: Any, sequences: list[list[int]]) -> list[list[float]]:
+    """Each sequence's token logprobs from ``client`` (entry 0: 0.0)."""
+    async def one(ids: list[int]) -> list[float]:
+        res = await client.generate(ids, SamplingParams(max_new_tokens=0), logprob_start_len=0)
+        lps = [0.0 if x is None else float(x) for x in res.input_logprobs]
+        return [0.0, *lps[1:len(ids)]] if len(lps) >= len(ids) else [0.0, *lps][:len(ids)]
+
+    return list(await asyncio.gather(*(one(s) for s in sequences)))

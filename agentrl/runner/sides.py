@@ -33,6 +33,12 @@ class LocalTrainer:
     async def score(self, sequences: list[list[int]]) -> list[list[float]]:
         return await asyncio.to_thread(self.service.score, sequences)
 
+    async def probe_adapter(self, folder: str, sequences: list[list[int]], seed: int) -> dict[str, Any]:
+        return await asyncio.to_thread(self.service.probe_adapter, folder, sequences, seed)
+
+    async def export_merged(self, folder: str) -> str:
+        return await asyncio.to_thread(self.service.export_merged, folder)
+
     async def save(self, folder: str) -> str:
         return await asyncio.to_thread(self.service.save, folder)
 

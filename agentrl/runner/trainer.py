@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ import orjson
 import torch
 
 from agentrl.runner.probe import logprob_mismatch
-from agentrl.runner.weight_push import PUSH_METHODS, PushTarget, WeightPusher
+from agentrl.runner.weight_push import PUSH_METHODS, PushTarget, WeightPusher, push_adapter
+from agentrl.runner.weight_transports import adapter_name
 from agentrl.train.batching import TrainingBatch, TrainSequence
 from agentrl.train.megatron.backend import MegatronTrainBackend
 from agentrl.train.torch_backend import TorchTrainBackend
@@ -83,8 +85,7 @@ class TrainService:
         service = cls(backend, config.train.optimizer, total_steps=config.train.steps,
                       score_after_step=config.train.score_after_step)
         service.warmup_section, service.model_section = config.warmup, config.model
-        service.push_method = config.sync.resolved_method(config.cluster.placement,
-                                                          attached=bool(config.rollout.engines.urls))
+        service.push_method = config.sync_method()
         service.push_bucket_bytes = config.sync.bucket_mb << 20
         return service
 
@@ -177,6 +178,16 @@ class TrainService:
         up); otherwise nothing is sent and the report says ``moved``."""
         if exact and self._pushed != (version, self.backend.step):
             return {"moved": True, "errors": {}}
+        lora = self._lora()
+        if lora is not None:  # LoRA: the adapter alone, from tensors (rank 0; the ranks hold the same one)
+            if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+                return {"errors": {}}
+            adapter = lora.adapter
+            assert adapter is not None
+            tensors = lora.adapter_tensors()
+            report = asyncio.run(push_adapter(tensors, adapter.engine_config(), adapter_name(version), targets))
+            self._pushed = (version, self.backend.step)
+            return report.to_dict()
         if self._pusher is None:
             if self.push_method not in PUSH_METHODS:
                 raise ValueError(f"push_weights: sync.method={self.push_method!r} does not push; expected one of "
@@ -193,15 +204,42 @@ class TrainService:
         return None if name == "auto" else getattr(torch, name)
 
     def export(self, folder: str | Path) -> str:
-        """Writes the current weights as a Hugging Face folder (with the tokenizer)."""
+        """Writes the current weights as a Hugging Face folder (with the tokenizer); a LoRA run's
+        adapter as a peft folder."""
+        lora = self._lora()
+        if lora is not None:
+            return str(lora.export_adapter(folder))
         return str(self.backend.export_hf(folder))
 
-    def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        """Per sequence, the logprob of each token given the ones before (entry 0 is 0.0)."""
+    def _lora(self) -> TorchTrainBackend | None:
+        """The backend when it trains a LoRA adapter."""
+        backend = self.backend
+        return backend if isinstance(backend, TorchTrainBackend) and backend.adapter is not None else None
+
+    def export_merged(self, folder: str | Path) -> str:
+        """The Hugging Face folder an engine serves without adapters (a LoRA run's adapter merged in)."""
+        return str(self.backend.export_hf(folder))
+
+    def probe_adapter(self, folder: str | Path, sequences: list[list[int]], seed: int) -> dict[str, Any]:
+        """LoRA: the start-up check's two sides. A probe adapter of fixed random weights (B ≠ 0) is
+        written to ``folder`` (peft format) and the sequences scored with it (``"adapter"``) and with
+        the adapter disabled (``"base"``); the trained adapter is then put back bit for bit."""
+        lora = self._lora()
+        if lora is None or lora.adapter is None:
+            raise ValueError("probe_adapter: this trainer has no LoRA adapter (train.lora is not set)")
+        with lora.adapter.probe_weights(seed):
+            lora.export_adapter(folder)
+            with_adapter = self.score(sequences)
+        base = self.score(sequences, reference=True)
+        return {"adapter": with_adapter, "base": base}
+
+    def score(self, sequences: list[list[int]], *, reference: bool = False) -> list[list[float]]:
+        """Per sequence, the logprob of each token given the ones before (entry 0 is 0.0); ``reference``:
+        under the reference model (a LoRA run's: the base, adapter disabled)."""
         fake = [TrainSequence(tokens=list(s), loss_mask=[0] * len(s), rollout_logprobs=[0.0] * len(s),
                               advantages=[0.0] * len(s), rollout_id=f"probe-{i}", group_id="probe", reward=0.0,
                               denominator=1.0) for i, s in enumerate(sequences)]
-        return self.backend.compute_logprobs(TrainingBatch.from_sequences(fake))
+        return self.backend.compute_logprobs(TrainingBatch.from_sequences(fake), reference=reference)
 
     def digest(self) -> str:
         """SHA-256 over every weight's bytes, in name order: equal iff the weights are bitwise equal

@@ -35,7 +35,7 @@ import torch
 from agentrl.rollout.engine import EngineError, SGLangEngine
 from agentrl.train.weight_stream import Bucket, WeightBuckets
 
-__all__ = ["PUSH_METHODS", "PushReport", "PushTarget", "WeightPusher"]
+__all__ = ["PUSH_METHODS", "PushReport", "PushTarget", "WeightPusher", "push_adapter"]
 
 PUSH_METHODS = ("tensor", "distributed")
 GROUP_TIMEOUT_S = 1800.0  # SGLang's side of the group has this fixed timeout; the trainer's matches it
@@ -73,6 +73,40 @@ def _serialize(obj: Any) -> str:
     buf = io.BytesIO()
     ForkingPickler(buf).dump(obj)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+async def push_adapter(tensors: dict[str, torch.Tensor], config: dict[str, Any], name: str,
+                       targets: Sequence[PushTarget]) -> PushReport:
+    """A LoRA adapter from tensors to engines on this host (``/load_lora_adapter_from_tensors``, one
+    payload per TP rank): the tensors travel in shared host memory (file-system sharing: the default
+    file-descriptor strategy kills the engine's scheduler). A name left loaded by an earlier try of the
+    same version is unloaded first. Per engine ``None`` or its error."""
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    started = time.perf_counter()
+    shared = {k: v.detach().cpu().contiguous().share_memory_() for k, v in tensors.items()}
+    payload = _serialize(shared)
+    report = PushReport(errors={t.url: None for t in targets})
+    prepared = time.perf_counter()
+
+    async def one(target: PushTarget) -> None:
+        engine = SGLangEngine(target.url, None, None)
+        try:
+            try:
+                await engine.load_lora_adapter_from_tensors(name, config, [payload] * target.tp_size)
+            except EngineError as err:
+                if "already loaded" not in str(err):
+                    raise
+                await engine.unload_lora_adapter(name)
+                await engine.load_lora_adapter_from_tensors(name, config, [payload] * target.tp_size)
+        except EngineError as err:
+            report.errors[target.url] = str(err)
+
+    await asyncio.gather(*(one(t) for t in targets))
+    nbytes = sum(t.numel() * t.element_size() for t in shared.values())
+    report.bytes = nbytes * sum(1 for t in targets if report.errors[t.url] is None)
+    report.timings = {"fill_s": prepared - started, "transfer_s": time.perf_counter() - prepared,
+                      "push_s": time.perf_counter() - started}
+    return report
 
 
 def _this_node() -> str | None:

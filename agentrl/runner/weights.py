@@ -55,9 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from agentrl.model_folder import check_model_folder
 from agentrl.rollout.engine import EngineError, SGLangEngine
-from agentrl.runner.weight_transports import DiskLoad, PushLoad, Transport
+from agentrl.runner.weight_transports import AdapterLoad, DiskLoad, PushLoad, Transport
 
 __all__ = ["DiskWeightSync", "SyncPhase", "SyncReport", "WeightSync", "WeightSyncConfig", "WeightSyncError"]
 
@@ -220,7 +219,7 @@ class WeightSync:
         cfg = self.config
         start = time.perf_counter()
         folder: Path | None = None
-        if self.method == "disk":
+        if self.transport.needs_folder:
             if export is None:
                 raise ValueError("WeightSync.sync: a disk sync needs export=")
             folder = await _deadline("export", cfg.export_s, self._export(version, export))
@@ -267,17 +266,16 @@ class WeightSync:
             if self.current is None:
                 return None
             version = str(self.current)
-            folder = self.folder(self.current) if self.method == "disk" else None
+            folder = self.folder(self.current) if self.transport.needs_folder else None
             load = (self.transport.load([engine], self.current, folder, flush=True, exact=True)
-                    if isinstance(self.transport, PushLoad) else
+                    if isinstance(self.transport, (PushLoad, AdapterLoad)) else
                     self.transport.load([engine], self.current, folder, flush=True))
             errors = await _deadline("load", self.config.load_s, load)
             if errors.get(engine.url):
                 raise WeightSyncError("load", str(errors[engine.url]), engine.url)
-            got = await _deadline("verify", self.config.verify_s, engine.weight_version())
-            if got != version:
-                raise WeightSyncError("verify", f"/model_info reports weight_version {got!r}, expected {version!r}",
-                                      engine.url)
+            problem = await _deadline("verify", self.config.verify_s, self.transport.verify(engine, self.current))
+            if problem is not None:
+                raise WeightSyncError("verify", problem, engine.url)
             if engine in self.removed:
                 self.removed.remove(engine)
             if engine not in self.engines:
@@ -294,7 +292,7 @@ class WeightSync:
                 await export(folder)
             else:
                 await _maybe_await(await asyncio.to_thread(export, folder))
-            check_model_folder(folder, needs=("config", "weights"), what=f"export({folder.name})")
+            self.transport.check_folder(folder)
         except Exception as err:  # the caller's exporter: whatever it raised, the phase is named
             raise WeightSyncError("export", f"{type(err).__name__}: {err}") from err
         return folder
@@ -336,10 +334,13 @@ class _SyncRun:
     async def execute(self) -> None:
         cfg = self.cfg
         self.active = await self._count_active()
-        if cfg.aborts:
+        if cfg.aborts and self.owner.transport.pauses:
             self.aborted = self.active
         t0 = time.perf_counter()
-        await _deadline("pause", cfg.pause_s, self._pause_all())
+        if self.owner.transport.pauses:
+            await _deadline("pause", cfg.pause_s, self._pause_all())
+        else:  # (a LoRA adapter loads beside the one being served: nothing changes under a request)
+            self.paused = list(self.engines)
         self.timings["pause"] = time.perf_counter() - t0
         pending = [e for e in self.engines if e in self.paused]
         for attempt in range(cfg.retries + 1):
@@ -363,6 +364,8 @@ class _SyncRun:
             if not pending:
                 break
         self.failed += pending
+        if self.updated:
+            await self.owner.transport.activate(int(self.version), self.updated)
 
     async def _count_active(self) -> int:
         counts = await asyncio.gather(*(e.active_requests() for e in self.engines), return_exceptions=True)
@@ -395,21 +398,19 @@ class _SyncRun:
         return [not errors.get(e.url) for e in engines]
 
     async def _verify(self, engine: SGLangEngine) -> bool:
-        try:
-            got: str | None = await engine.weight_version()
-        except EngineError as err:
-            got, cause = None, f"/model_info unanswered: {err}"
-        else:
-            cause = f"/model_info reports weight_version {got!r}, expected {self.version!r}"
-        if got == self.version:
+        problem = await self.owner.transport.verify(engine, int(self.version))
+        if problem is None:
             return True
-        self._fail(engine, "verify", cause)
+        self._fail(engine, "verify", problem)
         return False
 
     async def resume(self) -> None:
         """Continues every engine this sync paused (failed ones too: a paused engine hangs its
         requests); errors are recorded, never raised over the sync's own outcome."""
         t0 = time.perf_counter()
+
+        if not self.owner.transport.pauses:
+            return
 
         async def resume_one(engine: SGLangEngine) -> None:
             try:

@@ -37,8 +37,8 @@ _QUESTION = re.compile(r"(\d+) \* (\d+)")
 
 
 class FakeWeights:
-    """The engines' weight loader for a fake engine: checks the exported folder, then stamps the
-    version on the fake engine's answers; keeps ``keep`` folders."""
+    """The engines' weight loader for a fake engine: checks the exported folder (a model, or a LoRA
+    run's adapter), then stamps the version on the fake engine's answers; keeps ``keep`` folders."""
 
     def __init__(self, root: Path, client: FakePolicyClient, *, keep: int = 1) -> None:
         self.root, self.client, self.keep = Path(root), client, keep
@@ -50,7 +50,7 @@ class FakeWeights:
 
     async def load(self, version: int, folder: Path) -> dict[str, float]:
         started = time.perf_counter()
-        if not (folder / "config.json").is_file():
+        if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
             raise FileNotFoundError(f"weight sync v{version}: {str(folder)!r} holds no exported model")
         self.inflight_at_load.append(len(self.client.running))
         self.client.weight_version = str(version)
@@ -83,8 +83,9 @@ def index_reward(trajectory: Any, task: Any) -> float:
 def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 12, groups_per_step: int = 2,
                     group_size: int = 2, checkpoint_every: int | None = 1, partial_rollout: bool = False,
                     max_staleness: int | None = None, epochs: int | None = 1,
-                    over_sampling: float = 0.0) -> Any:
-    """A :class:`~agentrl.runner.RunConfig` for the tiny model and a JSONL of arithmetic rows under ``root``."""
+                    over_sampling: float = 0.0, lora: dict[str, Any] | None = None) -> Any:
+    """A :class:`~agentrl.runner.RunConfig` for the tiny model and a JSONL of arithmetic rows under ``root``
+    (``lora``: the ``train.lora`` section, trained at the same learning rate as the full model)."""
     import orjson
 
     from agentrl.environments import make_arithmetic_rows
@@ -104,7 +105,7 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
         "environment": {"name": "toy_arithmetic"},
         "rollout": {"sampling": {"max_new_tokens": 64}, "scheduler": scheduler},
         "algorithm": {},
-        "train": {"steps": steps, "optimizer": {"lr": 1e-3}, "max_tokens_per_micro_batch": 2048},
+        "train": {"steps": steps, "optimizer": {"lr": 1e-3}, "max_tokens_per_micro_batch": 2048, "lora": lora},
         "logging": {"run_dir": str(root / "run")},
         "checkpoint": {"every_steps": checkpoint_every, "keep_last": 2},
         "mode": mode,

@@ -21,7 +21,8 @@ from agentrl.trajectory import Status
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BatchingConfig", "LossConfig", "OptimizerConfig", "PackingConfig", "TorchBackendConfig"]
+__all__ = ["DEFAULT_LORA_LR", "DEFAULT_TARGET_MODULES", "BatchingConfig", "LoraSettings", "LossConfig", "OptimizerConfig",
+           "PackingConfig", "TorchBackendConfig"]
 
 
 
@@ -146,6 +147,42 @@ class OptimizerConfig:
         _require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", self.grad_clip, "None or > 0")
 
 
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen/Llama decoder block (what SGLang calls ``all`` but the embeddings)."""
+
+DEFAULT_LORA_LR = 1e-5
+"""A LoRA run's learning rate unless one is set: about ten times full fine-tuning's RL rate (1e-6)."""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The adapter: ``rank`` r, ``alpha`` (the update is scaled by ``alpha / rank``), ``dropout``
+    (0: trainer, scorer and engine agree) and the ``target_modules`` (module names, as peft and
+    SGLang take them)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"LoraSettings.rank={self.rank!r}: expected an int >= 1")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
+            raise ValueError(f"LoraSettings.alpha={self.alpha!r}: expected a number > 0")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"LoraSettings.dropout={self.dropout!r}: expected a number in [0, 1)")
+        if isinstance(self.target_modules, str) or not self.target_modules or \
+                not all(isinstance(m, str) and m for m in self.target_modules):
+            raise ValueError(f"LoraSettings.target_modules={self.target_modules!r}: expected a non-empty list of "
+                             f"module names, e.g. {list(DEFAULT_TARGET_MODULES)}")
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+    @property
+    def scale(self) -> float:
+        return float(self.alpha) / self.rank
+
+
 @dataclass(frozen=True)
 class TorchBackendConfig:
     """The plain PyTorch train backend.
@@ -181,6 +218,9 @@ class TorchBackendConfig:
     turned off under sharding and activation checkpointing (both need one forward per row).
     ``export_dtype``: the dtype of exported weights (``"auto"``: the compute dtype); the run sets it
     to ``model.dtype``, what the engines serve.
+    ``lora``: train a LoRA adapter on the frozen model instead of the model itself
+    (:mod:`agentrl.train.lora`); the base is replicated on every rank (``sharding`` ``"auto"`` means
+    ``"none"`` then: only the adapter's gradients are summed).
     """
 
     device: str = "auto"
@@ -201,8 +241,14 @@ class TorchBackendConfig:
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     attention: Literal["auto", "flash_attn", "varlen", "per_document", "model"] = "auto"
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    lora: LoraSettings | None = None
 
     def __post_init__(self) -> None:
+        _require(self.lora is None or isinstance(self.lora, LoraSettings), "lora", self.lora,
+                 "None or a LoraSettings")
+        _require(self.lora is None or self.sharding != "fsdp", "sharding", self.sharding,
+                 "'auto' or 'none' with lora (the frozen base is replicated; FSDP would shard a model that does "
+                 "not train)")
         _require(self.dtype in ("float32", "bfloat16", "float16", "float64"), "dtype", self.dtype,
                  "'float32', 'bfloat16', 'float16' or 'float64'")
         _require(self.autocast in ("none", "bfloat16", "float16"), "autocast", self.autocast,

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -64,12 +65,12 @@ def output_projection(model: torch.nn.Module) -> torch.nn.Linear:
 
 
 class HeadSwitch:
-    """Switches the output projection of ``model`` per call (see the module doc). Not thread-safe:
-    one mode at a time, set only around a forward call."""
+    """Switches the output projection of ``model`` per call (see the module doc). The mode is per
+    thread: a forward on one thread (a probe scoring) never sees the mode another thread set."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.head = output_projection(model)
-        self._mode: str | ScoreRequest | None = None
+        self._local = threading.local()
         self.head.forward = self._forward  # type: ignore[method-assign, assignment]
 
     @property
@@ -77,7 +78,7 @@ class HeadSwitch:
         return self.head.weight
 
     def _forward(self, hidden: torch.Tensor) -> Any:
-        mode = self._mode
+        mode = getattr(self._local, "mode", None)
         if mode is None:
             return F.linear(hidden, self.head.weight)
         if mode == "hidden":
@@ -90,11 +91,12 @@ class HeadSwitch:
 
     @contextlib.contextmanager
     def _set(self, mode: str | ScoreRequest | None) -> Iterator[None]:
-        previous, self._mode = self._mode, mode
+        previous = getattr(self._local, "mode", None)
+        self._local.mode = mode
         try:
             yield
         finally:
-            self._mode = previous
+            self._local.mode = previous
 
     def scoring(self, request: ScoreRequest) -> contextlib.AbstractContextManager[None]:
         """Calls inside return :class:`Scored` instead of logits."""

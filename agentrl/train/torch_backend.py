@@ -30,7 +30,8 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ from agentrl.train.batching import TrainingBatch
 from agentrl.train.config import TorchBackendConfig
 from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
+from agentrl.train.lora import LoraAdapter
 from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
 from agentrl.train.packing import MicroBatch, collate, padding_micro_batch, plan_micro_batches
 from agentrl.train.prefix import plan_shared_prefix_micro_batches, shared_prefix_layout
@@ -88,7 +90,9 @@ class TorchTrainBackend:
         self.device = resolve_device(cfg.device)
         self.dtype = cfg.torch_dtype  # the compute dtype
         self.dist = DistInfo.current()
-        self.sharded = cfg.sharding == "fsdp" or (cfg.sharding == "auto" and self.dist.world_size > 1)
+        # a LoRA run replicates its frozen base: only the adapter's gradients are summed over ranks
+        self.sharded = cfg.sharding == "fsdp" or (cfg.sharding == "auto" and self.dist.world_size > 1
+                                                  and cfg.lora is None)
         # Both need one forward per row: a shared prefix runs two (and its cache cannot be recomputed).
         self.shared_prefix = cfg.shared_prefix and not self.sharded and cfg.activation_checkpointing == "none"
         self.vocab_rows = _embedding_rows(model)
@@ -97,10 +101,14 @@ class TorchTrainBackend:
                 f"vocab_size: the tokenizer has {vocab_size} tokens but the model's input embedding has "
                 f"{self.vocab_rows} rows; ids >= {self.vocab_rows} would be out of range (wrong tokenizer or model?)"
             )
-        if cfg.loss.kl_loss_coef > 0 and ref_model is None:
+        if cfg.loss.kl_loss_coef > 0 and ref_model is None and cfg.lora is None:
             raise ValueError("ref_model: loss.kl_loss_coef > 0 needs a reference model; pass ref_model=")
+        if ref_model is not None and cfg.lora is not None:
+            raise ValueError("ref_model: a LoRA backend's reference is its own base model (the adapter disabled); "
+                             "expected ref_model=None")
         prepared = prepare_model(model, cfg, self.device, sharded=self.sharded, trainable=True)
         self.model, self.attention = prepared.model, prepared.attention
+        self.adapter = prepared.adapter  # LoRA: the adapter that trains (None: the model itself)
         self.ref_model: torch.nn.Module | None = None
         self.scorer = TokenScorer(cfg, self.device, attention=self.attention)
         self.scorer.register(self.model, prepared.head)
@@ -140,6 +148,7 @@ class TorchTrainBackend:
         folder = check_model_folder(path, needs=("config", "weights"), what="from_pretrained: path")
         cfg = config or TorchBackendConfig()
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=cfg.torch_dtype)
+        with_ref_model = with_ref_model and cfg.lora is None  # LoRA: the base with the adapter disabled
         ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=cfg.torch_dtype) if with_ref_model else None
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True) if has_tokenizer(folder) else None
         return cls(model, cfg, ref_model=ref, vocab_size=vocab_size, tokenizer=tokenizer)
@@ -186,22 +195,32 @@ class TorchTrainBackend:
         """Per sequence, position-aligned logprobs of its tokens (entry 0 is 0.0) under the current
         (or the reference) model, without gradient. In data parallel each rank scores its share
         and one summing all-reduce gives every rank the whole batch's logprobs."""
-        model = self.ref_model if reference else self.model
-        if model is None:
-            raise ValueError("reference: no reference model was given to this backend")
+        model, context = self._scoring_model(reference)
         lengths = [len(s.tokens) - 1 for s in batch.sequences]
         offsets = [0]
         for n in lengths:
             offsets.append(offsets[-1] + max(n, 0))
         flat = torch.zeros(offsets[-1], dtype=torch.float64, device=self.device)
         for mb in self._plan(batch, None):
-            scored = self.scorer.logprobs(model, mb)
+            with context():
+                scored = self.scorer.logprobs(model, mb)
             if mb.padding:
                 continue
             for idx, piece in zip(mb.indices, mb.split(scored), strict=True):
                 flat[offsets[idx]: offsets[idx + 1]] = piece.double()
         flat = all_reduce_sum(flat).cpu()
         return [[0.0, *flat[offsets[i]: offsets[i + 1]].tolist()] for i in range(len(batch.sequences))]
+
+    def _scoring_model(self, reference: bool) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager[Any]]]:
+        """The model that scores (the policy, or the reference) and the context it scores in: a LoRA
+        backend's reference is its own model with the adapter disabled."""
+        if not reference:
+            return self.model, nullcontext
+        if self.adapter is not None:
+            return self.model, self.adapter.disabled
+        if self.ref_model is None:
+            raise ValueError("reference: no reference model was given to this backend")
+        return self.ref_model, nullcontext
 
     def fill_old_logprobs(self, batch: TrainingBatch) -> None:
         """Score the batch under the current weights and store the result as every sequence's
@@ -256,12 +275,13 @@ class TorchTrainBackend:
         lack them. Sharded, a forward on one rank needs one on every rank: a micro-batch is scored
         when any rank's micro-batch at that position needs it (padding rows included)."""
         cfg = self.config.loss
-        jobs: list[tuple[str, torch.nn.Module]] = []
+        jobs: list[tuple[str, bool]] = []
         if cfg.old_logprobs == "recompute":
-            jobs.append(("old_logprobs", self.model))
-        if cfg.kl_loss_coef > 0 and self.ref_model is not None:
-            jobs.append(("ref_logprobs", self.ref_model))
-        for field, model in jobs:
+            jobs.append(("old_logprobs", False))
+        if cfg.kl_loss_coef > 0 and (self.ref_model is not None or self.adapter is not None):
+            jobs.append(("ref_logprobs", True))
+        for field, reference in jobs:
+            model, context = self._scoring_model(reference)
             need = [float(getattr(mb, field) is None and not mb.padding) for mb in mbs]
             if self.sharded and need:
                 flags = torch.tensor(need, device=self.device)
@@ -269,7 +289,8 @@ class TorchTrainBackend:
                 need = flags.tolist()
             for mb, wanted in zip(mbs, need, strict=True):
                 if wanted:
-                    scored = self.scorer.logprobs(model, mb)
+                    with context():
+                        scored = self.scorer.logprobs(model, mb)
                     if getattr(mb, field) is None:
                         setattr(mb, field, scored)
 
@@ -403,8 +424,30 @@ class TorchTrainBackend:
         if self.sharded:
             yield from sharded_named_weights(self.model)
             return
+        if self.adapter is not None:  # LoRA: the weights the engine would serve with the adapter merged
+            yield from self.adapter.merged_state().items()
+            return
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach()
+
+    def export_adapter(self, directory: str | Path) -> Path:
+        """LoRA: the adapter as a peft folder (``adapter_config.json``, ``adapter_model.safetensors`` in
+        ``config.export_dtype``), from rank 0. ``ValueError`` without ``config.lora``."""
+        adapter = self._require_adapter("export_adapter")
+        path = Path(directory)
+        if self.dist.rank == 0:
+            adapter.save(path, self.config.export_torch_dtype)
+        return path
+
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """LoRA: the adapter's weights under the engine's names, on the host, in ``config.export_dtype``."""
+        return self._require_adapter("adapter_tensors").tensors(self.config.export_torch_dtype)
+
+    def _require_adapter(self, what: str) -> LoraAdapter:
+        if self.adapter is None:
+            raise ValueError(f"{what}: this backend trains the whole model (config.lora is None); expected a LoRA "
+                             "backend")
+        return self.adapter
 
     def offloadable(self) -> list[torch.Tensor]:
         """Tensors besides the optimizer state that may wait in host memory between steps: the

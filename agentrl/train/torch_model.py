@@ -5,15 +5,18 @@ checkpointing, the switchable output head, sharding, and what the optimizer upda
 
 1. the dtype the model is *held* in: the compute dtype, except a sharded low-precision model with
    master weights, which is held in float32 (FSDP gathers it in the compute dtype);
-2. packed attention (:func:`~agentrl.train.attention.use_packed_attention`; ``"auto"`` keeps the
+2. the LoRA adapter when ``config.lora`` is set (:func:`~agentrl.train.lora.attach_lora`: peft
+   layers injected in place, the base frozen);
+3. packed attention (:func:`~agentrl.train.attention.use_packed_attention`; ``"auto"`` keeps the
    model's own attention when the model cannot take it, an explicit kernel raises);
-3. activation checkpointing (:mod:`agentrl.train.recompute`);
-4. the output head switch (:class:`~agentrl.train.lm_head.HeadSwitch`) when the fused head is on
+4. activation checkpointing (:mod:`agentrl.train.recompute`);
+5. the output head switch (:class:`~agentrl.train.lm_head.HeadSwitch`) when the fused head is on
    or automatic and the head is a bias-free linear layer;
-5. FSDP2 sharding (:mod:`agentrl.train.sharding`).
+6. FSDP2 sharding (:mod:`agentrl.train.sharding`).
 
 :func:`update_parameters` builds the optimizer's parameters: the model's own, or float32
-:class:`~agentrl.train.precision.MasterWeights` of an unsharded low-precision model.
+:class:`~agentrl.train.precision.MasterWeights` of an unsharded low-precision model (not for a LoRA
+adapter, which peft keeps in float32 already).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from agentrl.train.attention import use_packed_attention
 from agentrl.train.config import TorchBackendConfig
 from agentrl.train.lm_head import HeadSwitch
+from agentrl.train.lora import LoraAdapter, attach_lora
 from agentrl.train.precision import MasterWeights, pure_precision_warning
 from agentrl.train.recompute import apply_activation_checkpointing
 from agentrl.train.sharding import shard_model
@@ -39,11 +43,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class PreparedModel:
     """A model ready for the backend: ``attention`` is the kernel in use (``"model"``: its own),
-    ``head`` the output-head switch (None: the model's logits only)."""
+    ``head`` the output-head switch (None: the model's logits only), ``adapter`` the LoRA adapter
+    (None: the model itself trains)."""
 
     model: torch.nn.Module
     attention: str
     head: HeadSwitch | None
+    adapter: LoraAdapter | None = None
 
 
 def held_dtype(config: TorchBackendConfig, sharded: bool) -> torch.dtype:
@@ -88,6 +94,7 @@ def prepare_model(model: torch.nn.Module, config: TorchBackendConfig, device: to
     model = model.eval()
     if not trainable:
         model.requires_grad_(False)
+    adapter = attach_lora(model, config.lora, seed=config.seed) if trainable and config.lora is not None else None
     attention = _attention(model, config.attention)
     if trainable:
         apply_activation_checkpointing(model, config.activation_checkpointing)
@@ -97,7 +104,7 @@ def prepare_model(model: torch.nn.Module, config: TorchBackendConfig, device: to
         # On a CPU trainer everything is in host memory already: offloading means nothing there.
         offload = config.optimizer_offload and trainable and device.type != "cpu"
         shard_model(model, compute_dtype=compute, device=device, offload=offload)
-    return PreparedModel(model=model, attention=attention, head=head)
+    return PreparedModel(model=model, attention=attention, head=head, adapter=adapter)
 
 
 def update_parameters(model: torch.nn.Module, config: TorchBackendConfig, *, sharded: bool
@@ -107,8 +114,9 @@ def update_parameters(model: torch.nn.Module, config: TorchBackendConfig, *, sha
     precision (``master_weights="none"``), naming the smallest update the weights can take."""
     if config.dtype in ("bfloat16", "float16") and config.master_weights == "none":
         warnings.warn(pure_precision_warning(config.torch_dtype, config.optimizer.lr), stacklevel=3)
-    if config.uses_master_weights and not sharded:
+    trainable: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
+    if config.uses_master_weights and not sharded and any(p.dtype != torch.float32 for p in trainable):
         device = torch.device("cpu") if config.optimizer_offload else None  # (a no-op on a CPU trainer)
         masters = MasterWeights(model.named_parameters(), device=device)
         return masters.params, masters
-    return [p for p in model.parameters() if p.requires_grad], None
+    return trainable, None

@@ -42,11 +42,13 @@ def save_checkpoint(backend: TorchTrainBackend, directory: str | Path) -> Path:
         model_state = full_model_state(backend.model)
         optimizer_state = full_optimizer_state(backend.model, backend.optimizer)
     elif backend.dist.rank == 0:
-        model_state, optimizer_state = backend.model.state_dict(), backend.optimizer.state_dict()
+        # LoRA: the adapter only (the frozen base is the model folder's)
+        model_state = backend.adapter.state_dict() if backend.adapter is not None else backend.model.state_dict()
+        optimizer_state = backend.optimizer.state_dict()
     if backend.dist.rank == 0:
         masters = backend.masters.state_dict() if backend.masters is not None else None
         torch.save({"model": model_state, "optimizer": optimizer_state, "step": backend.step, "master": masters,
-                    "sharded": backend.sharded}, trainer_path(path))
+                    "sharded": backend.sharded, "lora": backend.adapter is not None}, trainer_path(path))
     torch.save(capture_rng_state(backend.device), rng_path(path, backend.dist.rank))
     barrier()
     return path
@@ -62,8 +64,15 @@ def load_checkpoint(backend: TorchTrainBackend, directory: str | Path) -> None:
     if bool(state.get("sharded", False)) != backend.sharded:
         raise ValueError(f"directory: the checkpoint was written with sharded={state.get('sharded', False)}, this "
                          f"backend runs sharded={backend.sharded}; resume with the same train.sharding and ranks")
+    if bool(state.get("lora", False)) != (backend.adapter is not None):
+        raise ValueError(f"directory: the checkpoint was written {'with' if state.get('lora') else 'without'} "
+                         f"train.lora, this backend runs {'with' if backend.adapter is not None else 'without'} it; "
+                         "resume with the settings that wrote it")
     if backend.sharded:
         load_full_state(backend.model, backend.optimizer, state["model"], state["optimizer"])
+    elif backend.adapter is not None:
+        backend.adapter.load_state_dict(state["model"])
+        backend.optimizer.load_state_dict(state["optimizer"])
     else:
         backend.model.load_state_dict(state["model"])
         backend.optimizer.load_state_dict(state["optimizer"])
@@ -124,8 +133,12 @@ def export_hf(backend: TorchTrainBackend, directory: str | Path, tokenizer: Any 
         raise TypeError("model: export_hf needs a Hugging Face PreTrainedModel (no save_pretrained)")
     dtype = backend.config.export_torch_dtype
     full = full_model_state(backend.model) if backend.sharded else None
+    if full is None and backend.adapter is not None:  # LoRA: the base with the adapter merged in
+        full = backend.adapter.merged_state()
     if backend.dist.rank == 0:
-        state = cast_state(full if full is not None else backend.model.state_dict(), dtype, tied_names(backend.model))
+        tied = {k.replace(".base_layer.", "."): v.replace(".base_layer.", ".")
+                for k, v in tied_names(backend.model).items()}
+        state = cast_state(full if full is not None else backend.model.state_dict(), dtype, tied)
         save(str(path), state_dict=state, safe_serialization=True)
         _write_config_dtype(path, dtype)
         tok.save_pretrained(str(path))

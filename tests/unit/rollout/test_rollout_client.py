@@ -109,13 +109,18 @@ async def test_an_unavailable_engine_is_waited_for_beyond_the_retries(cluster: F
 
 
 async def test_requests_go_through_the_current_adapter_when_one_is_set(cluster: FakeCluster) -> None:
-    """LoRA: the router passes ``lora_path`` through; the weight sync moves ``client.adapter``."""
+    """LoRA: the router passes ``lora_path`` through; the weight sync moves the client's adapter, and a
+    result says the adapter's version (SGLang reports the base weights' version)."""
     async with _client(cluster) as client:
-        await client.generate([5], SamplingParams(max_new_tokens=1), routing_key="a")
-        client.adapter = "policy-v3"
-        await client.generate([6], SamplingParams(max_new_tokens=1), routing_key="b")
+        base = await client.generate([5], SamplingParams(max_new_tokens=1), routing_key="a")
+        client.set_adapter("policy-v3", 3)
+        assert client.adapter == "policy-v3"
+        through = await client.generate([6], SamplingParams(max_new_tokens=1), routing_key="b")
+        with pytest.raises(ValueError, match="expected an adapter name or None"):
+            client.set_adapter("", 4)
     bodies = [r for w in cluster.workers for r in w.state.requests]
     assert sorted(b.get("lora_path", "-") for b in bodies) == ["-", "policy-v3"]
+    assert through.weight_version == "3" and base.weight_version != "3"
 
 
 async def test_4xx_is_never_retried(cluster: FakeCluster) -> None:

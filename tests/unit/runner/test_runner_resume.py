@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from agentrl.runner import RunCallback
 from agentrl.testing.runner import build_fake_runner, fake_run_config, trained_prompts
@@ -29,12 +30,13 @@ class _Crash(RunCallback):
             raise _Killed(f"crash at step {step}")
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
-async def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path: Path, mode: str) -> None:
-    straight, _ = build_fake_runner(fake_run_config(tmp_path / "a", steps=4, mode=mode))
+@pytest.mark.parametrize(("mode", "lora"), [("sync", None), ("one_step_off", None), ("sync", {"rank": 8})])
+async def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path: Path, mode: str,
+                                                                     lora: dict[str, Any] | None) -> None:
+    straight, _ = build_fake_runner(fake_run_config(tmp_path / "a", steps=4, mode=mode, lora=lora))
     await straight.run()
 
-    config = fake_run_config(tmp_path / "b", steps=4, mode=mode)
+    config = fake_run_config(tmp_path / "b", steps=4, mode=mode, lora=lora)
     crashed, _ = build_fake_runner(config, callbacks=[_Crash(3)])
     with pytest.raises(_Killed):
         await crashed.run()
@@ -45,6 +47,12 @@ async def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path: P
     assert trained_prompts(resumed.run_dir) == trained_prompts(straight.run_dir)
     assert [m["step"] for m in resumed.run_dir.read_metrics() if "prompt_ids" in m] == [1, 2, 3, 4]
     assert await resumed.trainer.digest() == await straight.trainer.digest()
+    if lora is not None:  # the adapter trained (peft starts B at zero), and resumed to the same bits
+        adapters = [r.trainer.service.backend.adapter for r in (resumed, straight)]
+        states = [a.state_dict() for a in adapters]
+        assert states[0].keys() == states[1].keys()
+        assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+        assert any(".lora_B." in k and v.abs().max() > 0 for k, v in states[0].items())
 
 
 async def test_resume_with_a_partial_rollout_buffer_continues_it_exactly(tmp_path: Path) -> None:
