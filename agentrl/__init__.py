@@ -21,6 +21,21 @@ from agentrl.trajectory import (
 __version__ = "0.1.0"
 
 
+def _notebook_html(item: Trajectory | Episode) -> str:
+    """Jupyter's display of a :class:`Trajectory` or :class:`Episode`: the viewer of :mod:`agentrl.inspect`.
+
+    The data types do not know their viewer, which sits above them (DESIGN.md §2); the package that
+    exports both attaches the display to them here, and imports the viewer only when a notebook first
+    shows one, so ``import agentrl`` stays free of it.
+    """
+    from agentrl.inspect.html import episode_html, trajectory_html
+
+    return episode_html(item) if isinstance(item, Episode) else trajectory_html(item)
+
+
+Trajectory._repr_html_ = Episode._repr_html_ = _notebook_html  # type: ignore[attr-defined]
+
+
 def __getattr__(name: str) -> object:
     # ``agentrl.train`` / ``agentrl.train_async`` import the runner (torch, Ray...) only when called.
     # ``train`` is the ``agentrl.train`` package, which is callable: once imported, Python binds the

@@ -82,12 +82,6 @@ class Episode:
                 raise TrajectoryError(f"sequences[{i}]: rollout/group id {(seq.rollout_id, seq.group_id)} differ from "
                                       f"the first sequence's {(first.rollout_id, first.group_id)}; expected one episode")
 
-    def _repr_html_(self) -> str:
-        """Jupyter's display: every sequence in the viewer of :mod:`agentrl.inspect` (imported only here)."""
-        from agentrl.inspect.html import episode_html
-
-        return episode_html(self)
-
     def to_dict(self) -> dict[str, Any]:
         return {"sequences": [s.to_dict() for s in self.sequences], "env_info": [dict(i) for i in self.env_info]}
 

@@ -476,12 +476,6 @@ class Trajectory:
         if pos != len(self.tokens):
             raise TrajectoryError(f"segments end at {pos} but there are {len(self.tokens)} tokens; expected an exact tiling")
 
-    def _repr_html_(self) -> str:
-        """Jupyter's display: the trajectory viewer of :mod:`agentrl.inspect` (imported only here)."""
-        from agentrl.inspect.html import trajectory_html
-
-        return trajectory_html(self)
-
     # -- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {

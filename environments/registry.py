@@ -60,7 +60,7 @@ def _retool() -> Any:
 
 
 def _uniform() -> Any:
-    from agentrl.rollout.groups import drop_uniform_rewards
+    from agentrl.rewards.filters import drop_uniform_rewards
 
     return drop_uniform_rewards
 

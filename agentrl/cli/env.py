@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from agentrl.cli._errors import fail
+
+if TYPE_CHECKING:
+    from agentrl.environments.registry import Kind
 
 __all__ = ["CheckInputError", "check", "env_app", "load_environment", "load_environment_class", "load_reward",
            "load_rows"]
@@ -45,30 +48,36 @@ class CheckInputError(ValueError):
     """The environment class, the reward function or the data file cannot be used."""
 
 
+def _resolve(kind: Kind, target: str, what: str = "") -> Any:
+    """``target`` by the registry's resolver (:func:`~agentrl.environments.registry.resolve`, ``module:attr``
+    allowed); its error, prefixed with ``what``, as a :class:`CheckInputError`."""
+    from agentrl.environments.registry import RegistryError, resolve
+
+    try:
+        return resolve(kind, target, allow_import=True)
+    except RegistryError as exc:
+        raise CheckInputError(f"{what}{exc}") from None
+
+
 def load_environment(target: str) -> Any:
     """The Environment subclass or the :class:`agentrl.proxy.Agent` ``target`` names (see
     :func:`load_environment_class`)."""
-    from agentrl.environments.registry import RegistryError, resolve
     from agentrl.proxy.adapter import Agent
 
-    try:
-        obj = resolve("environment", target, allow_import=True)
-    except RegistryError as exc:
-        raise CheckInputError(str(exc)) from None
-    return obj if isinstance(obj, Agent) else load_environment_class(target)
+    obj = _resolve("environment", target)
+    return obj if isinstance(obj, Agent) else _environment_class(target, obj)
 
 
 def load_environment_class(target: str) -> type[Any]:
     """The Environment subclass ``target`` names (a built-in, an installed package's entry point or
     ``module:Class``, by :func:`~agentrl.environments.registry.resolve`); an unknown name's error
     lists the valid ones. A factory function is refused: the checker builds the class itself."""
-    from agentrl.environments import Environment
-    from agentrl.environments.registry import RegistryError, resolve
+    return _environment_class(target, _resolve("environment", target))
 
-    try:
-        obj = resolve("environment", target, allow_import=True)
-    except RegistryError as exc:
-        raise CheckInputError(str(exc)) from None
+
+def _environment_class(target: str, obj: Any) -> type[Any]:
+    from agentrl.environments import Environment
+
     if not (isinstance(obj, type) and issubclass(obj, Environment)):
         raise CheckInputError(f"{target!r}: expected an Environment subclass (env check builds and drives the class "
                               f"itself), got {obj!r:.120}")
@@ -77,12 +86,7 @@ def load_environment_class(target: str) -> type[Any]:
 
 def load_reward(target: str) -> Any:
     """The reward function ``target`` names, as ``agentrl train --reward`` resolves it."""
-    from agentrl.environments.registry import RegistryError, resolve
-
-    try:
-        return resolve("reward", target, allow_import=True)
-    except RegistryError as exc:
-        raise CheckInputError(f"--reward: {exc}") from None
+    return _resolve("reward", target, "--reward: ")
 
 
 def load_rows(path: Path, limit: int) -> tuple[list[Any], list[int], int]:

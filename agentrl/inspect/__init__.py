@@ -4,7 +4,8 @@ folder, and run reports with plots.
 - :func:`trajectory_html` / :func:`episode_html` / :func:`write_viewer`: one episode as
   self-contained HTML (provenance colours, trainability, token ids and logprobs, a logprob heat
   map, tool calls with results, failure kinds and durations, reward, weight versions, forks);
-  ``Trajectory`` and ``Episode`` display it in Jupyter by themselves (:func:`view` adds token texts);
+  ``Trajectory`` and ``Episode`` display it in Jupyter (the ``agentrl`` package attaches it to them and
+  imports this viewer on the first display; :func:`view` adds token texts);
 - :class:`RunIndex`: filter a run folder's (or a JSONL file's) episodes by step, reward, stop
   reason, failure kind and tool-call count; :class:`GroupView` shows one group side by side;
 - :func:`write_run_report` / :func:`write_file_report`: what ``agentrl inspect`` writes.

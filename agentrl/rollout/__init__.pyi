@@ -36,12 +36,14 @@ from .eval import (
     evaluate,
     pass_at_k,
 )
+
+# deprecated aliases of names that moved to agentrl.rewards: not in __all__, a DeprecationWarning at runtime
+from .groups import FilterResult as FilterResult
 from .groups import (
-    FilterResult,
     GroupFilter,
     RolloutGroup,
-    drop_uniform_rewards,
 )
+from .groups import drop_uniform_rewards as drop_uniform_rewards  # deprecated alias, as FilterResult
 from .health import (
     EngineGroup,
     HealthConfig,
@@ -101,7 +103,6 @@ __all__ = [
     "EpisodeRunner",
     "EvalConfig",
     "EvalReport",
-    "FilterResult",
     "FinishKind",
     "FinishReason",
     "GenerateClient",
@@ -135,7 +136,6 @@ __all__ = [
     "continuation_budget",
     "default_shim_dir",
     "detect_device",
-    "drop_uniform_rewards",
     "evaluate",
     "evaluate_endpoint",
     "model_vocab_size",

@@ -82,7 +82,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import os
 import time
@@ -93,11 +92,12 @@ from typing import Any, Protocol, cast
 from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
 from agentrl.chat.template import ChatTemplate
 from agentrl.chat.types import Message, ToolCallFailure
-from agentrl.environments.base import Environment, StepResult
+from agentrl.environments.base import Environment
 from agentrl.episode import Episode
 from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import Reward, score
 from agentrl.rollout._agent_config import AgentConfig, env_hook
+from agentrl.rollout._env_steps import record_step, reward_total
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.types import (
@@ -152,17 +152,6 @@ class GenerateClient(Protocol):
 
 
 PROMPT_TOO_LONG = "prompt too long: "  # how the error of an opening prompt that cannot fit begins
-
-
-def record_step_failure(traj: Trajectory, step: StepResult) -> None:
-    """A step ended the episode as failed: records its error, or one saying the environment gave none."""
-    if step.error is not None:
-        turn = step.error.turn if step.error.turn is not None else traj.num_model_turns
-        traj.errors.append(dataclasses.replace(step.error, turn=turn))
-        return
-    kinds = ", ".join(k.value for k in step.failures) or "none"
-    traj.add_error(ErrorKind.ENV, f"step() ended the episode as failed without an error (failures: {kinds})",
-                   component="step")
 
 
 def runner_for(env: Any, template: ChatTemplate, client: GenerateClient, config: AgentConfig | None = None,
@@ -466,33 +455,15 @@ class EpisodeRunner:
         except Exception as exc:  # the environment's bug ends the episode as a value, not a crash
             traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step")
             return StopReason.FAILED
-        self._record_step(step)
-        if step.done:
-            if step.messages:
-                traj.info["unsent_messages"] = [m.to_dict() for m in step.messages]
-            if step.stop_reason is StopReason.FAILED:
-                record_step_failure(traj, step)
-            return step.stop_reason or StopReason.ENV_DONE
-        if not step.messages:
-            traj.add_error(ErrorKind.ENV, "step() returned done=False without messages; the model would have no turn "
-                           "to answer", component="step")
-            return StopReason.FAILED
+        reason = record_step(self, traj, step)
+        if reason is not None:
+            return reason
         try:
             bridge = self._bridge(message, step.messages)
         except ValueError as exc:  # ChatTemplateError included: the template rejected the conversation
             traj.add_error(ErrorKind.BRIDGE, str(exc), component="bridge")
             return StopReason.FAILED
         return self._append(bridge, step.messages)
-
-    def _record_step(self, step: StepResult) -> None:
-        for kind in step.failures:
-            self.metrics[f"failures/{kind.value}"] += 1
-        for kind in step.tolerated:
-            self.metrics[f"tolerated/{kind.value}"] += 1
-        for name, value in step.reward_parts.items():
-            self.reward_parts[name] = self.reward_parts.get(name, 0.0) + value
-        if step.info:
-            self.env_info.append(dict(step.info))
 
     def _bridge(self, message: Message, new: list[Message]) -> BridgeResult:
         if self.bridge_session is not None:
@@ -562,10 +533,7 @@ class EpisodeRunner:
             if self.config.reward_failure != "zero":
                 return
             reward = Reward(0.0, parts={"reward_failed": 0.0})
-        parts = dict(reward.parts) or {"reward": reward.value}
-        for name, value in self.reward_parts.items():
-            parts[name] = parts.get(name, 0.0) + value
-        total = reward.value + sum(self.reward_parts.values())
+        total, parts = reward_total(self, reward)
         for seq in self.sequences:
             seq.reward, seq.reward_parts = total, dict(parts)
         if reward.info:

@@ -12,7 +12,9 @@ trajectory here is *message-level* (:meth:`~agentrl.trajectory.Trajectory.from_m
 - :func:`run_message_episode`: one environment episode; the same termination as the token loop
   where it applies (``no_tool_calls``, ``max_turns``... from the environment; ``engine_length``
   when the server stopped at ``max_tokens``; ``context_budget`` when it rejected the prompt as too
-  long; ``failed`` on a server error, recorded in ``trajectory.errors``).
+  long; ``failed`` on a server error, recorded in ``trajectory.errors``); each environment step is
+  counted as the token loop counts it (``failures/<kind>``, ``tolerated/<kind>``, step reward parts:
+  :mod:`agentrl.rollout._env_steps`).
 - :func:`evaluate_endpoint`: :func:`agentrl.rollout.eval.evaluate`'s report for such episodes.
 
 Example::
@@ -39,7 +41,7 @@ from agentrl.environments.base import Environment
 from agentrl.episode import Episode
 from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import score
-from agentrl.rollout.agent import record_step_failure
+from agentrl.rollout._env_steps import record_step, reward_total
 from agentrl.rollout.eval import EvalConfig, EvalReport, _report
 from agentrl.rollout.types import SamplingParams
 from agentrl.trajectory import ErrorKind, StopReason, Trajectory, status_for
@@ -219,19 +221,9 @@ class _MessageEpisode:
             except Exception as exc:  # the environment's bug ends the episode as a value
                 traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step")
                 return StopReason.FAILED
-            for kind in step.failures:
-                self.metrics[f"failures/{kind.value}"] += 1
-            for name, value in step.reward_parts.items():
-                self.reward_parts[name] = self.reward_parts.get(name, 0.0) + value
-            if step.info:
-                self.env_info.append(dict(step.info))
-            if step.done:
-                if step.stop_reason is StopReason.FAILED:
-                    record_step_failure(traj, step)
-                return step.stop_reason or StopReason.ENV_DONE
-            if not step.messages:
-                traj.add_error(ErrorKind.ENV, "step() returned done=False without messages", component="step")
-                return StopReason.FAILED
+            reason = record_step(self, traj, step)
+            if reason is not None:
+                return reason
             traj.messages.extend(step.messages)
 
     async def _score(self, traj: Trajectory, timeout_s: float | None) -> None:
@@ -241,10 +233,7 @@ class _MessageEpisode:
             kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
             traj.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward")
             return
-        parts = dict(reward.parts) or {"reward": reward.value}
-        for name, value in self.reward_parts.items():
-            parts[name] = parts.get(name, 0.0) + value
-        traj.reward, traj.reward_parts = reward.value + sum(self.reward_parts.values()), parts
+        traj.reward, traj.reward_parts = reward_total(self, reward)
         if reward.info:
             traj.info["reward_info"] = dict(reward.info)
 

@@ -6,9 +6,14 @@ statistics count each rollout once: :attr:`RolloutGroup.rewards` has one entry p
 one per sequence, so fan-out never changes a filter's decision or GRPO's centring.
 
 A filter is any callable ``group -> FilterResult`` (or a plain bool); :func:`drop_uniform_rewards`
-is the built-in one (a group whose rewards are all equal has zero advantage everywhere).
+is the built-in one (a group whose rewards are all equal has zero advantage everywhere). Both live in
+:mod:`agentrl.rewards.filters` (import them from :mod:`agentrl.rewards`), below both this package and the
+name registry of environments; ``agentrl.rollout.groups.FilterResult`` and ``.drop_uniform_rewards``
+(and the same names of :mod:`agentrl.rollout`) are deprecated aliases, kept for one release.
 
 Example::
+
+    from agentrl.rewards import FilterResult
 
     def at_least_one_tool_call(group: RolloutGroup) -> FilterResult:
         ok = any(ep.trajectory.metrics.get("tool_calls", 0) for ep in group.episodes)
@@ -17,15 +22,22 @@ Example::
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentrl._deprecated import moved_names
+from agentrl.rewards.filters import FilterResult as _FilterResult
 from agentrl.rollout.agent import Episode
 from agentrl.trajectory import SegmentKind, Trajectory
 
-__all__ = ["FilterResult", "GroupFilter", "RolloutGroup", "drop_uniform_rewards", "version_number"]
+if TYPE_CHECKING:  # the moved names, for type checkers; at runtime __getattr__ serves them with a warning
+    from agentrl.rewards.filters import FilterResult as FilterResult
+    from agentrl.rewards.filters import drop_uniform_rewards as drop_uniform_rewards
+
+__all__ = ["GroupFilter", "RolloutGroup", "version_number"]
+
+__getattr__ = moved_names(__name__, {"FilterResult": "agentrl.rewards", "drop_uniform_rewards": "agentrl.rewards"})
 
 
 def version_number(version: str | None) -> int | None:
@@ -83,48 +95,21 @@ class RolloutGroup:
         return sum(t.response_length for t in self.trajectories())
 
 
-@dataclass(frozen=True)
-class FilterResult:
-    """A filter's verdict: keep the group, or drop it with a reason (counted per reason)."""
-
-    keep: bool
-    reason: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.keep and not self.reason:
-            raise ValueError("FilterResult: a rejection needs a reason (it is counted per reason)")
-
-    @classmethod
-    def accept(cls) -> FilterResult:
-        return cls(True)
-
-    @classmethod
-    def reject(cls, reason: str) -> FilterResult:
-        return cls(False, reason)
+GroupFilter = Callable[[RolloutGroup], "_FilterResult | bool"]
+"""A dynamic-sampling filter: ``group -> FilterResult`` (:class:`agentrl.rewards.FilterResult`) or a bool."""
 
 
-GroupFilter = Callable[[RolloutGroup], "FilterResult | bool"]
-
-
-def drop_uniform_rewards(group: RolloutGroup, *, tolerance: float = 1e-6) -> FilterResult:
-    """Rejects a group whose rewards are all equal (std ≤ ``tolerance``): GRPO learns nothing from it."""
-    rewards = group.rewards
-    if len(rewards) < 2 or statistics.pstdev(rewards) <= tolerance:
-        return FilterResult.reject("uniform_rewards")
-    return FilterResult.accept()
-
-
-def apply_filter(fn: GroupFilter | None, group: RolloutGroup) -> FilterResult:
+def apply_filter(fn: GroupFilter | None, group: RolloutGroup) -> _FilterResult:
     """Runs ``fn`` on ``group``; a bool is a verdict too, an exception is a rejection that names it."""
     if fn is None:
-        return FilterResult.accept()
+        return _FilterResult.accept()
     try:
         verdict = fn(group)
     except Exception as exc:
-        return FilterResult.reject(f"filter_error: {type(exc).__name__}: {exc}")
-    if isinstance(verdict, FilterResult):
+        return _FilterResult.reject(f"filter_error: {type(exc).__name__}: {exc}")
+    if isinstance(verdict, _FilterResult):
         return verdict
     if isinstance(verdict, bool):
-        return FilterResult.accept() if verdict else FilterResult.reject(getattr(fn, "__name__", "filter"))
-    return FilterResult.reject(f"filter_error: the filter returned {type(verdict).__name__}; expected a "
-                               "FilterResult or a bool")
+        return _FilterResult.accept() if verdict else _FilterResult.reject(getattr(fn, "__name__", "filter"))
+    return _FilterResult.reject(f"filter_error: the filter returned {type(verdict).__name__}; expected a "
+                                "FilterResult or a bool")

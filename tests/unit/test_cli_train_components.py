@@ -13,8 +13,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.environments import make_arithmetic_rows
-from agentrl.rewards import math_answer_reward
-from agentrl.rollout import drop_uniform_rewards
+from agentrl.rewards import drop_uniform_rewards, math_answer_reward
 from agentrl.testing import build_tiny_model
 
 REWARD = "agentrl.rewards:math_answer_reward"

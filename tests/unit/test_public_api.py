@@ -15,8 +15,7 @@ REQUIRED: dict[str, set[str]] = {
                      "FailureKind", "BridgeResult", "BridgeOutcome", "validate_arguments"},
     "agentrl.rollout": {"InferenceClient", "SamplingParams", "GenerateResult", "SGLangEngine", "Router",
                         "continuation_budget", "run_episode", "AgentConfig", "EpisodeRunner", "Episode", "AbortCause", "Scheduler", "RestoreError",
-                        "SchedulerConfig", "StepBatch", "StepReport", "RolloutGroup", "FilterResult",
-                        "drop_uniform_rewards", "OpeningCache", "ChatEndpoint", "EndpointError",
+                        "SchedulerConfig", "StepBatch", "StepReport", "RolloutGroup", "OpeningCache", "ChatEndpoint", "EndpointError",
                         "evaluate_endpoint", "run_message_episode"},
     "agentrl.data": {"DataSource", "DataConfig", "DataRow", "BadRow", "DataError", "DataExhausted"},
     "agentrl.algorithms": {"group_advantages", "kl", "ppo_clip_loss", "gspo_loss", "cispo_loss", "tis_weights",
@@ -26,7 +25,7 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.train.megatron": {"MegatronTrainBackend", "MegatronBackendConfig", "Qwen3Spec", "build_gpt_model",
                                "check_transformer_config", "transformer_config", "vocab_parallel_logprobs",
                                "load_hf_weights", "iter_hf_weights", "shard_for_rank", "merge_shards"},
-    "agentrl.rewards": {"math_answer_reward"},
+    "agentrl.rewards": {"math_answer_reward", "drop_uniform_rewards", "FilterResult"},
     "agentrl.testing": {"build_tokenizer", "build_tiny_model"},
     "agentrl.tools": {"Tool", "ToolResult", "tool", "PythonTool", "calculator"},
     "agentrl.tools.sandbox": {"create_sandbox", "Sandbox", "ExecResult"},
@@ -54,6 +53,15 @@ REQUIRED: dict[str, set[str]] = {
                        "ProbeError", "ProbeReport", "logprob_mismatch", "probe_sequences", "backend_scorer",
                        "CpuPlan", "plan_cpu", "TensorBoardSink", "WandbSink", "SinkUnavailableError",
                        "sinks_from_config"},
+}
+
+# public names that moved: (old module, name) -> the module they live in now; the old name is a deprecated
+# alias for one release
+MOVED: dict[tuple[str, str], str] = {
+    ("agentrl.rollout", "FilterResult"): "agentrl.rewards",
+    ("agentrl.rollout", "drop_uniform_rewards"): "agentrl.rewards",
+    ("agentrl.rollout.groups", "FilterResult"): "agentrl.rewards",
+    ("agentrl.rollout.groups", "drop_uniform_rewards"): "agentrl.rewards",
 }
 
 
@@ -85,3 +93,13 @@ def test_agentrl_train_is_the_run_function_after_the_train_package_is_imported(
     from agentrl import train
 
     assert train is agentrl.train and agentrl.train_async is api.train_async
+
+
+@pytest.mark.parametrize(("old", "name"), sorted(MOVED))
+def test_moved_names_keep_a_deprecated_alias(old: str, name: str) -> None:
+    module, new = importlib.import_module(old), importlib.import_module(MOVED[old, name])
+    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new.__name__}\.{name}") as record:
+        alias = getattr(module, name)
+    assert alias is getattr(new, name)
+    assert record[0].filename == __file__  # the warning points at the line that used the old name
+    assert name not in module.__all__ and name in new.__all__

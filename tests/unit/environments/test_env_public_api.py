@@ -13,9 +13,10 @@ def test_public_names_are_pinned_and_resolve() -> None:
                                "EnvLimits", "Environment", "EpisodeDoneError", "FailureAction", "FailurePolicy",
                                "MathTask", "RetoolMathEnv", "StepResult", "ToolLike", "ToyArithmeticEnv", "Violation",
                                "check_environment", "make_arithmetic_rows", "make_group", "tool_spec"],
-        agentrl.rewards: ["GroupRewardFn", "MathReward", "Reward", "RewardFn", "RewardPool", "RewardTimeout",
-                          "RewardValue", "as_reward", "extract_answer_line", "extract_boxed", "final_answer_text",
-                          "math_answer_reward", "math_equal", "score", "score_group", "shared_pool"],
+        agentrl.rewards: ["FilterResult", "GroupRewardFn", "MathReward", "Reward", "RewardFn", "RewardPool",
+                          "RewardTimeout", "RewardValue", "as_reward", "drop_uniform_rewards", "extract_answer_line",
+                          "extract_boxed", "final_answer_text", "math_answer_reward", "math_equal", "score",
+                          "score_group", "shared_pool"],
         agentrl.rollout.agent: ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"],
     }
     for module, names in expected.items():

@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.environments import RetoolMathEnv, ToyArithmeticEnv
 from agentrl.environments.registry import ENTRY_POINT_GROUPS, RegistryError, available, resolve
-from agentrl.rollout.groups import drop_uniform_rewards
+from agentrl.rewards.filters import drop_uniform_rewards
 
 
 def test_builtins_by_short_name() -> None:

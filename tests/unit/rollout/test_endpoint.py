@@ -4,13 +4,15 @@ enter a training batch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
-from agentrl.environments import ToyArithmeticEnv, make_arithmetic_rows
+from agentrl.chat.types import Message, ToolCallFailure
+from agentrl.environments import StepResult, ToyArithmeticEnv, make_arithmetic_rows
 from agentrl.rollout.endpoint import ChatEndpoint, chat_url, evaluate_endpoint, run_message_episode
 from agentrl.rollout.eval import EvalConfig
 from agentrl.rollout.types import SamplingParams
@@ -84,14 +86,32 @@ async def test_unreachable_server_fails_the_episode_as_a_value() -> None:
     assert error.component == "endpoint"
 
 
+MALFORMED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{not json"}}]}
+
+
 async def test_malformed_arguments_count_as_a_failure() -> None:
-    bad = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{not json"}}]}
-    with FakeChatServer(_answers(bad, {"role": "assistant", "content": "no idea"})) as server:
+    with FakeChatServer(_answers(MALFORMED, {"role": "assistant", "content": "no idea"})) as server:
         async with ChatEndpoint(server.url) as endpoint:
             episode = await run_message_episode(ToyArithmeticEnv(ROWS[0]), endpoint, SAMPLING)
     assert episode.trajectory.metrics["failures/malformed_json"] == 1.0
     assert episode.reward is not None and episode.reward <= 0.0
+
+
+class TolerantArithmetic(ToyArithmeticEnv):
+    """Lets arguments that are not a JSON object pass as a tolerated failure: recorded, never fed back."""
+
+    async def step(self, reply: Message, failures: Sequence[ToolCallFailure] = ()) -> StepResult:
+        return await super().step(reply, [dataclasses.replace(f, tolerated=True) for f in failures])
+
+
+async def test_tolerated_failures_are_counted_as_the_token_loop_counts_them() -> None:
+    with FakeChatServer(_answers(MALFORMED)) as server:
+        async with ChatEndpoint(server.url) as endpoint:
+            episode = await run_message_episode(TolerantArithmetic(ROWS[0]), endpoint, SAMPLING)
+    metrics = episode.trajectory.metrics
+    assert metrics["tolerated/malformed_json"] == 1.0 and "failures/malformed_json" not in metrics
+    assert episode.stop_reason is StopReason.NO_TOOL_CALLS  # nothing fed back: the reply ends as one without calls
 
 
 async def test_evaluate_endpoint_report(server: FakeChatServer) -> None:

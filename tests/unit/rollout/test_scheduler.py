@@ -15,9 +15,9 @@ import pytest
 from agentrl.chat import ChatTemplate, Message, ToolCallFailure
 from agentrl.data import DataSource
 from agentrl.environments import StepResult, ToyArithmeticEnv, make_arithmetic_rows
-from agentrl.rewards import math_answer_reward
+from agentrl.rewards import FilterResult, drop_uniform_rewards, math_answer_reward
 from agentrl.rollout import AgentConfig, InferenceError, SamplingParams
-from agentrl.rollout.groups import FilterResult, RolloutGroup, drop_uniform_rewards
+from agentrl.rollout.groups import RolloutGroup
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError
 from agentrl.testing.policy import FakePolicyClient, PolicyRequest
 from agentrl.tools import tool
