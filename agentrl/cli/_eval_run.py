@@ -66,17 +66,38 @@ def export_checkpoint(config: RunConfig, checkpoint: Path, out: Path) -> Path:
         base = check_model_folder(config.model.path, what="model.path")
     except ModelFolderError as exc:
         fail(str(exc))
-    state = torch.load(trainer_path(checkpoint / "trainer"), map_location="cpu", weights_only=True)["model"]
+    saved = torch.load(trainer_path(checkpoint / "trainer"), map_location="cpu", weights_only=True)
+    state = saved["model"]
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=next(iter(state.values())).dtype)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if "lm_head" not in k]:  # a tied lm_head is not saved
-        fail(f"--checkpoint {str(checkpoint)!r}: its weights do not fit model.path={config.model.path!r} "
-             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if saved.get("lora"):  # a LoRA run: its adapter, merged into the base
+        model = _merged(model, state, config, checkpoint)
+    else:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:  # a tied lm_head is not saved
+            fail(f"--checkpoint {str(checkpoint)!r}: its weights do not fit model.path={config.model.path!r} "
+                 f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(str(tmp), safe_serialization=True)
     AutoTokenizer.from_pretrained(config.model.tokenizer, local_files_only=True).save_pretrained(str(tmp))
     tmp.rename(out)
     return out
+
+
+def _merged(model: Any, adapter: dict[str, Any], config: RunConfig, checkpoint: Path) -> Any:
+    """``model`` with a LoRA checkpoint's ``adapter`` state merged in (``train.lora`` of ``config``
+    rebuilds the layers it was saved from)."""
+    from agentrl.train.lora import attach_lora
+
+    if config.train.lora is None:
+        fail(f"--checkpoint {str(checkpoint)!r}: it holds a LoRA adapter but the config has no train.lora; "
+             "expected the config of the run that wrote it")
+    lora = attach_lora(model, config.train.lora)
+    try:
+        lora.load_state_dict(adapter)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        fail(f"--checkpoint {str(checkpoint)!r}: its adapter does not fit train.lora={config.train.lora} on "
+             f"model.path={config.model.path!r}: {exc}")
+    return lora.wrapper.merge_and_unload()
 
 
 def run_engines(config: RunConfig, factory: EnvFactory, sets: list[tuple[Any, list[Any]]], served: Path | None,

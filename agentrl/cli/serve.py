@@ -14,6 +14,12 @@ core of this process), with ``--chat-template`` set to agentrl's template file a
 Qwen3.5 and Qwen3-Coder). Its OpenAI-compatible ``/v1`` endpoint therefore renders prompts and reads
 calls the way training does.
 
+``--adapter DIR`` serves a LoRA adapter (a peft folder: what a LoRA run or ``agentrl sft`` with
+``train.lora`` writes) on top of MODEL, its base: LoRA serving is enabled with the adapter's rank and
+target modules, and the adapter is loaded at start under its folder's name (``--adapter-name``). A
+request selects it with ``"model": "MODEL:NAME"`` (``agentrl eval --endpoint URL/v1 --api-model
+MODEL:NAME``); a request naming MODEL alone gets the base model.
+
 The template is ``--template`` (a shipped name or a ``.jinja`` file), else chosen from the model
 folder (:func:`template_for`): ``qwen3_5`` for a ``qwen3_5*`` model type, ``qwen3_coder`` when the
 model's own chat template writes XML calls, ``qwen3`` otherwise; the command prints which and why.
@@ -41,8 +47,8 @@ from agentrl.cli._errors import fail
 if TYPE_CHECKING:
     from agentrl.rollout.engine import EngineConfig
 
-__all__ = ["CPU_MAX_TOTAL_TOKENS", "TOOL_CALL_PARSERS", "ServeError", "ServePlan", "plan_serve", "serve",
-           "template_for"]
+__all__ = ["CPU_MAX_TOTAL_TOKENS", "TOOL_CALL_PARSERS", "ServeError", "ServePlan", "plan_serve", "read_adapter",
+           "serve", "template_for"]
 
 TOOL_CALL_PARSERS: dict[str, str] = {"json": "qwen25", "xml": "qwen3_coder"}
 """SGLang's ``--tool-call-parser`` for each tool-call format of a chat template."""
@@ -62,13 +68,19 @@ class ServeError(ValueError):
 @dataclass(frozen=True)
 class ServePlan:
     """What ``agentrl serve`` starts: the engine's config, the template (its name or file, and why it
-    was chosen) and SGLang's tool-call parser for it."""
+    was chosen), SGLang's tool-call parser for it, and the LoRA adapter's name (``None``: none)."""
 
     config: EngineConfig
     template: str
     template_file: Path
     parser: str
     why: str
+    adapter: str | None = None
+
+    @property
+    def adapter_model(self) -> str | None:
+        """The ``model`` a request names to go through the adapter."""
+        return f"{self.config.model_path}:{self.adapter}" if self.adapter is not None else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -126,14 +138,38 @@ def template_for(model: Path, template: str | None) -> tuple[str, Path, str, str
     raise ServeError(f"--template {template!r}: {what}; expected one of {shown} or the path of a .jinja file")
 
 
+def read_adapter(folder: Path) -> tuple[int, tuple[str, ...]]:
+    """``(rank, target modules)`` of the peft LoRA folder ``folder``; :class:`ServeError` naming what is
+    missing or malformed."""
+    config_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not folder.is_dir():
+        raise ServeError(f"--adapter {str(folder)!r}: no such folder; expected a LoRA adapter folder (peft format)")
+    missing = [f.name for f in (config_file, weights) if not f.is_file()]
+    if missing:
+        raise ServeError(f"--adapter {str(folder)!r}: {' and '.join(missing)} missing; expected a LoRA adapter "
+                         "folder (peft format: adapter_config.json and adapter_model.safetensors)")
+    data = _read_json(config_file)
+    rank, targets = data.get("r"), data.get("target_modules")
+    if isinstance(targets, str):
+        targets = [targets]
+    if data.get("peft_type", "LORA") != "LORA" or not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 \
+            or not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise ServeError(f"--adapter {str(folder)!r}: adapter_config.json has peft_type={data.get('peft_type')!r}, "
+                         f"r={rank!r}, target_modules={targets!r}; expected a LORA adapter with an int r >= 1 and a "
+                         "list of module names")
+    return rank, tuple(sorted(targets))
+
+
 def plan_serve(model: Path, *, host: str = "127.0.0.1", port: int | None = None, template: str | None = None,
                dtype: str | None = None, context_length: int | None = None, max_total_tokens: int | None = None,
-               device: str = "auto") -> ServePlan:
+               device: str = "auto", adapter: Path | None = None, adapter_name: str | None = None) -> ServePlan:
     """The engine ``agentrl serve`` starts for ``model`` (checked: a local model folder with config,
     weights and tokenizer); raises :class:`ServeError` naming the argument at fault. ``device="auto"``
-    is resolved here (``nvidia-smi``), since the CPU recipe differs: float32, a KV budget, all cores."""
+    is resolved here (``nvidia-smi``), since the CPU recipe differs: float32, a KV budget, all cores.
+    ``adapter``: a LoRA folder served on top of ``model`` under ``adapter_name`` (default: its folder's
+    name)."""
     from agentrl.model_folder import ModelFolderError, check_model_folder
-    from agentrl.rollout.engine import DEVICES, EngineConfig, detect_device
+    from agentrl.rollout.engine import DEVICES, EngineConfig, EngineLora, detect_device
     from agentrl.runner.cpu import CpuPlan
 
     if device not in DEVICES:
@@ -142,19 +178,31 @@ def plan_serve(model: Path, *, host: str = "127.0.0.1", port: int | None = None,
         folder = check_model_folder(model, what="MODEL")
     except ModelFolderError as exc:
         raise ServeError(str(exc)) from None
-    name, file, parser, why = template_for(folder, template)
+    template_name, file, parser, why = template_for(folder, template)
     resolved: Any = detect_device() if device == "auto" else device  # one of DEVICES (checked above)
     cpu = resolved == "cpu"
     env: dict[str, str] = {}
     if cpu:
         cores = tuple(sorted(os.sched_getaffinity(0)))
         env = CpuPlan(cores=cores, engine_cores=(cores,), trainer_cores=()).engine_env(0)
+    lora: EngineLora | None = None
+    lora_args: tuple[str, ...] = ()
+    name: str | None = None
+    if adapter is not None:
+        rank, targets = read_adapter(adapter)
+        name = adapter_name if adapter_name is not None else adapter.resolve().name
+        if not name or any(c in name for c in "=:/ ") or name.startswith("{"):
+            raise ServeError(f"--adapter-name {name!r}: expected a name without '=', ':', '/' or spaces")
+        # torch_native: the LoRA kernels that run without an accelerator (SGLang's default needs one)
+        lora = EngineLora(max_rank=rank, target_modules=targets, backend="torch_native" if cpu else None,
+                          max_loras_per_batch=1)
+        lora_args = ("--lora-paths", f"{name}={adapter.resolve()}")
     try:
         config = EngineConfig(
             model_path=str(folder.resolve()), host=host, port=port, device=resolved,
             dtype=dtype or ("float32" if cpu else "bfloat16"), context_length=context_length,
             max_total_tokens=max_total_tokens or (CPU_MAX_TOTAL_TOKENS if cpu else None), env=env,
-            extra_args=("--chat-template", str(file), "--tool-call-parser", parser))
+            extra_args=("--chat-template", str(file), "--tool-call-parser", parser, *lora_args), lora=lora)
     except ValueError as exc:  # EngineConfig names its field: say which option that is
         flag = {"dtype": "--dtype", "device": "--device", "port": "--port", "context_length": "--context-length",
                 "max_total_tokens": "--max-total-tokens"}
@@ -162,7 +210,7 @@ def plan_serve(model: Path, *, host: str = "127.0.0.1", port: int | None = None,
         for field_name, option in flag.items():
             text = text.replace(f"EngineConfig.{field_name}=", f"{option} ")
         raise ServeError(text) from None
-    return ServePlan(config=config, template=name, template_file=file, parser=parser, why=why)
+    return ServePlan(config=config, template=template_name, template_file=file, parser=parser, why=why, adapter=name)
 
 
 async def _launch(config: EngineConfig) -> Any:
@@ -198,7 +246,11 @@ def _run(plan: ServePlan) -> int:
         return 1
     try:
         typer.echo(f"engine     {engine.url}\nopenai     {engine.url}/v1   (agentrl eval CONFIG --endpoint "
-                   f"{engine.url}/v1)\nCtrl-C or SIGTERM stops it")
+                   f"{engine.url}/v1)")
+        if plan.adapter_model is not None:
+            typer.echo(f"adapter    {plan.adapter}: requests naming model {plan.adapter_model!r} go through it "
+                       f"(agentrl eval CONFIG --endpoint {engine.url}/v1 --api-model {plan.adapter_model})")
+        typer.echo("Ctrl-C or SIGTERM stops it")
         while engine.alive():
             time.sleep(_POLL_S)
         typer.echo(f"error: {_died(engine)}", err=True)
@@ -223,6 +275,10 @@ def serve(
     max_total_tokens: Annotated[int | None, typer.Option("--max-total-tokens", min=1, help="KV-cache budget in "
                                                          f"tokens (default on CPU: {CPU_MAX_TOTAL_TOKENS}).")] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or npu.")] = "auto",
+    adapter: Annotated[Path | None, typer.Option("--adapter", help="A LoRA adapter folder (peft format) to serve on "
+                                                 "top of MODEL.")] = None,
+    adapter_name: Annotated[str | None, typer.Option("--adapter-name", help="The adapter's name in requests "
+                                                     "(default: its folder's name).")] = None,
 ) -> None:
     """Serves MODEL with SGLang (agentrl's chat template and the tool-call parser for it) until Ctrl-C.
 
@@ -235,15 +291,17 @@ def serve(
       agentrl serve models/tiny-qwen3
       agentrl serve models/qwen3-4b --port 30000 --template qwen3
       agentrl serve models/tiny-qwen3 --device cpu --context-length 2048
+      agentrl serve models/qwen3-8b --adapter runs/lora/adapter
     """
     try:
         plan = plan_serve(model, host=host, port=port, template=template, dtype=dtype, context_length=context_length,
-                          max_total_tokens=max_total_tokens, device=device)
+                          max_total_tokens=max_total_tokens, device=device, adapter=adapter,
+                          adapter_name=adapter_name)
     except ServeError as exc:
         fail(str(exc))
     cfg = plan.config
     typer.echo(f"serving    {cfg.model_path} on {cfg.device} ({cfg.dtype}); template {plan.template} ({plan.why}), "
-               f"tool-call parser {plan.parser}")
+               f"tool-call parser {plan.parser}" + (f"; LoRA adapter {adapter} as {plan.adapter!r}" if adapter else ""))
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         code = _run(plan)

@@ -70,4 +70,5 @@ def sft(
     except (SftDataError, ModelFolderError) as exc:
         fail(str(exc))
     typer.echo(f"sft: {result.steps} steps on {result.conversations} conversations, loss {result.losses[0]:.4f} -> "
-               f"{result.losses[-1]:.4f}, {result.seconds:.1f} s; model written to {result.output}")
+               f"{result.losses[-1]:.4f}, {result.seconds:.1f} s; model written to {result.output}"
+               + (f" (LoRA merged; the adapter in {result.output / 'adapter'})" if cfg.train.lora is not None else ""))

@@ -252,8 +252,13 @@ class TrainService:
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self, folder: str | Path) -> str:
+        """The backend's checkpoint in ``folder``; a LoRA run's also holds its adapter as a peft folder
+        (``adapter/``: what ``agentrl serve MODEL --adapter`` and peft load)."""
         extra = {"skipped_steps": self.skipped_steps}
         path = self.backend.save_checkpoint(folder)
+        lora = self._lora()
+        if lora is not None:
+            lora.export_adapter(Path(path) / "adapter")
         (Path(path) / "service.json").write_bytes(orjson.dumps(extra))
         return str(path)
 

@@ -7,9 +7,11 @@ Sections (frozen pydantic models that refuse unknown keys, like the run config's
 - ``data``: a JSONL file of conversations, one ``{"messages": [...], "tools": [...]}`` per line,
   shuffled with ``seed`` each epoch; sequences over ``max_sequence_length`` are refused by line;
 - ``train``: epochs or steps, conversations per step, the optimiser and its schedule
-  (:class:`~agentrl.runner.OptimizerSection`), packing, device, dtype, threads;
+  (:class:`~agentrl.runner.OptimizerSection`), packing, device, dtype, threads, and ``lora`` (train a
+  LoRA adapter instead of the whole model, as the RL run's ``train.lora``);
 - ``output``: the folder the fine-tuned model is written to (a Hugging Face folder with its
-  tokenizer, which engines and ``agentrl train`` load), with the run's metrics beside the weights.
+  tokenizer, which engines and ``agentrl train`` load; with ``lora`` the adapter merged into the
+  base, the adapter itself in ``adapter/`` as a peft folder), with the run's metrics beside the weights.
 
 Only ``model.path``, ``data.path`` and ``output`` are required.
 
@@ -29,7 +31,7 @@ from pydantic import Field, JsonValue, model_validator
 
 from agentrl.runner._base import Section
 from agentrl.runner._sections import OptimizerSection, TemplateName
-from agentrl.train.config import PackingConfig, TorchBackendConfig
+from agentrl.train.config import LoraSettings, PackingConfig, TorchBackendConfig
 
 __all__ = ["SftConfig", "SftDataSection", "SftModelSection", "SftTrainSection"]
 
@@ -67,7 +69,9 @@ class SftTrainSection(Section):
     ``threads``: torch intra-op threads (``None``: torch's default; 1 is fastest on a small CPU
     shared with an engine). ``log_every``: print and record metrics every that many steps.
     ``shared_prefix``/``shared_prefix_min_tokens``: as in the RL run config's ``train`` section (a
-    system prompt shared by the conversations of a micro-batch runs once; exact)."""
+    system prompt shared by the conversations of a micro-batch runs once; exact). ``lora``: train
+    only a LoRA adapter (rank, alpha, dropout, target modules; the default learning rate 1e-4 is in
+    LoRA's usual range)."""
 
     epochs: int = Field(default=1, ge=1)
     steps: int | None = Field(default=None, ge=1)
@@ -83,6 +87,7 @@ class SftTrainSection(Section):
     shared_prefix_min_tokens: int = Field(default=32, ge=1)
     seed: int = 0
     log_every: int = Field(default=1, ge=1)
+    lora: LoraSettings | None = None
 
 
 class SftConfig(Section):
@@ -117,4 +122,4 @@ class SftConfig(Section):
         return TorchBackendConfig(device=t.device, dtype=t.dtype, autocast=t.autocast,
                                   packing=PackingConfig(max_tokens=t.max_tokens_per_micro_batch, algorithm=t.packing),
                                   optimizer=t.optimizer.to_config(), shared_prefix=t.shared_prefix,
-                                  shared_prefix_min_tokens=t.shared_prefix_min_tokens, seed=t.seed)
+                                  shared_prefix_min_tokens=t.shared_prefix_min_tokens, seed=t.seed, lora=t.lora)

@@ -186,7 +186,9 @@ def run_sft(config: SftConfig, *, on_step: StepCallback | None = None) -> SftRes
     backend = TorchTrainBackend.from_pretrained(folder, config.backend_config(), vocab_size=vocab)
     steps = plan_steps(len(conversations), config)
     result = _train(backend, conversations, steps, config, out, on_step)
-    backend.export_hf(out, tokenizer=tokenizer)
+    backend.export_hf(out, tokenizer=tokenizer)  # LoRA: the base with the adapter merged in
+    if backend.adapter is not None:
+        backend.export_adapter(out / "adapter")
     result.conversations, result.seconds = len(conversations), time.perf_counter() - started
     summary = {"steps": result.steps, "conversations": result.conversations, "trained_tokens": result.trained_tokens,
                "first_loss": result.losses[0], "last_loss": result.losses[-1], "seconds": round(result.seconds, 3)}

@@ -160,6 +160,40 @@ def _invoke(model: Path, *args: str) -> Any:
     return CliRunner().invoke(app, ["serve", str(model), "--device", "cpu", *args], env={"COLUMNS": "200"})
 
 
+def _adapter(folder: Path, **config: Any) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"], **config}
+    (folder / "adapter_config.json").write_text(json.dumps(data))
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_an_adapter_enables_lora_serving_with_its_rank_and_modules_and_loads_it_by_name(tmp_path: Path) -> None:
+    plan = plan_serve(_model(tmp_path / "m"), device="cpu", adapter=_adapter(tmp_path / "my-lora"))
+    cmd = plan.config.command(1, "cpu")
+    assert "--enable-lora" in cmd and _flag(cmd, "--max-lora-rank") == "8"
+    i = cmd.index("--lora-target-modules")
+    assert cmd[i + 1:i + 3] == ["q_proj", "v_proj"]
+    assert _flag(cmd, "--lora-backend") == "torch_native"  # the kernels that run without an accelerator
+    assert _flag(cmd, "--lora-paths") == f"my-lora={(tmp_path / 'my-lora').resolve()}"
+    assert plan.adapter == "my-lora" and plan.adapter_model == f"{(tmp_path / 'm').resolve()}:my-lora"
+    gpu = plan_serve(_model(tmp_path / "m"), device="cuda", adapter=tmp_path / "my-lora", adapter_name="v3")
+    assert "--lora-backend" not in gpu.config.command(1, "cuda") and gpu.adapter == "v3"
+
+
+@pytest.mark.parametrize(("make", "kwargs", "message"), [
+    (lambda p: p / "none", {}, "no such folder; expected a LoRA adapter folder"),
+    (lambda p: _model(p / "a"), {}, "adapter_config.json and adapter_model.safetensors missing"),
+    (lambda p: _adapter(p / "a", r=0), {}, "r=0, target_modules=['v_proj', 'q_proj']; expected a LORA adapter"),
+    (lambda p: _adapter(p / "a", peft_type="IA3"), {}, "peft_type='IA3'"),
+    (lambda p: _adapter(p / "a"), {"adapter_name": "a:b"}, "--adapter-name 'a:b': expected a name without"),
+])
+def test_a_bad_adapter_names_the_option(tmp_path: Path, make: Any, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ServeError, match="--adapter") as err:
+        plan_serve(_model(tmp_path / "m"), device="cpu", adapter=make(tmp_path), **kwargs)
+    assert message in str(err.value)
+
+
 def test_serve_prints_the_urls_and_stops_the_engine_on_sigterm(tmp_path: Path, launched: _Launches) -> None:
     def sigterm() -> bool:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -176,6 +210,7 @@ def test_serve_prints_the_urls_and_stops_the_engine_on_sigterm(tmp_path: Path, l
         result.output
     assert "template qwen3_5 (--template), tool-call parser qwen3_coder" in result.output
     assert "stopping the engine" in result.output
+    assert "adapter " not in result.output
     assert signal.getsignal(signal.SIGTERM) is not serve_module._raise_interrupt  # the previous handler is back
 
 

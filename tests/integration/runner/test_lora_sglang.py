@@ -12,7 +12,8 @@ every weight) and probed without the adapter: the two probe figures agree, and t
 of both syncs are printed side by side.
 
 A second run puts a zeroed adapter where the probe adapter should be: it stops at start with the
-check's message, before any rollout.
+check's message, before any rollout. Last, ``agentrl serve MODEL --adapter DIR``'s engine (an engine of
+its own) serves an adapter by name and the base without it.
 
 One engine for the module (booting one costs 40-90 s on two cores); each test gives it back the
 tiny model's weights and no adapter.
@@ -236,6 +237,59 @@ async def test_a_zeroed_adapter_where_the_probe_adapter_should_be_stops_the_run_
         await group.shutdown()
     print(err.value)
     assert runner.step == 0 and not runner.run_dir.read_metrics()
+
+
+async def test_agentrl_serve_with_an_adapter_serves_it_by_name_and_the_base_without(tmp_path: Path, tok: Any) -> None:
+    """``agentrl serve MODEL --adapter DIR``'s engine (its plan, launched for real): requests naming the
+    adapter get the trainer's logprobs with that adapter, requests naming the model alone the base's,
+    and the OpenAI endpoint takes ``"model": "MODEL:NAME"``."""
+    import httpx
+
+    from agentrl.cli.serve import plan_serve
+    from agentrl.runner.probe import backend_scorer
+    from agentrl.train import TorchTrainBackend
+    from agentrl.train.config import LoraSettings, TorchBackendConfig
+
+    backend = TorchTrainBackend.from_pretrained(build_tiny_model(), TorchBackendConfig(
+        device="cpu", dtype="float32", lora=LoraSettings(rank=8, alpha=16)))
+    assert backend.adapter is not None
+    probes = probe_sequences(tok, n=3, length=24, seed=0)
+    with backend.adapter.probe_weights(seed=7):
+        backend.export_adapter(tmp_path / "my-adapter")
+        with_adapter = backend_scorer(backend)(probes)
+    base = [list(row) for row in backend.compute_logprobs(_batch(probes), reference=True)]
+    plan = plan_serve(build_tiny_model(), device="cpu", adapter=tmp_path / "my-adapter")
+    cpu = plan_cpu(engines=1)
+    engine = await SGLangEngine.launch(dataclasses.replace(plan.config, env=cpu.engine_env(0), log_dir=tmp_path,
+                                                           max_total_tokens=8192, context_length=1024))
+    try:
+        assert await engine.lora_adapters() == ["my-adapter"]
+        async with InferenceClient(ClientConfig(base_url=engine.url, max_retries=0)) as client:
+            client.set_adapter("my-adapter")
+            through = await _score_with(client, probes)
+            client.set_adapter(None)
+            plain = await _score_with(client, probes)
+        async with httpx.AsyncClient(timeout=120) as http:
+            reply = await http.post(f"{engine.url}/v1/chat/completions", json={
+                "model": plan.adapter_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    finally:
+        engine.stop()
+    print(f"served adapter vs trainer {_mean_abs(through, with_adapter):.3g}, base vs trainer base "
+          f"{_mean_abs(plain, base):.3g}, adapter effect {_mean_abs(with_adapter, base):.3g}")
+    assert _mean_abs(through, with_adapter) <= MEAN_BOUND
+    assert _mean_abs(plain, base) <= MEAN_BOUND
+    assert _mean_abs(with_adapter, base) > 100 * MEAN_BOUND
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] is not None
+
+
+def _batch(sequences: list[list[int]]) -> Any:
+    from agentrl.train.batching import TrainingBatch, TrainSequence
+
+    return TrainingBatch.from_sequences([
+        TrainSequence(tokens=list(s), loss_mask=[0] * len(s), rollout_logprobs=[0.0] * len(s),
+                      advantages=[0.0] * len(s), rollout_id=f"p{i}", group_id="p", reward=0.0, denominator=1.0)
+        for i, s in enumerate(sequences)])
 
 
 def _mean_abs(a: list[list[float]], b: list[list[float]]) -> float:

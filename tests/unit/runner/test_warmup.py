@@ -63,6 +63,23 @@ def test_the_check_stops_the_warmup_once_it_passes_and_rl_starts_fresh(tmp_path:
     assert service.backend.optimizer.state == {} and service.backend.step == 0  # fresh for RL
 
 
+def test_with_lora_the_warmup_trains_the_adapter_and_leaves_the_base_alone(tmp_path: Path) -> None:
+    import torch
+
+    data = _conversations(tmp_path / "sft.jsonl", 24, seed=1)
+    config = _config(tmp_path, {"data": str(data), "steps": 6, "batch_size": 8, "optimizer": {"lr": 1e-2}})
+    config = type(config).from_dict({**config.to_dict(), "train": {**config.to_dict()["train"], "lora": {"rank": 8}}})
+    service = _service(config)
+    adapter = service.backend.adapter
+    assert adapter is not None
+    frozen = {n: p.detach().clone() for n, p in service.backend.model.named_parameters() if not p.requires_grad}
+    report = service.warmup(str(tmp_path))
+    assert report["steps"] == 6 and report["last_loss"] < report["first_loss"] - 0.3, report
+    assert all(torch.equal(p, frozen[n]) for n, p in service.backend.model.named_parameters() if n in frozen)
+    assert any(".lora_B." in k and v.abs().max() > 0 for k, v in adapter.state_dict().items())
+    assert service.backend.optimizer.state == {} and service.backend.step == 0  # fresh for RL
+
+
 def test_after_the_passing_check_the_cooldown_decays_the_lr_to_zero_and_checks_again(tmp_path: Path) -> None:
     data = _conversations(tmp_path / "sft.jsonl", 24, seed=1)
     held = _conversations(tmp_path / "held.jsonl", 8, seed=2)

@@ -83,12 +83,41 @@ def test_sft_trains_the_tiny_model_and_writes_a_loadable_folder(workdir: Path) -
     assert _mean_nll(out, data) < _mean_nll(workdir / "models" / "qwen3-tiny", data) - 0.5
 
 
+@pytest.mark.slow
+def test_sft_with_lora_trains_the_adapter_alone_and_writes_merged_and_adapter_folders(workdir: Path,
+                                                                                      tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "sft-lora"
+    result = _agentrl("sft", str(EXAMPLES / "sft_tiny_arithmetic.toml"), f"output={out}", "train.steps=8",
+                      "train.batch_size=8", "train.log_every=1", "train.optimizer.warmup_steps=1",
+                      "train.optimizer.lr=1e-2", "train.lora.rank=8", cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"the adapter in {out / 'adapter'}" in result.stdout
+    losses = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0] - 0.3, losses
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["peft_type"] == "LORA"
+    adapter = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
+    assert any(".lora_B." in k and v.abs().max() > 0 for k, v in adapter.items())
+    # the merged folder differs from the base only in the adapted projections
+    base = load_file(workdir / "models" / "qwen3-tiny" / "model.safetensors")
+    merged = load_file(out / "model.safetensors")
+    changed = {k for k in base if not torch.equal(base[k], merged[k])}
+    assert changed and all(k.endswith("proj.weight") for k in changed), sorted(changed)
+    assert {k for k in base if "embed" in k or "norm" in k}.isdisjoint(changed)
+    data = workdir / "data" / "sft_arithmetic.jsonl"
+    assert _mean_nll(out, data) < _mean_nll(workdir / "models" / "qwen3-tiny", data) - 0.3
+
+
 def test_a_mistake_is_one_line_exit_2_without_traceback(workdir: Path) -> None:
     result = _agentrl("sft", str(EXAMPLES / "sft_tiny_arithmetic.toml"), "train.stpes=3", cwd=workdir)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: train.stpes: unknown key 'stpes' in section [train]; did you mean 'steps'")
-    assert line.endswith("(valid keys: autocast, batch_size, device, dtype, epochs, log_every, "
+    assert line.endswith("(valid keys: autocast, batch_size, device, dtype, epochs, log_every, lora, "
                          "max_tokens_per_micro_batch, optimizer, packing, seed, shared_prefix, shared_prefix_min_tokens, "
                          "steps, threads)")
 

@@ -149,3 +149,31 @@ def test_bad_lora_settings_name_the_field() -> None:
         _config(sharding="fsdp")
     with pytest.raises(ValueError, match=r"train.lora.target_modules=\['w_in'\]: none is a module of Qwen3ForCausalLM"):
         TorchTrainBackend(tiny_model(0, dtype=torch.float32), _config(lora=LoraSettings(target_modules=("w_in",))))
+
+
+def test_a_lora_checkpoint_holds_a_peft_adapter_folder_and_exports_merged_for_eval(tmp_path: Path) -> None:
+    """``TrainService.save`` of a LoRA run writes the adapter as a peft folder beside the checkpoint, and
+    ``agentrl eval --checkpoint``'s export merges it into the base: the same weights the trainer merges."""
+    from safetensors.torch import load_file
+
+    from agentrl.cli._eval_run import export_checkpoint
+    from agentrl.runner.trainer import TrainService
+    from agentrl.testing.runner import fake_run_config
+
+    config = fake_run_config(tmp_path / "run", steps=1, lora={"rank": 4, "alpha": 8})
+    service = TrainService.from_config(config, threads=1)
+    assert service.backend.adapter is not None
+    with torch.no_grad():
+        for p in service.backend.adapter.parameters():
+            p.normal_(0.0, 0.05)
+    trainer_dir = tmp_path / "ckpt" / "trainer"
+    service.save(trainer_dir)
+    peft_config = json.loads((trainer_dir / "adapter" / "adapter_config.json").read_text())
+    assert peft_config["r"] == 4 and peft_config["lora_alpha"] == 8
+    assert (trainer_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+    exported = export_checkpoint(config, tmp_path / "ckpt", tmp_path / "merged")
+    service.export_merged(tmp_path / "by-trainer")
+    ours, theirs = load_file(exported / "model.safetensors"), load_file(tmp_path / "by-trainer" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and not any("lora" in k for k in ours)
+    assert max(float((ours[k].float() - theirs[k].float()).abs().max()) for k in ours) < 1e-6
