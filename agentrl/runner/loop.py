@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.rollout.groups import RolloutGroup
 from agentrl.rollout.scheduler import StepBatch
@@ -44,8 +44,11 @@ from agentrl.runner.ledger import PromptLedger
 from agentrl.runner.probe import ProbeError, check_adapter, compare_probe
 from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.serialize import batch_from_state, batch_to_state
-from agentrl.train.batching import TrainingBatch, build_training_batch
+from agentrl.train.batching import NoTrainableTrajectoriesError, TrainingBatch, build_training_batch
 from agentrl.train.config import BatchingConfig
+
+if TYPE_CHECKING:
+    from agentrl.runner.config import RunConfig
 
 __all__ = ["NoTrainableGroupsError", "RolloutSide", "RunCallback", "RunSummary", "Runner", "RunnerError",
            "StalenessError", "TrainSide", "failures_text"]
@@ -86,19 +89,17 @@ class LoopSettings:
     probe_seed: int = 0
 
     @classmethod
-    def from_config(cls, config: Any, *, probe_sequences: Sequence[Sequence[int]] = (),
+    def from_config(cls, config: RunConfig, *, probe_sequences: Sequence[Sequence[int]] = (),
                     probe_bound: float | None = None, rollout_only: bool = False) -> LoopSettings:
         """The loop's settings from a run config; ``probe_sequences``: the probe's token ids (the
         runner draws ``sync.probe_sequences`` of them from the tokenizer), ``probe_bound`` ``None``:
         ``sync.probe_bound``."""
-        if probe_bound is None:
-            probe_bound = config.sync.probe_bound
+        bound = config.sync.probe_bound if probe_bound is None else probe_bound
         return cls(mode=config.mode, steps=config.train.steps, batching=config.batching_config(),
                    max_staleness=config.rollout.scheduler.max_staleness,
                    checkpoint_every=config.checkpoint.every_steps, save_final=config.checkpoint.save_final,
                    save_trajectories=config.logging.save_trajectories,
-                   probe_sequences=tuple(tuple(s) for s in probe_sequences), probe_bound=probe_bound,
-                   rollout_only=rollout_only,
+                   probe_sequences=tuple(tuple(s) for s in probe_sequences), probe_bound=bound, rollout_only=rollout_only,
                    sync_at_start=config.rollout.engines.boot_path is not None or bool(config.rollout.engines.urls),
                    release_engine_memory=config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu",
                    sync_method=config.sync_method(), lora=config.train.lora is not None,
@@ -174,14 +175,10 @@ class Runner:
     def compute_advantages(self, batch: StepBatch) -> TrainingBatch | None:
         """The training batch (advantages by the configured estimator); ``None`` if nothing to train."""
         episodes = batch.episodes()
-        if not episodes:
-            return None
         try:
-            return build_training_batch(episodes, self.settings.batching)
-        except ValueError as exc:
-            if "expected at least one trainable trajectory" in str(exc):
-                return None
-            raise
+            return build_training_batch(episodes, self.settings.batching) if episodes else None
+        except NoTrainableTrajectoriesError:
+            return None
 
     async def train_step(self, batch: TrainingBatch | None) -> dict[str, float]:
         """One optimiser step (every rank); the weight version moves on even for a skipped batch.
@@ -275,7 +272,7 @@ class Runner:
         trainer = self.trainer
         loop = asyncio.get_running_loop()
 
-        def write_trainer(path: Any) -> None:
+        def write_trainer(path: Path) -> None:
             asyncio.run_coroutine_threadsafe(trainer.save(str(path)), loop).result()
 
         path = await asyncio.to_thread(self.checkpointer.save, self.step, write_trainer=write_trainer, state=state)

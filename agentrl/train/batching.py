@@ -26,7 +26,12 @@ from agentrl.episode import Episode
 from agentrl.train.config import BatchingConfig
 from agentrl.trajectory import Trajectory
 
-__all__ = ["TrainSequence", "TrainingBatch", "build_training_batch"]
+__all__ = ["NoTrainableTrajectoriesError", "TrainSequence", "TrainingBatch", "build_training_batch"]
+
+
+class NoTrainableTrajectoriesError(ValueError):
+    """:func:`build_training_batch` was given no trajectory it could train on (none, or every one
+    left out by status): a step with nothing to train, which a caller may skip."""
 
 
 @dataclass
@@ -105,7 +110,7 @@ def build_training_batch(trajectories: Sequence[Trajectory | Episode],
     of a forked episode becomes a training sequence (``trajectories[i]`` in errors then counts the
     sequences in order). Raises ``ValueError`` for an empty batch, missing ids or rewards,
     sequences over ``max_sequence_length``, and fan-out rollouts whose sequences disagree on reward
-    or group.
+    or group; :class:`NoTrainableTrajectoriesError` (a ``ValueError``) when no trajectory is left to train.
     """
     cfg = config or BatchingConfig()
     flat: list[Trajectory] = [seq for item in trajectories
@@ -131,7 +136,7 @@ def build_training_batch(trajectories: Sequence[Trajectory | Episode],
             )
         kept.append((traj, rid, gid, reward))
     if not kept:
-        raise ValueError(
+        raise NoTrainableTrajectoriesError(
             f"trajectories: expected at least one trainable trajectory, got {len(flat)} "
             f"({len(excluded)} excluded by status)"
         )
