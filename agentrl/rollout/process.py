@@ -12,7 +12,7 @@ runs at interpreter exit (``atexit``: normal exit, an uncaught exception, SIGINT
 the trees, then let the signal end the process as it would have. The first ManagedProcess started
 from the main thread installs them where those signals still have their default action. A SIGKILL
 of the parent cannot be handled in-process: for that, every tree is also registered with a reaper
-process (:mod:`agentrl.rollout._reaper`, one per parent) that watches a pipe from the parent and,
+process (:mod:`agentrl._reaper`, one per parent) that watches a pipe from the parent and,
 when the parent dies however it dies, stops every tree still registered within seconds.
 :meth:`ManagedProcess.start` stops the tree again when the server never becomes ready;
 :func:`wait_ready` is the readiness loop and :func:`request_json` the one-shot control request.
@@ -26,7 +26,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,21 +33,22 @@ from typing import Any
 
 import psutil
 
+from agentrl import _reaper
+from agentrl._deprecated import moved_names
+
 __all__ = [
     "ManagedProcess",
     "default_log_dir",
     "free_port",
-    "reap_container_with_this_process",
-    "reap_path_with_this_process",
-    "reap_with_this_process",
     "request_json",
     "stop_all",
     "stop_all_on_exit",
-    "unreap",
-    "unreap_container",
-    "unreap_path",
     "wait_ready",
 ]
+
+# the reaper's owner side moved to the shared utility agentrl._reaper (the workspaces of agentrl.tools use
+# it too, and tools may not import rollout)
+__getattr__ = moved_names(__name__, dict.fromkeys(_reaper.__all__, "agentrl._reaper"))
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -85,128 +85,6 @@ class _Registry:
 _REGISTRY = _Registry()
 
 
-class _ReaperLink:
-    """This process's pipe to its reaper (started with the first thing it guards, ended with the last;
-    started again after a fork or if it died). Guards process trees (``registered``) and, for
-    workspaces, containers and folders (``others``: the line that registers each, by key)."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.owner = -1
-        self.lock = threading.Lock()
-        self.registered: dict[int, float] = {}
-        self.others: dict[str, str] = {}
-
-    def _send(self, line: str) -> None:
-        if self.proc is None or self.owner != os.getpid() or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "agentrl.rollout._reaper"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
-            self.owner = os.getpid()
-            assert self.proc.stdin is not None
-            for pid, created in self.registered.items():  # a new reaper learns what the last one knew
-                self.proc.stdin.write(f"add {pid} {created}\n".encode())
-            for known in self.others.values():
-                self.proc.stdin.write(known.encode())
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode())
-        self.proc.stdin.flush()
-
-    def add_other(self, key: str, line: str) -> None:
-        with self.lock:
-            self.others[key] = line
-            try:
-                self._send(line)
-            except OSError:
-                pass
-
-    def remove_other(self, key: str, line: str) -> None:
-        with self.lock:
-            if self.others.pop(key, None) is None:
-                return
-            try:
-                self._send_or_end(line)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-
-    def _send_or_end(self, line: str) -> None:
-        """Sends ``line``, or ends the reaper when nothing is left to guard (a later entry starts a new one)."""
-        if self.registered or self.others or self.proc is None or self.owner != os.getpid():
-            self._send(line)
-        else:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    def add(self, pid: int) -> None:
-        try:
-            created = psutil.Process(pid).create_time()
-        except psutil.Error:
-            return
-        with self.lock:
-            self.registered[pid] = created
-            try:
-                self._send(f"add {pid} {created}\n")
-            except OSError:  # no reaper: the atexit and signal hooks still stop the tree
-                pass
-
-    def remove(self, pid: int) -> None:
-        with self.lock:
-            if self.registered.pop(pid, None) is None:
-                return
-            try:
-                self._send_or_end(f"remove {pid}\n")
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-
-
-_REAPER = _ReaperLink()
-
-
-def reap_with_this_process(pid: int) -> None:
-    """Registers the process tree of ``pid`` (started by this process, in a session of its own) with
-    this process's reaper: if this process dies without stopping it, the reaper does (e.g. a local Ray
-    this process started). :func:`unreap` once it stopped the tree itself."""
-    _REAPER.add(pid)
-
-
-def unreap(pid: int) -> None:
-    _REAPER.remove(pid)
-
-
-def _one_line(value: str, what: str) -> str:
-    if not value or "\n" in value or "\r" in value:
-        raise ValueError(f"{what}: expected a non-empty value without line breaks, got {value!r}")
-    return value
-
-
-def reap_path_with_this_process(path: str) -> None:
-    """Registers a folder (absolute path) the reaper removes with everything in it if this process dies
-    before :func:`unreap_path` (a workspace's staged base, a cgroup parent: deepest groups first)."""
-    path = _one_line(os.path.abspath(path), "reap_path_with_this_process(path)")
-    _REAPER.add_other(f"path {path}", f"path {path}\n")
-
-
-def unreap_path(path: str) -> None:
-    path = os.path.abspath(path)
-    _REAPER.remove_other(f"path {path}", f"unpath {path}\n")
-
-
-def reap_container_with_this_process(container_id: str, docker_host: str) -> None:
-    """Registers a Docker container the reaper removes (with force, through the daemon at ``docker_host``)
-    if this process dies before :func:`unreap_container`."""
-    if not container_id.isalnum() or " " in docker_host:
-        raise ValueError(f"reap_container_with_this_process: expected a container id and a DOCKER_HOST URL, got "
-                         f"{container_id!r}, {docker_host!r}")
-    _one_line(docker_host, "reap_container_with_this_process(docker_host)")
-    _REAPER.add_other(f"container {container_id}", f"container {container_id} {docker_host}\n")
-
-
-def unreap_container(container_id: str) -> None:
-    _REAPER.remove_other(f"container {container_id}", f"uncontainer {container_id}\n")
-
-
 def default_log_dir() -> Path:
     """Where server logs go when the config names no folder: ``$AGENTRL_LOG_DIR`` or ``/tmp/agentrl-logs``."""
     return Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
@@ -233,7 +111,7 @@ class ManagedProcess:
                 start_new_session=True,
             )
         _REGISTRY.add(self)
-        _REAPER.add(self.popen.pid)
+        _reaper.reap_with_this_process(self.popen.pid)
 
     @classmethod
     async def start(cls, cmd: Sequence[str], *, env: Mapping[str, str], log_path: Path, name: str,
@@ -282,7 +160,7 @@ class ManagedProcess:
                 pass
         self.popen.wait(timeout=30)
         _REGISTRY.discard(self)
-        _REAPER.remove(self.popen.pid)
+        _reaper.unreap(self.popen.pid)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the tree, wait up to ``grace_s``, SIGKILL what is left, reap the root."""
@@ -314,7 +192,7 @@ class ManagedProcess:
         except subprocess.TimeoutExpired:
             pass
         _REGISTRY.discard(self)
-        _REAPER.remove(self.popen.pid)
+        _reaper.unreap(self.popen.pid)
 
 
 def stop_all(grace_s: float = 5.0) -> int:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 
-from agentrl.rollout.process import reap_with_this_process, unreap
+from agentrl._reaper import reap_with_this_process, unreap
 from agentrl.runner.placement import ActorPlacement, BundleGroup, PlacedGroups, PlacementError
 
 if TYPE_CHECKING:

@@ -62,6 +62,9 @@ MOVED: dict[tuple[str, str], str] = {
     ("agentrl.rollout", "drop_uniform_rewards"): "agentrl.rewards",
     ("agentrl.rollout.groups", "FilterResult"): "agentrl.rewards",
     ("agentrl.rollout.groups", "drop_uniform_rewards"): "agentrl.rewards",
+    **{("agentrl.rollout.process", name): "agentrl._reaper" for name in (
+        "reap_with_this_process", "unreap", "reap_path_with_this_process", "unreap_path",
+        "reap_container_with_this_process", "unreap_container")},
 }
 
 

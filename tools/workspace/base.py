@@ -11,7 +11,7 @@ host or of another workspace.
 Contract of a workspace: single-owner (one episode), used from one event loop; ``remove()`` stops
 every process it started and frees every resource, is idempotent, and afterwards every method but
 ``removed`` raises :class:`WorkspaceRemovedError`. A backend's ``close()`` removes every workspace
-it created. A crash of the owning process is covered by the reaper (:mod:`agentrl.rollout.process`):
+it created. A crash of the owning process is covered by the reaper (:mod:`agentrl._reaper`):
 processes, containers and folders a workspace registered are removed when its owner dies.
 """
 

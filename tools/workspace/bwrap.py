@@ -20,7 +20,7 @@ kernel is a second bwrap process there, without capabilities, in a cgroup of its
 
 Nothing outlives its owner: a holder exits when its pipe from the host closes and the kernel then
 removes its mounts; the sandboxes die with their parent (``--die-with-parent``); holders and kernels
-are registered with the reaper (:mod:`agentrl.rollout.process`) too, and so are the staged bases.
+are registered with the reaper (:mod:`agentrl._reaper`) too, and so are the staged bases.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrl.rollout.process import reap_path_with_this_process, reap_with_this_process, unreap, unreap_path
+from agentrl._reaper import reap_path_with_this_process, reap_with_this_process, unreap, unreap_path
 from agentrl.tools.sandbox.base import ExecResult, SandboxUnavailableError
 from agentrl.tools.sandbox.bwrap import NOBODY, BwrapSandbox
 from agentrl.tools.sandbox.cgroups import CgroupSet, WorkerCgroup, detect_cgroups

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agentrl.rollout.process import reap_container_with_this_process, unreap_container
+from agentrl._reaper import reap_container_with_this_process, unreap_container
 from agentrl.tools.sandbox.base import (
     EXTRA_PIDS,
     WORKER_MEMORY_OVERHEAD_MB,

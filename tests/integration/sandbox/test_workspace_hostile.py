@@ -259,7 +259,7 @@ async def test_snapshot_and_restore_rebuild_the_files(wss: Workspaces, spec: Wor
 
 def _alive(p: psutil.Process) -> bool:
     try:
-        return p.status() != psutil.STATUS_ZOMBIE and "agentrl.rollout._reaper" not in " ".join(p.cmdline())
+        return p.status() != psutil.STATUS_ZOMBIE and "agentrl._reaper" not in " ".join(p.cmdline())
     except psutil.Error:
         return False
 

@@ -33,7 +33,7 @@ def start(*args: str, **env: str) -> subprocess.Popen[str]:
 def tree(pid: int) -> list[psutil.Process]:
     try:
         return [p for p in psutil.Process(pid).children(recursive=True)
-                if "agentrl.rollout._reaper" not in " ".join(p.cmdline())]
+                if "agentrl._reaper" not in " ".join(p.cmdline())]
     except psutil.Error:
         return []
 

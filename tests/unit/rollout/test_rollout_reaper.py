@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-from agentrl.rollout._reaper import reap
+from agentrl._reaper import reap
 
 OWNER = textwrap.dedent("""
     import sys, time

@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.timeout(120)]
 
 OWNER = """
 import sys, time
-from agentrl.rollout.process import (reap_container_with_this_process, reap_path_with_this_process,
-                                     unreap_path)
+from agentrl._reaper import (reap_container_with_this_process, reap_path_with_this_process,
+                             unreap_path)
 keep, gone, host = sys.argv[1], sys.argv[2], sys.argv[3]
 reap_path_with_this_process(gone)
 reap_path_with_this_process(keep)
@@ -82,7 +82,7 @@ def test_a_killed_owner_has_its_folders_and_containers_removed(tmp_path: Path) -
 
 
 def test_entries_that_cannot_be_written_are_refused() -> None:
-    from agentrl.rollout.process import reap_container_with_this_process, reap_path_with_this_process
+    from agentrl._reaper import reap_container_with_this_process, reap_path_with_this_process
 
     with pytest.raises(ValueError, match="without line breaks"):
         reap_path_with_this_process("/tmp/a\nadd 1 2")
