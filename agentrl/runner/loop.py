@@ -233,12 +233,12 @@ class Runner:
         except ProbeError as err:
             raise RunnerError(str(err)) from None
 
-    async def _check_adapter(self) -> None:
+    async def _check_adapter(self, trainer: TrainSide) -> None:
         """LoRA: the engines apply an adapter as the trainer does (:func:`~agentrl.runner.probe.check_adapter`)."""
         folder = str(Path(await self.rollout.weights_folder(0)).parent / "probe-adapter")
         try:
             self.summary.adapter_check = await check_adapter(
-                self.rollout, self.trainer, [list(s) for s in self.settings.probe_sequences], folder=folder,
+                self.rollout, trainer, [list(s) for s in self.settings.probe_sequences], folder=folder,
                 bound=self.settings.probe_bound, seed=self.settings.probe_seed)
         except ProbeError as err:
             raise RunnerError(str(err)) from None
@@ -323,7 +323,7 @@ class Runner:
             more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
             self._notice(f"{len(problems)} bad data row(s) skipped:\n  {shown}{more}")
         if self.settings.lora and self.trainer is not None and self.settings.probe_sequences:
-            await self._check_adapter()
+            await self._check_adapter(self.trainer)
         if self.resume is None or self.checkpointer is None:
             if self.run_dir.read_metrics():
                 raise RunnerError(f"run folder {str(self.run_dir.root)!r} already holds a run's metrics: expected "

@@ -29,11 +29,15 @@ import asyncio
 import inspect
 import math
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agentrl.rollout.types import GenerateResult, SamplingParams
+
+if TYPE_CHECKING:
+    from agentrl.runner._interfaces import RolloutSide, TrainSide
+    from agentrl.train.base import LogprobScorer
 
 __all__ = ["LogprobProbe", "ProbeError", "ProbeReport", "ScoringClient", "backend_scorer", "check_adapter",
            "compare_probe", "logprob_mismatch", "probe_sequences"]
@@ -82,7 +86,7 @@ def logprob_mismatch(a: Sequence[float], b: Sequence[float]) -> dict[str, float]
     return out
 
 
-def probe_sequences(tokenizer: Any, n: int, length: int, seed: int) -> list[list[int]]:
+def probe_sequences(tokenizer: Sized, n: int, length: int, seed: int) -> list[list[int]]:
     """``n`` sequences of ``length`` token ids drawn (seeded) from the tokenizer's ordinary tokens.
 
     Special and added tokens (chat markers, tool tags) are left out so that the sequences exercise
@@ -134,7 +138,7 @@ TrainerScores = Callable[[list[list[int]]], "list[list[float]] | Awaitable[list[
 """The trainer side: sequences in, position-aligned logprobs out (sync or async)."""
 
 
-def backend_scorer(backend: Any) -> Callable[[list[list[int]]], list[list[float]]]:
+def backend_scorer(backend: LogprobScorer) -> Callable[[list[list[int]]], list[list[float]]]:
     """The trainer side for a :class:`~agentrl.train.TorchTrainBackend` (or anything with its
     ``compute_logprobs(TrainingBatch)``): each sequence scored as one untrained sequence."""
     from agentrl.train.batching import TrainingBatch, TrainSequence
@@ -230,7 +234,7 @@ def _mean_abs(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> flo
     return math.fsum(diffs) / len(diffs) if diffs else math.nan
 
 
-async def check_adapter(rollout: Any, trainer: Any, sequences: list[list[int]], *, folder: str, bound: float,
+async def check_adapter(rollout: RolloutSide, trainer: TrainSide, sequences: list[list[int]], *, folder: str, bound: float,
                         seed: int) -> dict[str, float]:
     """A LoRA run's start-up check that the engines *apply* an adapter the way the trainer does.
 

@@ -34,6 +34,7 @@ import torch
 from agentrl.runner.probe import logprob_mismatch
 from agentrl.runner.weight_push import PUSH_METHODS, PushTarget, WeightPusher, push_adapter
 from agentrl.runner.weight_transports import adapter_name
+from agentrl.train.base import TrainBackend
 from agentrl.train.batching import TrainingBatch, TrainSequence
 from agentrl.train.megatron.backend import MegatronTrainBackend
 from agentrl.train.torch_backend import TorchTrainBackend
@@ -49,7 +50,7 @@ __all__ = ["TrainService"]
 class TrainService:
     """One trainer rank. ``total_steps`` bounds a cosine schedule without ``decay_steps``."""
 
-    def __init__(self, backend: TorchTrainBackend | MegatronTrainBackend, optimizer: OptimizerSection | None = None, *,
+    def __init__(self, backend: TrainBackend, optimizer: OptimizerSection | None = None, *,
                  total_steps: int | None = None, score_after_step: bool = False) -> None:
         self.backend = backend
         self.score_after_step = score_after_step
@@ -74,7 +75,7 @@ class TrainService:
         the trainer its share of the cores; oversubscription made a step 7× slower)."""
         if threads is not None:
             torch.set_num_threads(threads)
-        backend: TorchTrainBackend | MegatronTrainBackend
+        backend: TrainBackend
         if config.train.backend == "megatron":
             backend = MegatronTrainBackend.from_pretrained(
                 config.model.path, config.megatron_backend_config(), with_ref_model=config.algorithm.kl_coef > 0)

@@ -29,10 +29,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.runner._warmup_section import WarmupSection
 from agentrl.train.batching import TrainingBatch, TrainSequence
+
+if TYPE_CHECKING:
+    from agentrl.sft.transcript import TranscriptBuilder
+    from agentrl.train.base import LogprobScorer, TrainBackend
 
 __all__ = ["WarmupError", "WarmupReport", "run_warmup", "token_accuracy"]
 
@@ -69,7 +73,7 @@ class WarmupReport:
         return out
 
 
-def token_accuracy(backend: Any, conversations: list[list[TrainSequence]]) -> float:
+def token_accuracy(backend: LogprobScorer, conversations: list[list[TrainSequence]]) -> float:
     """Share of the trained tokens of ``conversations`` whose logprob under the model is ≥ log 0.5."""
     sequences = [s for conv in conversations for s in conv]
     scored = backend.compute_logprobs(TrainingBatch.from_sequences(sequences))
@@ -82,7 +86,7 @@ def token_accuracy(backend: Any, conversations: list[list[TrainSequence]]) -> fl
     return hit / total if total else 0.0
 
 
-def _load(path: str, builder: Any, what: str) -> list[list[TrainSequence]]:
+def _load(path: str, builder: TranscriptBuilder, what: str) -> list[list[TrainSequence]]:
     from agentrl.sft.trainer import SftDataError, load_sft_sequences
 
     try:
@@ -91,7 +95,7 @@ def _load(path: str, builder: Any, what: str) -> list[list[TrainSequence]]:
         raise WarmupError(f"{what}: {exc}") from None
 
 
-def run_warmup(backend: Any, section: WarmupSection, builder: Any, *, run_dir: str | Path | None = None,
+def run_warmup(backend: TrainBackend, section: WarmupSection, builder: TranscriptBuilder, *, run_dir: str | Path | None = None,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> WarmupReport:
     """Runs the warm-up on ``backend`` (see the module doc); ``builder``: the run's transcript builder."""
     from agentrl.sft.trainer import plan_batches
@@ -164,7 +168,7 @@ def run_warmup(backend: Any, section: WarmupSection, builder: Any, *, run_dir: s
     return report
 
 
-def _reset_optimizer(backend: Any) -> None:
+def _reset_optimizer(backend: TrainBackend) -> None:
     """Fresh Adam moments and step counter for RL (the warm-up's are for another objective and lr).
     Megatron's ``ChainedOptimizer`` shows its optimizers' states through a proxy that cannot be
     cleared, so each chained optimizer's own state is (the torch backend has one plain optimizer)."""

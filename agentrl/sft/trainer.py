@@ -29,11 +29,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.sft.config import SftConfig
 from agentrl.sft.transcript import TranscriptBuilder, TranscriptError
 from agentrl.train.batching import TrainingBatch, TrainSequence
+
+if TYPE_CHECKING:
+    from agentrl.episode import Episode
+    from agentrl.train.base import TrainBackend
 
 __all__ = ["SftDataError", "SftResult", "load_sft_sequences", "plan_batches", "run_sft", "sft_sequences"]
 
@@ -56,7 +60,7 @@ class SftResult:
     seconds: float = 0.0
 
 
-def sft_sequences(episode: Any, rollout_id: str) -> list[TrainSequence]:
+def sft_sequences(episode: Episode, rollout_id: str) -> list[TrainSequence]:
     """The training sequences of one laid-out episode: tokens and the provenance mask (prompt positions 0)."""
     out = []
     total = float(episode.num_trainable_tokens)
@@ -196,7 +200,7 @@ def run_sft(config: SftConfig, *, on_step: StepCallback | None = None) -> SftRes
     return result
 
 
-def _train(backend: Any, conversations: list[list[TrainSequence]], steps: list[list[int]], config: SftConfig,
+def _train(backend: TrainBackend, conversations: list[list[TrainSequence]], steps: list[list[int]], config: SftConfig,
            out: Path, on_step: StepCallback | None) -> SftResult:
     result = SftResult(output=out, steps=len(steps))
     optimizer = config.train.optimizer

@@ -29,7 +29,7 @@ __all__ = ["OffloadReport", "offload", "onload", "torch_optimizers"]
 OffloadReport = dict[str, float]
 
 
-def torch_optimizers(optimizer: Any) -> Iterator[torch.optim.Optimizer]:
+def torch_optimizers(optimizer: object) -> Iterator[torch.optim.Optimizer]:
     """The torch optimizers that hold state: ``optimizer`` itself, or those inside a wrapper
     (Megatron's ``.optimizer``, a chained optimizer's ``.chained_optimizers``)."""
     if isinstance(optimizer, torch.optim.Optimizer):
@@ -54,7 +54,7 @@ def _nbytes(value: torch.Tensor) -> int:
     return int(local.numel() * local.element_size())
 
 
-def _move_state(optimizer: Any, target: torch.device, *, pin: bool, extra: Iterable[torch.Tensor] = ()) -> int:
+def _move_state(optimizer: object, target: torch.device, *, pin: bool, extra: Iterable[torch.Tensor] = ()) -> int:
     moved = 0
     for opt in torch_optimizers(optimizer):
         for state in opt.state.values():
@@ -69,7 +69,7 @@ def _move_state(optimizer: Any, target: torch.device, *, pin: bool, extra: Itera
     return moved
 
 
-def offload(params: Iterable[torch.nn.Parameter], optimizer: Any, device: torch.device, *,
+def offload(params: Iterable[torch.nn.Parameter], optimizer: object, device: torch.device, *,
             extra: Iterable[torch.Tensor] = ()) -> OffloadReport:
     """Frees the gradients of ``params`` and moves the optimizer state and the ``extra`` tensors (the
     master weights) to host memory (pinned); empties the device's cache. Returns bytes moved and the
@@ -88,7 +88,7 @@ def offload(params: Iterable[torch.nn.Parameter], optimizer: Any, device: torch.
             **{f"offload/{k}_after": v for k, v in after.items()}}
 
 
-def onload(optimizer: Any, device: torch.device, *, extra: Iterable[torch.Tensor] = ()) -> OffloadReport:
+def onload(optimizer: object, device: torch.device, *, extra: Iterable[torch.Tensor] = ()) -> OffloadReport:
     """Moves the optimizer state and the ``extra`` tensors back to ``device`` (a no-op on CPU);
     returns the bytes moved."""
     module = device_module(device)
