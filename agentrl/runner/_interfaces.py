@@ -6,7 +6,7 @@ Re-exported by :mod:`agentrl.runner.loop`, where :class:`~agentrl.runner.loop.Ru
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ class RunCallback:
         short. Called only for callbacks that override it, and only where the driver sees the
         trainer's run folder (one machine)."""
 
-    def on_step_end(self, step: int, metrics: dict[str, Any]) -> Any:
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> Awaitable[None] | None:
         """After step ``step`` (1-based) was trained, synced and recorded; may be ``async``."""
 
     def on_notice(self, text: str) -> None:

@@ -20,8 +20,11 @@ from agentrl.runner.weights import WeightSync
 
 if TYPE_CHECKING:
     from agentrl.rollout.engine import EngineStarter
+    from agentrl.rollout.eval import EvalConfig
+    from agentrl.rollout.groups import GroupFilter
     from agentrl.runner.config import RunConfig
     from agentrl.runner.cpu import CpuPlan
+    from agentrl.runner.envs import RowFactory
     from agentrl.runner.rollout_service import RolloutService
 
 __all__ = ["EngineWeights", "launch_rollout", "row_validator", "scheduler_config"]
@@ -36,14 +39,14 @@ def scheduler_config(config: RunConfig) -> SchedulerConfig:
     return sched_cfg
 
 
-def row_validator(env_factory: Any) -> Callable[[dict[str, Any]], object] | None:
+def row_validator(env_factory: object) -> Callable[[dict[str, Any]], object] | None:
     """The environment's row check (its ``task_type``), so bad rows are reported when the data loads."""
     task_type = getattr(env_factory, "task_type", None)
     return task_type.model_validate if task_type is not None else None
 
 
-async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_factory: Callable[[dict[str, Any]], Any],
-                         *, group_filter: Any = None, cpu: CpuPlan | None = None,
+async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_factory: RowFactory,
+                         *, group_filter: GroupFilter | None = None, cpu: CpuPlan | None = None,
                          starters: Sequence[EngineStarter] | None = None,
                          engine_fraction: float | None = None) -> RolloutService:
     run_dir = config.run_dir()
@@ -82,8 +85,8 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
         raise
 
 
-def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callable[[dict[str, Any]], Any],
-              group: EngineGroup, group_filter: Any) -> RolloutService:
+def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: RowFactory,
+              group: EngineGroup, group_filter: GroupFilter | None) -> RolloutService:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer, local_files_only=True)
@@ -104,7 +107,7 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: Callabl
                             bucket_bytes=config.sync.bucket_mb << 20,
                             adapter_switch=client.set_adapter if config.train.lora is not None else None)
     group.before_readmit = weights.resync
-    evals: dict[str, tuple[list[dict[str, Any]], Any, int, bool]] = {}
+    evals: dict[str, tuple[list[dict[str, Any]], EvalConfig, int, bool]] = {}
     for section in config.data.eval:
         good, _bad = read_rows(section.to_config(), validate=row_validator(env_factory))
         evals[section.name] = ([row for _, row in good], section.to_eval_config(), section.every_steps,

@@ -21,14 +21,19 @@ import asyncio
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentrl.rollout.engine import EngineConfig, SGLangEngine
 from agentrl.runner.devices import visible_devices_env
 from agentrl.runner.placement import ACCELERATOR_RESOURCES
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
     from agentrl.runner.cpu import CpuPlan
+
+T = TypeVar("T")
 
 __all__ = ["EngineHost", "HostProcess", "HostStarter"]
 
@@ -114,7 +119,7 @@ class HostProcess:
     """:class:`~agentrl.rollout.engine.EngineProcess` of an engine started by an :class:`EngineHost`
     actor (calls block on the actor: run them off the event loop)."""
 
-    def __init__(self, host: Any, pid: int, timeout_s: float = 60.0) -> None:
+    def __init__(self, host: ActorHandle[EngineHost], pid: int, timeout_s: float = 60.0) -> None:
         self.host = host
         self._pid = pid
         self.timeout_s = timeout_s
@@ -123,7 +128,7 @@ class HostProcess:
     def pid(self) -> int:
         return self._pid
 
-    def _get(self, ref: Any) -> Any:
+    def _get(self, ref: ObjectRef[T]) -> T:
         import ray
 
         return ray.get(ref, timeout=self.timeout_s)
@@ -136,7 +141,7 @@ class HostProcess:
 
     def returncode(self) -> int | None:
         try:
-            code = self._get(self.host.returncode.remote())
+            code: int | None = self._get(self.host.returncode.remote())
         except Exception:
             return None
         return None if code is None else int(code)
@@ -152,7 +157,7 @@ class HostStarter:
     """:class:`~agentrl.rollout.engine.EngineStarter` through an :class:`EngineHost` actor: the engine
     serves on ``bind_host`` (``127.0.0.1`` on the rollout actor's node, else the node's address)."""
 
-    def __init__(self, host: Any, bind_host: str) -> None:
+    def __init__(self, host: ActorHandle[EngineHost], bind_host: str) -> None:
         self.host = host
         self.bind_host = bind_host
 

@@ -4,13 +4,29 @@ package's by name, see :mod:`agentrl.environments.registry`, or the class the ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    from agentrl.environments.base import Environment
+    from agentrl.proxy.adapter import AgentEpisode
+    from agentrl.rewards.types import RewardValue
     from agentrl.runner.config import RunConfig
+    from agentrl.trajectory import Trajectory
 
-__all__ = ["BUILTIN_ENVIRONMENTS", "EnvFactory", "environment_factory"]
+__all__ = ["BUILTIN_ENVIRONMENTS", "EnvFactory", "EnvironmentClass", "RowFactory", "environment_factory"]
+
+EnvironmentClass = Callable[..., "Environment | AgentEpisode"]
+"""What a run builds its episodes with: an :class:`~agentrl.environments.Environment` subclass or any
+callable ``(row, **options) -> environment`` (an :class:`~agentrl.proxy.Agent` goes where an environment
+goes: its :class:`~agentrl.proxy.AgentEpisode` brings its own runner)."""
+
+RowFactory = Callable[[dict[str, Any]], "Environment"]
+"""``row -> environment``: one episode's environment from one dataset row (:class:`EnvFactory`), as the
+rollout layer (scheduler, evaluation) takes it."""
+
+RewardOverride = Callable[["Trajectory", Any], "RewardValue | Awaitable[RewardValue]"]
+"""``reward(trajectory, task)``, replacing the environment's own reward."""
 
 BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("toy_arithmetic", "retool_math")
 """Environment names a config can use without passing ``environment=``."""
@@ -21,27 +37,28 @@ class EnvFactory:
     replacing the environment's own. Picklable (it crosses into the rollout actor) when its parts are;
     ``task_type`` is the environment's, so the data source checks rows against it."""
 
-    def __init__(self, cls: Any, options: dict[str, Any], reward: Callable[..., Any] | None = None) -> None:
+    def __init__(self, cls: EnvironmentClass, options: dict[str, Any], reward: RewardOverride | None = None) -> None:
         self.cls, self.options, self.reward = cls, options, reward
         self.task_type = getattr(cls, "task_type", None)
 
-    def __call__(self, row: dict[str, Any]) -> Any:
+    def __call__(self, row: dict[str, Any]) -> Environment:
         env = self.cls(row, **self.options)
-        if self.reward is not None:
-            env.reward = _Reward(self.reward, env.task)
-        return env
+        if self.reward is not None:  # on this instance only: the class keeps its own
+            env.reward = _Reward(self.reward, env.task)  # type: ignore[method-assign]
+        # an agent's episode is driven where an environment is (it brings its own runner: runner_for)
+        return cast("Environment", env)
 
 
 class _Reward:
-    def __init__(self, fn: Callable[..., Any], task: Any) -> None:
+    def __init__(self, fn: RewardOverride, task: object) -> None:
         self.fn, self.task = fn, task
 
-    def __call__(self, trajectory: Any) -> Any:
+    def __call__(self, trajectory: Trajectory) -> RewardValue | Awaitable[RewardValue]:
         return self.fn(trajectory, self.task)
 
 
-def environment_factory(config: RunConfig, environment: Any = None,
-                        reward: Callable[..., Any] | None = None) -> EnvFactory:
+def environment_factory(config: RunConfig, environment: EnvironmentClass | None = None,
+                        reward: RewardOverride | None = None) -> EnvFactory:
     """The factory for ``config`` (``environment`` ``None``: the one ``config.environment.name`` names
     in the registry: a built-in or an installed package's)."""
     cls = environment

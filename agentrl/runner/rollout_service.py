@@ -24,16 +24,23 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.rollout.scheduler import RolloutProgress, Scheduler, StepBatch
 from agentrl.rollout.types import SamplingParams
+from agentrl.runner.probe import ScoringClient
 
 if TYPE_CHECKING:
+    from agentrl.rollout.engine import EngineStarter, SGLangEngine
+    from agentrl.rollout.eval import EvalConfig
+    from agentrl.rollout.groups import GroupFilter
     from agentrl.rollout.health import EngineGroup
     from agentrl.runner.config import RunConfig
+    from agentrl.runner.cpu import CpuPlan
+    from agentrl.runner.envs import RowFactory
+    from agentrl.runner.weight_transports import Pusher
 
 __all__ = ["MEMORY_TAGS", "RolloutService", "WeightLoader"]
 
@@ -49,16 +56,12 @@ class WeightLoader(Protocol):
     async def load(self, version: int, folder: Path) -> dict[str, float]: ...
 
 
-class ScoringClient(Protocol):
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, **kwargs: Any) -> Any: ...
-
-
 class RolloutService:
     """See the module doc. ``eval_sets``: ``name -> (rows, EvalConfig, every_steps, at_start)``."""
 
-    def __init__(self, scheduler: Scheduler, weights: WeightLoader, *, scoring: Any = None,
-                 eval_sets: dict[str, tuple[list[dict[str, Any]], Any, int, bool]] | None = None,
-                 on_shutdown: Callable[[], Any] | None = None) -> None:
+    def __init__(self, scheduler: Scheduler, weights: WeightLoader, *, scoring: ScoringClient | None = None,
+                 eval_sets: dict[str, tuple[list[dict[str, Any]], EvalConfig, int, bool]] | None = None,
+                 on_shutdown: Callable[[], Awaitable[None] | None] | None = None) -> None:
         self.scheduler = scheduler
         self.weights = weights
         self.scoring: ScoringClient | None = scoring
@@ -71,8 +74,9 @@ class RolloutService:
 
     # -- building from a config ------------------------------------------------------------------
     @classmethod
-    async def launch(cls, config: RunConfig, env_factory: Callable[[dict[str, Any]], Any], *,
-                     group_filter: Any = None, cpu: Any = None, starters: Sequence[Any] | None = None,
+    async def launch(cls, config: RunConfig, env_factory: RowFactory, *,
+                     group_filter: GroupFilter | None = None, cpu: CpuPlan | None = None,
+                     starters: Sequence[EngineStarter] | None = None,
                      engine_fraction: float | None = None) -> RolloutService:
         """Starts the router and the engines (logs under the run folder's ``logs/``), then builds
         the client, the data source (rows checked against the environment), the scheduler and the
@@ -114,7 +118,7 @@ class RolloutService:
         metrics.setdefault("sync/total_s", time.perf_counter() - started)
         return metrics
 
-    def set_pusher(self, pusher: Any) -> None:
+    def set_pusher(self, pusher: Pusher) -> None:
         """The trainer's weight sender, for ``sync.method`` tensor or distributed."""
         set_pusher = getattr(self.weights, "set_pusher", None)
         if set_pusher is None:
@@ -138,7 +142,7 @@ class RolloutService:
             raise RuntimeError("score_adapter: no engine is in rotation to check")
         name = f"agentrl-probe-{os.urandom(4).hex()}"
 
-        async def one(engine: Any) -> list[list[float]]:
+        async def one(engine: SGLangEngine) -> list[list[float]]:
             await load_adapter_folder(engine, name, Path(folder))
             try:
                 async with InferenceClient(ClientConfig(base_url=engine.url)) as client:
@@ -219,7 +223,7 @@ class RolloutService:
                     await result
 
 
-async def _score_with(client: Any, sequences: list[list[int]]) -> list[list[float]]:
+async def _score_with(client: ScoringClient, sequences: list[list[int]]) -> list[list[float]]:
     """Each sequence's token logprobs from ``client`` (entry 0: 0.0)."""
     async def one(ids: list[int]) -> list[float]:
         res = await client.generate(ids, SamplingParams(max_new_tokens=0), logprob_start_len=0)

@@ -95,7 +95,8 @@ def _load(path: str, builder: TranscriptBuilder, what: str) -> list[list[TrainSe
         raise WarmupError(f"{what}: {exc}") from None
 
 
-def run_warmup(backend: TrainBackend, section: WarmupSection, builder: TranscriptBuilder, *, run_dir: str | Path | None = None,
+def run_warmup(backend: TrainBackend, section: WarmupSection, builder: TranscriptBuilder, *,
+               run_dir: str | Path | None = None,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> WarmupReport:
     """Runs the warm-up on ``backend`` (see the module doc); ``builder``: the run's transcript builder."""
     from agentrl.sft.trainer import plan_batches
