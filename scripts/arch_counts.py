@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION_FILES = ["agentrl/runner/_sections.py", "agentrl/runner/_rollout_sections.py", "agentrl/runner/_sync_section.py",
                  "agentrl/runner/_warmup_section.py", "agentrl/runner/_algorithm.py"]
 # what each package may import (DESIGN.md §2: data flows upward through the table); the shared utility
-# modules (agentrl._enum, _ids, _unicode, _runfiles, _reaper, model_folder) may be imported by all
-UTILITIES = {"_enum", "_ids", "_unicode", "_runfiles", "_reaper", "model_folder"}
+# modules (agentrl._config, _enum, _ids, _limits, _unicode, _runfiles, _reaper, model_folder) may be imported by all
+UTILITIES = {"_config", "_enum", "_ids", "_limits", "_unicode", "_runfiles", "_reaper", "model_folder"}
 LAYERS: dict[str, set[str]] = {
     "chat": {"chat"}, "trajectory": {"chat", "trajectory"}, "episode": {"chat", "trajectory", "episode"},
     "tools": {"chat", "tools"}, "environments": {"chat", "trajectory", "episode", "tools", "environments", "rewards"},

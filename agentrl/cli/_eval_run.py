@@ -123,7 +123,7 @@ async def _engines(config: RunConfig, factory: EnvFactory, sets: list[tuple[Any,
     n = config.rollout.engines.count
     envs = _cpu_envs(n) if config.cluster.accelerator == "cpu" else [{}] * n
     engine_cfgs = [dataclasses.replace(base, log_dir=logs, env={**envs[i], **base.env}) for i in range(n)]
-    router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
+    router_cfg = dataclasses.replace(config.rollout.router, log_dir=logs)
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer, local_files_only=True)
     template = ChatTemplate.from_name(config.model.template, tokenizer=tokenizer)
     started = time.perf_counter()

@@ -4,7 +4,8 @@
 :class:`~agentrl.runner.RunConfig` sections and returns the field's :class:`Slot`: its type, whether
 ``None`` is allowed, the accepted values of an enum or literal, and for a section the names of its
 keys (so an unknown key can be answered with the closest valid ones). :func:`coerce` turns an
-override's text into a value of that type.
+override's text into a value of that type. A section is a pydantic model, or a runtime dataclass that a
+section holds directly (:class:`~agentrl._config.RunFields`: its keys and their annotations).
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from agentrl._config import RunFields
 from agentrl.cli import _toml as tomllib
 
-__all__ = ["SchemaError", "Slot", "coerce", "field_at", "section_of", "suggest"]
+__all__ = ["SchemaError", "Slot", "coerce", "field_at", "fields_of", "section_of", "suggest"]
+
+SectionType = type[BaseModel] | RunFields[Any]
+"""What a section is: a pydantic model class, or the :class:`RunFields` of a runtime dataclass."""
 
 
 class SchemaError(ValueError):
@@ -31,13 +36,13 @@ class SchemaError(ValueError):
 @dataclass(frozen=True)
 class Slot:
     """One field of the schema: ``kind`` is ``section``, ``list``, ``mapping``, ``bool``, ``int``,
-    ``float``, ``str``, ``choice`` or ``any``; ``item`` is the element slot of a list, ``model`` the
-    pydantic model of a section."""
+    ``float``, ``str``, ``choice`` or ``any``; ``item`` is the element slot of a list, ``model`` what
+    the section is (:data:`SectionType`)."""
 
     kind: str
     nullable: bool = False
     choices: tuple[Any, ...] = ()
-    model: type[BaseModel] | None = None
+    model: SectionType | None = None
     item: Slot | None = None
 
     def describe(self) -> str:
@@ -51,9 +56,25 @@ class Slot:
         return f"{text} or none" if self.nullable else text
 
 
+def fields_of(model: SectionType) -> dict[str, Any]:
+    """The keys of a section and the annotation of each."""
+    if isinstance(model, RunFields):
+        return model.field_types()
+    return {name: _annotated(info.annotation, info.metadata) for name, info in model.model_fields.items()}
+
+
+def _annotated(annotation: Any, metadata: list[Any]) -> Any:
+    """pydantic keeps a field's ``Annotated`` metadata apart; a :class:`RunFields` there makes it a section."""
+    marks = [m for m in metadata if isinstance(m, RunFields)]
+    return typing.Annotated[annotation, marks[0]] if marks else annotation
+
+
 def _slot(annotation: Any) -> Slot:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        marks = [m for m in args[1:] if isinstance(m, RunFields)]
+        return Slot("section", model=marks[0]) if marks else _slot(args[0])
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         nullable = len(rest) < len(args)
@@ -86,35 +107,35 @@ def suggest(name: str, valid: list[str]) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def _nested_keys(model: type[BaseModel], name: str, prefix: str) -> list[str]:
+def _nested_keys(model: SectionType, name: str, prefix: str) -> list[str]:
     """Dotted keys ``<prefix>.<section...>.<name>`` of the sections below ``model`` that have a key
     ``name``, shallowest first (``steps`` at the top level -> ``train.steps``, ``warmup.steps``)."""
     found: list[tuple[int, str]] = []
     frontier = [(model, prefix)]
     while frontier:
         current, path = frontier.pop(0)
-        for key, info in current.model_fields.items():
-            slot = _slot(info.annotation)
+        for key, annotation in fields_of(current).items():
+            slot = _slot(annotation)
             if slot.kind != "section" or slot.model is None:
                 continue
             dotted = f"{path}.{key}" if path else key
-            if name in slot.model.model_fields:
+            if name in fields_of(slot.model):
                 found.append((dotted.count("."), f"{dotted}.{name}"))
             frontier.append((slot.model, dotted))
     return [key for _, key in sorted(found)]
 
 
-def section_of(model: type[BaseModel], prefix: str, name: str) -> str:
+def section_of(model: SectionType, prefix: str, name: str) -> str:
     """The message for an unknown key ``name`` in the section ``prefix`` (``""``: the root): the
     sections below it that have that key (``steps`` -> ``train.steps``), else the closest names."""
-    valid = sorted(model.model_fields)
+    valid = sorted(fields_of(model))
     where = f"section [{prefix}]" if prefix else "the top level"
     nested = _nested_keys(model, name, prefix)[:3]
     hint = f"; did you mean {' or '.join(repr(k) for k in nested)}?" if nested else suggest(name, valid)
     return f"unknown key {name!r} in {where}{hint} (valid keys: {', '.join(valid)})"
 
 
-def field_at(root: type[BaseModel], dotted: str) -> Slot:
+def field_at(root: SectionType, dotted: str) -> Slot:
     """The slot of ``dotted`` (segments separated by dots; a number indexes a list); raises
     :class:`SchemaError` naming the first unknown segment, its section and the closest valid names."""
     slot = Slot("section", model=root)
@@ -125,10 +146,10 @@ def field_at(root: type[BaseModel], dotted: str) -> Slot:
         if slot.kind == "list" and part.isdigit() and slot.item is not None:
             slot = slot.item
         elif slot.kind == "section" and slot.model is not None:
-            fields = slot.model.model_fields
+            fields = fields_of(slot.model)
             if part not in fields:
                 raise SchemaError(f"{dotted}: {section_of(slot.model, '.'.join(done), part)}")
-            slot = _slot(fields[part].annotation)
+            slot = _slot(fields[part])
         elif slot.kind in ("mapping", "any"):
             slot = Slot("any")
         else:

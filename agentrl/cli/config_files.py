@@ -32,6 +32,8 @@ from agentrl.cli._schema import SchemaError, coerce, field_at, section_of
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
+    from agentrl.cli._schema import SectionType
+
 
 __all__ = ["ConfigError", "Provenance", "ResolvedConfig", "apply_overrides", "leaves", "load_config", "load_config_file",
            "load_run_config", "parse_override", "validation_messages"]
@@ -210,16 +212,16 @@ class ResolvedConfig:
         return "\n".join(head + [f"{f'{k} = {v}':<{width}} # {s}" for k, v, s in rows])
 
 
-def _model_at(root: type[BaseModel], loc: Sequence[Any]) -> tuple[type[BaseModel] | None, str]:
-    """The section model that holds ``loc``'s last element, and that section's dotted name."""
-    from agentrl.cli._schema import Slot
+def _model_at(root: type[BaseModel], loc: Sequence[Any]) -> tuple[SectionType | None, str]:
+    """The section that holds ``loc``'s last element, and that section's dotted name."""
+    from agentrl.cli._schema import Slot, fields_of
 
     slot: Slot = Slot("section", model=root)
     parts = [str(p) for p in loc[:-1]]
     for part in parts:
         if slot.kind == "list" and slot.item is not None:
             slot = slot.item
-        elif slot.kind == "section" and slot.model is not None and part in slot.model.model_fields:
+        elif slot.kind == "section" and slot.model is not None and part in fields_of(slot.model):
             slot = field_at(slot.model, part)
         else:
             return None, ".".join(parts)
@@ -253,6 +255,10 @@ def _one_message(root: type[BaseModel], err: Mapping[str, Any], origin: Provenan
     if kind in _EXPECT:
         return f"{key} = {shown}{where}: expected {_EXPECT[kind]}"
     msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    field = f"{loc[-1]}=" if loc else ""
+    if field and msg.startswith(field) and ": " in msg:  # a runtime object's check of one field: "f=v: expected"
+        head, _, rest = msg.partition(": ")
+        return f"{key}{head[len(field) - 1:]}{where}: {rest}"
     return f"{key}: {msg}" if key else msg
 
 

@@ -116,7 +116,7 @@ def _data(cfg: RunConfig, plan: Plan, env: Any) -> int | None:
 
     task_type = getattr(env, "task_type", None)
     validate = task_type.model_validate if task_type is not None and hasattr(task_type, "model_validate") else None
-    datasets = [("data.train", cfg.data.train.to_config())]
+    datasets = [("data.train", cfg.data.train)]
     datasets += [(f"data.eval.{i}", ev.to_config()) for i, ev in enumerate(cfg.data.eval)]
     total = None
     for key, dconf in datasets:

@@ -30,10 +30,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
+from annotated_types import Ge
 from pydantic import ValidationError
+
+from agentrl._limits import check_limits
 
 __all__ = ["BadRow", "BadRowPolicy", "DataConfig", "DataError", "DataExhausted", "DataFormat", "DataRow",
            "DataSource", "first_rows", "read_rows"]
@@ -75,15 +78,16 @@ class DataConfig:
     fields: Mapping[str, str] = field(default_factory=dict)
     shuffle: bool = True
     seed: int = 0
-    epochs: int | None = 1
+    epochs: Annotated[int, Ge(1)] | None = 1
     bad_rows: BadRowPolicy = BadRowPolicy.SKIP
     split: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "format", _enum(DataFormat, self.format, "format"))
         object.__setattr__(self, "bad_rows", _enum(BadRowPolicy, self.bad_rows, "bad_rows"))
-        if self.epochs is not None and (isinstance(self.epochs, bool) or self.epochs < 1):
-            raise ValueError(f"DataConfig.epochs={self.epochs!r}: expected an int >= 1 or None (endless)")
+        check_limits(self)
+        if not os.fspath(self.path):
+            raise ValueError(f"DataConfig.path={self.path!r}: expected a file or folder")
         for name, column in self.fields.items():
             if not isinstance(name, str) or not isinstance(column, str) or not name or not column:
                 raise ValueError(f"DataConfig.fields: {name!r} -> {column!r}; expected non-empty strings")

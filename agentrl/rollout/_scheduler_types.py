@@ -6,8 +6,11 @@ Re-exported by :mod:`agentrl.rollout.scheduler`, where they are documented with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from annotated_types import Ge, Gt, Le
+
+from agentrl._limits import check_limits
 from agentrl.episode import Episode
 from agentrl.rollout.groups import RolloutGroup
 from agentrl.rollout.report import StepReport
@@ -23,40 +26,30 @@ class SchedulerError(RuntimeError):
 class SchedulerConfig:
     """Settings of the rollout scheduler (see the module doc for what each does)."""
 
-    groups_per_step: int = 8
-    group_size: int = 8
-    over_sampling: float = 0.0
-    max_inflight_groups: int | None = None
-    max_requests_per_engine: int = 256
-    max_tool_concurrency: int = 64
-    member_retries: int = 2
-    min_group_size: int = 2
-    max_rejected_groups: int | None = None
+    groups_per_step: Annotated[int, Ge(1)] = 8
+    group_size: Annotated[int, Ge(1)] = 8
+    over_sampling: Annotated[float, Ge(0.0), Le(16.0)] = 0.0
+    max_inflight_groups: Annotated[int, Ge(1)] | None = None
+    max_requests_per_engine: Annotated[int, Ge(1)] = 256
+    max_tool_concurrency: Annotated[int, Ge(1)] = 64
+    member_retries: Annotated[int, Ge(0)] = 2
+    min_group_size: Annotated[int, Ge(1)] = 2
+    max_rejected_groups: Annotated[int, Ge(1)] | None = None
     partial_rollout: bool = False
     mask_offpolicy: bool = False
-    max_staleness: int | None = None
-    abort_timeout_s: float = 5.0
+    max_staleness: Annotated[int, Ge(0)] | None = None
+    abort_timeout_s: Annotated[float, Gt(0.0)] = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("groups_per_step", "group_size", "max_requests_per_engine", "max_tool_concurrency"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SchedulerConfig.{name}={value!r}: expected an int >= 1")
-        if not 0.0 <= self.over_sampling <= 16.0:
-            raise ValueError(f"SchedulerConfig.over_sampling={self.over_sampling!r}: expected a fraction in [0, 16]")
-        if self.max_inflight_groups is not None and self.max_inflight_groups < 1:
-            raise ValueError(f"SchedulerConfig.max_inflight_groups={self.max_inflight_groups!r}: expected None or >= 1")
-        if self.member_retries < 0:
-            raise ValueError(f"SchedulerConfig.member_retries={self.member_retries!r}: expected an int >= 0")
-        if not 1 <= self.min_group_size <= self.group_size:
-            raise ValueError(f"SchedulerConfig.min_group_size={self.min_group_size!r}: expected an int in "
-                             f"[1, group_size={self.group_size}]")
-        if self.max_rejected_groups is not None and self.max_rejected_groups < 1:
-            raise ValueError(f"SchedulerConfig.max_rejected_groups={self.max_rejected_groups!r}: expected None or >= 1")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"SchedulerConfig.max_staleness={self.max_staleness!r}: expected None or an int >= 0")
-        if self.abort_timeout_s <= 0:
-            raise ValueError(f"SchedulerConfig.abort_timeout_s={self.abort_timeout_s!r}: expected > 0")
+        check_limits(self)
+        if self.min_group_size > self.group_size:
+            raise ValueError(f"SchedulerConfig.min_group_size={self.min_group_size!r}: expected at most "
+                             f"group_size={self.group_size}")
+
+    @property
+    def samples_per_step(self) -> int:
+        """``groups_per_step × group_size``: the episodes one training step trains on."""
+        return self.groups_per_step * self.group_size
 
     @property
     def rejection_budget(self) -> int:

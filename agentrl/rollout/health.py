@@ -24,34 +24,12 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from agentrl.model_folder import check_model_folder
+from agentrl.rollout._health_config import HealthConfig
 from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.rollout.engine import EngineConfig, EngineStarter, PauseMode, SGLangEngine
 from agentrl.rollout.router import Router, RouterConfig, RouterError
 
 __all__ = ["EngineGroup", "HealthConfig", "HealthEvent"]
-
-
-@dataclass(frozen=True)
-class HealthConfig:
-    """Monitor settings. ``http_checks`` adds HTTP probes to the process check (needed to notice a hung
-    or an attached engine): ``/health_generate`` (a one-token generation when the engine is idle), or
-    ``/health`` with ``http_generate=False`` (no request that shows in the engine's load; SGLang's own
-    watchdog ends a scheduler stuck in a batch, which the process check then sees). ``max_restarts``
-    bounds restarts per engine."""
-
-    check_interval_s: float = 1.0
-    http_checks: bool = True
-    http_generate: bool = True
-    http_timeout_s: float = 30.0
-    failure_threshold: int = 3
-    restart: bool = True
-    max_restarts: int = 3
-
-    def __post_init__(self) -> None:
-        if self.check_interval_s <= 0:
-            raise ValueError(f"HealthConfig.check_interval_s={self.check_interval_s!r}: expected > 0")
-        if self.failure_threshold < 1:
-            raise ValueError(f"HealthConfig.failure_threshold={self.failure_threshold!r}: expected >= 1")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Gt
 
 from agentrl._enum import NamedEnum
+from agentrl._limits import check_limits
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy"]
@@ -56,23 +59,24 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int | None = None
     prometheus_port: int | None = None
-    health_check_interval_s: int = 60
-    health_failure_threshold: int = 3
-    health_success_threshold: int = 2
-    health_check_timeout_s: int = 5
+    health_check_interval_s: Annotated[int, Ge(1)] = 60
+    health_failure_threshold: Annotated[int, Ge(1)] = 3
+    health_success_threshold: Annotated[int, Ge(1)] = 2
+    health_check_timeout_s: Annotated[int, Ge(1)] = 5
     health_check_endpoint: str = "/health"
     disable_health_check: bool = False
     disable_retries: bool = True
     disable_circuit_breaker: bool = True
-    request_timeout_s: int = 3600
+    request_timeout_s: Annotated[int, Ge(1)] = 3600
     log_level: str = "warn"
-    startup_timeout_s: float = 60.0
+    startup_timeout_s: Annotated[float, Gt(0.0)] = 60.0
     log_dir: str | os.PathLike[str] | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     allow_public_host: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", RouterPolicy(self.policy))
+        check_limits(self)
         for name in ("port", "prometheus_port"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535):
@@ -84,8 +88,6 @@ class RouterConfig:
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.allow_public_host:
             raise ValueError(f"RouterConfig.host={self.host!r}: expected a loopback address "
                              "(set allow_public_host=True to serve other machines)")
-        if self.health_check_interval_s < 1:
-            raise ValueError(f"RouterConfig.health_check_interval_s={self.health_check_interval_s!r}: expected >= 1")
 
 
 def _router_args(config: RouterConfig, port: int, prom_port: int) -> list[str]:

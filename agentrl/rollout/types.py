@@ -18,9 +18,12 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Gt, Le
 
 from agentrl._enum import NamedEnum
+from agentrl._limits import check_limits
 
 __all__ = [
     "AbortCause",
@@ -125,13 +128,6 @@ class FinishReason:
                    status_code=int(status) if isinstance(status, int) else None)
 
 
-def _check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> None:
-    bad = (value <= lo if lo_open else value < lo) or value > hi or math.isnan(value)
-    if bad:
-        bracket = "(" if lo_open else "["
-        raise ValueError(f"SamplingParams.{name}={value!r}: expected a value in {bracket}{lo}, {hi}]")
-
-
 def _check_grammar(params: SamplingParams) -> None:
     """Constrained decoding: at most one of regex / json_schema / ebnf, each non-empty text; a
     json_schema given as a mapping is stored as its JSON text (what SGLang expects)."""
@@ -189,12 +185,12 @@ class SamplingParams:
     logprobs the engine returns are those of the constrained distribution.
     """
 
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: Annotated[int, Ge(0)] = 128
+    temperature: Annotated[float, Ge(0.0), Le(1e6)] = 1.0
+    top_p: Annotated[float, Gt(0.0), Le(1.0)] = 1.0
     top_k: int | None = None
-    min_p: float | None = None
-    min_new_tokens: int | None = None
+    min_p: Annotated[float, Ge(0.0), Le(1.0)] | None = None
+    min_new_tokens: Annotated[int, Ge(0)] | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -211,16 +207,9 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
-            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens!r}: expected an int >= 0")
-        _check_range("temperature", self.temperature, 0.0, 1e6)
-        _check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        check_limits(self)
         if self.top_k is not None and (self.top_k < 1 and self.top_k != -1):
             raise ValueError(f"SamplingParams.top_k={self.top_k!r}: expected -1 (off) or an int >= 1")
-        if self.min_p is not None:
-            _check_range("min_p", self.min_p, 0.0, 1.0)
-        if self.min_new_tokens is not None and self.min_new_tokens < 0:
-            raise ValueError(f"SamplingParams.min_new_tokens={self.min_new_tokens!r}: expected an int >= 0")
         if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"SamplingParams.stop={self.stop!r}: expected a tuple of strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):

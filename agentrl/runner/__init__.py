@@ -12,6 +12,17 @@ CPU-only machine).
 
 import lazy_loader
 
+from agentrl._deprecated import moved_names
+
 # The names are listed in __init__.pyi; each submodule is imported on first use, so importing a
 # config module does not pull in torch or Ray.
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+_lazy_getattr, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+
+# sections that are now the runtime objects themselves (deprecated aliases for one release)
+__getattr__ = moved_names(__name__, {
+    "DatasetSection": "agentrl.data:DataConfig",
+    "OptimizerSection": "agentrl.train:OptimizerConfig",
+    "RouterSection": "agentrl.rollout:RouterConfig",
+    "SamplingSection": "agentrl.rollout:SamplingParams",
+    "SchedulerSection": "agentrl.rollout:SchedulerConfig",
+}, fallback=_lazy_getattr)

@@ -25,6 +25,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from agentrl._config import Section
 from agentrl.algorithms import (
     AdvantageEstimator,
     KLKind,
@@ -32,7 +33,6 @@ from agentrl.algorithms import (
     PolicyLossKind,
     default_aggregation,
 )
-from agentrl.runner._base import Section
 from agentrl.train.config import BatchingConfig, LossConfig
 
 __all__ = ["ESTIMATOR_LOSSES", "LOSS_CLIP_DEFAULTS", "AlgorithmSection"]

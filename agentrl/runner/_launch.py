@@ -33,7 +33,7 @@ __all__ = ["EngineWeights", "launch_rollout", "row_validator", "scheduler_config
 def scheduler_config(config: RunConfig) -> SchedulerConfig:
     """The run's :class:`SchedulerConfig`; in ``bounded_staleness`` mode its bound is one version
     tighter than the run's: a collected batch can wait one version in the runner's queue."""
-    sched_cfg = config.rollout.scheduler.to_config()
+    sched_cfg = config.rollout.scheduler
     if config.mode == "bounded_staleness" and sched_cfg.max_staleness is not None:
         sched_cfg = dataclasses.replace(sched_cfg, max_staleness=max(sched_cfg.max_staleness - 1, 0))
     return sched_cfg
@@ -62,9 +62,9 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
     engine_cfgs = [dataclasses.replace(base, log_dir=logs,
                                        env={**(cpu.engine_env(i) if cpu is not None else {}), **base.env})
                    for i in range(config.rollout.engines.count)]
-    router_cfg = dataclasses.replace(config.rollout.router.to_config(), log_dir=logs)
+    router_cfg = dataclasses.replace(config.rollout.router, log_dir=logs)
     urls = config.rollout.engines.urls
-    health = config.rollout.health.to_config()
+    health = config.rollout.health
     # the reward pool's workers start (and import sympy) while the engines boot
     warming = asyncio.ensure_future(asyncio.to_thread(shared_pool().warm)) if config.rollout.agent.reward_pool else None
     try:
@@ -96,7 +96,7 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: RowFact
     if wait is None:
         wait = config.rollout.engines.startup_timeout_s + 60.0 if health.restart else 0.0
     client = group.client(unavailable_wait_s=wait)
-    data = DataSource(config.data.train.to_config(), validate=row_validator(env_factory))
+    data = DataSource(config.data.train, validate=row_validator(env_factory))
     sched_cfg = scheduler_config(config)
     scheduler = Scheduler(env_factory, template, client, data, sched_cfg, agent=config.agent_config(),
                           group_filter=group_filter, load_probe=group.active_requests,

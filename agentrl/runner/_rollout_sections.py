@@ -1,30 +1,48 @@
-"""Run-config sections of the rollout side: engines, router, sampling, scheduler, agent loop.
+"""Run-config sections of the rollout side: engines, health monitor, router, sampling, scheduler, agent loop.
 
-Each section mirrors the runtime object it converts to (:class:`~agentrl.rollout.EngineConfig`,
-:class:`~agentrl.rollout.RouterConfig`, :class:`~agentrl.rollout.SamplingParams`,
-:class:`~agentrl.rollout.SchedulerConfig`, :class:`~agentrl.rollout.AgentConfig`), with the fields a
-run sets; what the runner decides itself (ports, log folders, weight versions) is left out. Every
-section converts on validation, so a config that validates always builds its runtime objects.
+Where a run sets a runtime object's fields as they are, the section *is* that object, validated by
+pydantic from the object's own annotations (:class:`~agentrl._config.RunFields`): ``health`` is a
+:class:`~agentrl.rollout.HealthConfig`, ``router`` a :class:`~agentrl.rollout.RouterConfig` (the
+keys of :data:`ROUTER_KEYS`; the runner picks ports and log folders), ``sampling`` a
+:class:`~agentrl.rollout.SamplingParams` and ``scheduler`` a :class:`~agentrl.rollout.SchedulerConfig`.
+Sections remain where the runner fills in fields itself: :class:`EnginesSection` (model, device,
+dtype, LoRA serving) and :class:`AgentSection` (sampling, context length).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
+from agentrl._config import RunFields, Section
+from agentrl.rollout._health_config import HealthConfig
 from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.engine import EngineConfig, EngineLora
-from agentrl.rollout.router import RouterConfig, RouterPolicy
+from agentrl.rollout.router import RouterConfig
 from agentrl.rollout.scheduler import SchedulerConfig
 from agentrl.rollout.types import SamplingParams
-from agentrl.runner._base import Section
 
-if TYPE_CHECKING:
-    from agentrl.rollout.health import HealthConfig
+__all__ = ["RUN_HEALTH", "RUN_ROUTER", "RUN_SAMPLING", "RUN_SCHEDULER", "AgentSection", "EnginesSection",
+           "RolloutSection"]
 
-__all__ = ["AgentSection", "EnginesSection", "HealthSection", "RolloutSection", "RouterSection", "SamplingSection",
-           "SchedulerSection"]
+RUN_HEALTH = RunFields(HealthConfig, check_interval_s=2.0, http_generate=False, http_timeout_s=60.0)
+"""A run's health monitor: checks every 2 s through ``/health`` (``http_generate``: ``/health_generate``,
+a one-token generation whenever the engine is idle, which shows in its load), an engine that fails
+``failure_threshold`` checks of 60 s in a row counts as hung; ``unavailable_wait_s`` ``None``: the
+engines' ``startup_timeout_s`` plus a minute (with ``restart``)."""
+
+RUN_ROUTER = RunFields(RouterConfig, keys=(
+    "policy", "health_check_interval_s", "health_failure_threshold", "health_success_threshold",
+    "health_check_timeout_s", "disable_health_check", "request_timeout_s", "log_level", "startup_timeout_s"))
+"""The router settings a run config sets (host, ports and log folder are the runner's)."""
+
+RUN_SAMPLING = RunFields(SamplingParams, max_new_tokens=1024)
+"""Every :class:`SamplingParams` field with its default, except ``max_new_tokens``: 1024 (the per-turn
+cap of :class:`AgentConfig`), not 128. ``None`` leaves the engine's default."""
+
+RUN_SCHEDULER = RunFields(SchedulerConfig)
+"""Every :class:`SchedulerConfig` field with its default (see ``docs/rollout.md``)."""
 
 EngineDevice = Literal["auto", "cpu", "cuda", "npu"]
 
@@ -88,128 +106,6 @@ class EnginesSection(Section):
         return self
 
 
-class HealthSection(Section):
-    """The engines' health monitor in a run (:class:`~agentrl.rollout.HealthConfig`): every
-    ``check_interval_s`` it checks each engine's process, and its ``/health`` (``http_generate``:
-    ``/health_generate``, a one-token generation whenever the engine is idle, which shows in its
-    load); an engine that fails ``failure_threshold`` checks of ``http_timeout_s`` in a row counts as
-    hung. A dead
-    or hung engine is taken out of the router's rotation, restarted (``restart``, at most
-    ``max_restarts`` times), given the current weight version, and put back. ``unavailable_wait_s``:
-    how long a request keeps retrying while no engine can take it (``None``: the engines'
-    ``startup_timeout_s`` plus a minute, so a restart of the only engine loses no episode)."""
-
-    check_interval_s: float = Field(default=2.0, gt=0.0)
-    http_checks: bool = True
-    http_generate: bool = False
-    http_timeout_s: float = Field(default=60.0, gt=0.0)
-    failure_threshold: int = Field(default=3, ge=1)
-    restart: bool = True
-    max_restarts: int = Field(default=3, ge=0)
-    unavailable_wait_s: float | None = Field(default=None, ge=0.0)
-
-    def to_config(self) -> HealthConfig:
-        from agentrl.rollout.health import (
-            HealthConfig,  # here: it pulls in the HTTP client, which checks need not
-        )
-
-        return HealthConfig(check_interval_s=self.check_interval_s, http_checks=self.http_checks,
-                            http_generate=self.http_generate,
-                            http_timeout_s=self.http_timeout_s, failure_threshold=self.failure_threshold,
-                            restart=self.restart, max_restarts=self.max_restarts)
-
-
-class RouterSection(Section):
-    """The sglang-router in front of the engines (:class:`RouterConfig`; ports are picked by the runner)."""
-
-    policy: RouterPolicy = RouterPolicy.CONSISTENT_HASHING
-    health_check_interval_s: int = Field(default=60, ge=1)
-    health_failure_threshold: int = Field(default=3, ge=1)
-    health_success_threshold: int = Field(default=2, ge=1)
-    health_check_timeout_s: int = Field(default=5, ge=1)
-    disable_health_check: bool = False
-    request_timeout_s: int = Field(default=3600, ge=1)
-    log_level: str = "warn"
-    startup_timeout_s: float = Field(default=60.0, gt=0.0)
-
-    def to_config(self) -> RouterConfig:
-        return RouterConfig(
-            policy=self.policy, health_check_interval_s=self.health_check_interval_s,
-            health_failure_threshold=self.health_failure_threshold,
-            health_success_threshold=self.health_success_threshold,
-            health_check_timeout_s=self.health_check_timeout_s, disable_health_check=self.disable_health_check,
-            request_timeout_s=self.request_timeout_s, log_level=self.log_level,
-            startup_timeout_s=self.startup_timeout_s,
-        )
-
-
-class SamplingSection(Section):
-    """Every :class:`SamplingParams` field, with its default, except ``max_new_tokens``: 1024 (the
-    per-turn cap of :class:`AgentConfig`), not 128. ``None`` leaves the engine's default."""
-
-    max_new_tokens: int = Field(default=1024, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int | None = None
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    min_new_tokens: int | None = Field(default=None, ge=0)
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    repetition_penalty: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    sampling_seed: int | None = None
-    skip_special_tokens: bool = False
-    no_stop_trim: bool = True
-    spaces_between_special_tokens: bool = False
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
-    logit_bias: dict[int, float] | None = None
-
-    def to_params(self) -> SamplingParams:
-        return SamplingParams(**self.model_dump())
-
-    @model_validator(mode="after")
-    def _converts(self) -> SamplingSection:
-        self.to_params()
-        return self
-
-
-class SchedulerSection(Section):
-    """Every :class:`SchedulerConfig` field, with the same default (see ``docs/rollout.md``)."""
-
-    groups_per_step: int = Field(default=8, ge=1)
-    group_size: int = Field(default=8, ge=1)
-    over_sampling: float = Field(default=0.0, ge=0.0, le=16.0)
-    max_inflight_groups: int | None = Field(default=None, ge=1)
-    max_requests_per_engine: int = Field(default=256, ge=1)
-    max_tool_concurrency: int = Field(default=64, ge=1)
-    member_retries: int = Field(default=2, ge=0)
-    min_group_size: int = Field(default=2, ge=1)
-    max_rejected_groups: int | None = Field(default=None, ge=1)
-    partial_rollout: bool = False
-    mask_offpolicy: bool = False
-    max_staleness: int | None = Field(default=None, ge=0)
-    abort_timeout_s: float = Field(default=5.0, gt=0.0)
-
-    def to_config(self) -> SchedulerConfig:
-        return SchedulerConfig(**self.model_dump())
-
-    @property
-    def samples_per_step(self) -> int:
-        """``groups_per_step × group_size``: the episodes one training step trains on."""
-        return self.groups_per_step * self.group_size
-
-    @model_validator(mode="after")
-    def _converts(self) -> SchedulerSection:
-        if self.min_group_size > self.group_size:
-            raise ValueError(f"min_group_size={self.min_group_size}: expected at most group_size={self.group_size}")
-        self.to_config()
-        return self
-
-
 class AgentSection(Section):
     """The agent loop (:class:`AgentConfig`) minus its sampling, which is the rollout's ``sampling``.
     ``reward_timeout_s``, ``reward_pool`` and ``reward_failure``: how a reward runs, its deadline, and
@@ -248,10 +144,10 @@ class RolloutSection(Section):
     scheduler, agent loop."""
 
     engines: EnginesSection = Field(default_factory=EnginesSection)
-    health: HealthSection = Field(default_factory=HealthSection)
-    router: RouterSection = Field(default_factory=RouterSection)
-    sampling: SamplingSection = Field(default_factory=SamplingSection)
-    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    health: Annotated[HealthConfig, RUN_HEALTH] = Field(default_factory=RUN_HEALTH.default)
+    router: Annotated[RouterConfig, RUN_ROUTER] = Field(default_factory=RUN_ROUTER.default)
+    sampling: Annotated[SamplingParams, RUN_SAMPLING] = Field(default_factory=RUN_SAMPLING.default)
+    scheduler: Annotated[SchedulerConfig, RUN_SCHEDULER] = Field(default_factory=RUN_SCHEDULER.default)
     agent: AgentSection = Field(default_factory=AgentSection)
 
     @property
@@ -261,10 +157,13 @@ class RolloutSection(Section):
 
     def to_agent_config(self) -> AgentConfig:
         """:class:`AgentConfig` with this section's sampling and context length."""
-        return self.agent.to_config(self.sampling.to_params(), context_length=self.engines.context_length)
+        return self.agent.to_config(self.sampling, context_length=self.engines.context_length)
 
     @model_validator(mode="after")
     def _fits_context(self) -> RolloutSection:
+        if self.sampling.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens={self.sampling.max_new_tokens}: expected an int >= 1 (0 "
+                             "only scores a prompt)")
         engine_ctx, agent_ctx = self.engines.context_length, self.agent.context_length
         if engine_ctx is not None and agent_ctx is not None and agent_ctx > engine_ctx:
             raise ValueError(f"agent.context_length={agent_ctx} exceeds engines.context_length={engine_ctx}: "

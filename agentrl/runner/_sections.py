@@ -1,21 +1,25 @@
 """Run-config sections: model, data, environment, train, cluster, logging, checkpoint.
 
-Each converts to the runtime object its component takes (``to_config()``...); a component is given
-its section, never the root :class:`~agentrl.runner.RunConfig`.
+A component is given its section (or the runtime object it converts to), never the root
+:class:`~agentrl.runner.RunConfig`. Where a run sets a runtime object's fields as they are, the
+section is that object (:class:`~agentrl._config.RunFields`): ``data.train`` is a
+:class:`~agentrl.data.DataConfig`, ``train.optimizer`` an :class:`~agentrl.train.OptimizerConfig`
+(AdamW and the learning-rate schedule). The others convert (``to_config()``...), the runner filling
+in what the file does not say.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
+from agentrl._config import RunFields, Section, TemplateName
 from agentrl.algorithms import DEFAULT_CHUNK_SIZE
 from agentrl.data.source import BadRowPolicy, DataConfig, DataFormat
 from agentrl.rollout.eval import EvalConfig
-from agentrl.runner._base import Section
-from agentrl.runner._rollout_sections import SamplingSection
+from agentrl.rollout.types import SamplingParams
+from agentrl.runner._rollout_sections import RUN_SAMPLING
 from agentrl.train.config import (
     DEFAULT_LORA_LR,
     LoraSettings,
@@ -26,10 +30,15 @@ from agentrl.train.config import (
 )
 from agentrl.train.megatron.config import MegatronBackendConfig
 
-__all__ = ["CheckpointSection", "ClusterSection", "DataSection", "DatasetSection", "EnvironmentSection",
-           "EvalDatasetSection", "LoggingSection", "ModelSection", "OptimizerSection", "TrainSection"]
+__all__ = ["RUN_DATASET", "RUN_OPTIMIZER", "CheckpointSection", "ClusterSection", "DataSection", "EnvironmentSection",
+           "EvalDatasetSection", "LoggingSection", "ModelSection", "TrainSection"]
 
-TemplateName = Literal["qwen3", "qwen3_5", "qwen3_coder"]
+RUN_DATASET = RunFields(DataConfig, keys=("path", "format", "fields", "split", "bad_rows", "shuffle", "seed", "epochs"))
+"""The training prompts: file, field mapping, seeded order, epochs (every :class:`DataConfig` field)."""
+
+RUN_OPTIMIZER = RunFields(OptimizerConfig)
+"""AdamW and the learning-rate schedule (every :class:`OptimizerConfig` field, with its default)."""
+
 Accelerator = Literal["cpu", "gpu", "npu"]
 Placement = Literal["colocated", "disaggregated"]
 TrainBackendName = Literal["torch", "megatron"]
@@ -53,43 +62,24 @@ class ModelSection(Section):
         return self.tokenizer_path if self.tokenizer_path is not None else self.path
 
 
-class _DatasetFields(Section):
+class EvalDatasetSection(Section):
+    """One evaluation set, read in file order once per evaluation, with its own sampling.
+
+    ``path``, ``format``, ``fields``, ``split``, ``bad_rows``: as for the training prompts
+    (:class:`DataConfig`). ``sampling`` ``None``: greedy with the rollout's per-turn budget.
+    ``every_steps``: evaluate after every that many training steps (and at the end of the run);
+    ``at_start``: also before the first step (after a warm-up: the warmed-up model's figures).
+    """
+
     path: str = Field(min_length=1)
     format: DataFormat = DataFormat.AUTO
     fields: dict[str, str] = Field(default_factory=dict)
     split: str | None = None
     bad_rows: BadRowPolicy = BadRowPolicy.SKIP
-
-
-class DatasetSection(_DatasetFields):
-    """The training prompts (:class:`DataConfig`): file, field mapping, seeded order, epochs."""
-
-    shuffle: bool = True
-    seed: int = 0
-    epochs: int | None = Field(default=1, ge=1)
-
-    def to_config(self) -> DataConfig:
-        return DataConfig(path=self.path, format=self.format, fields=dict(self.fields), shuffle=self.shuffle,
-                          seed=self.seed, epochs=self.epochs, bad_rows=self.bad_rows, split=self.split)
-
-    @model_validator(mode="after")
-    def _converts(self) -> DatasetSection:
-        self.to_config()
-        return self
-
-
-class EvalDatasetSection(_DatasetFields):
-    """One evaluation set, read in file order once per evaluation, with its own sampling.
-
-    ``sampling`` ``None``: greedy with the rollout's per-turn budget. ``every_steps``: evaluate after
-    every that many training steps (and at the end of the run); ``at_start``: also before the first
-    step (after a warm-up: the warmed-up model's figures).
-    """
-
     name: str = Field(default="eval", min_length=1)
     samples_per_prompt: int = Field(default=1, ge=1)
     pass_k: tuple[int, ...] = (1,)
-    sampling: SamplingSection | None = None
+    sampling: Annotated[SamplingParams, RUN_SAMPLING] | None = None
     correct_at: float = 1.0
     max_concurrency: int = Field(default=256, ge=1)
     every_steps: int = Field(default=10, ge=1)
@@ -101,7 +91,7 @@ class EvalDatasetSection(_DatasetFields):
 
     def to_eval_config(self) -> EvalConfig:
         return EvalConfig(name=self.name, samples_per_prompt=self.samples_per_prompt,
-                          sampling=self.sampling.to_params() if self.sampling is not None else None,
+                          sampling=self.sampling,
                           pass_k=self.pass_k, correct_at=self.correct_at, max_concurrency=self.max_concurrency)
 
     @model_validator(mode="after")
@@ -110,6 +100,9 @@ class EvalDatasetSection(_DatasetFields):
         if bad or not self.pass_k:
             raise ValueError(f"pass_k={list(self.pass_k)}: each k must be in [1, samples_per_prompt="
                              f"{self.samples_per_prompt}] and at least one given (out of range: {bad})")
+        if self.sampling is not None and self.sampling.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens={self.sampling.max_new_tokens}: expected an int >= 1 (0 only "
+                             "scores a prompt)")
         greedy = self.sampling is None or self.sampling.temperature == 0
         if greedy and self.samples_per_prompt > 1:
             raise ValueError(f"samples_per_prompt={self.samples_per_prompt} with greedy sampling draws the same "
@@ -122,7 +115,7 @@ class EvalDatasetSection(_DatasetFields):
 class DataSection(Section):
     """``train``: the training prompts; ``eval``: evaluation sets, each under a distinct ``name``."""
 
-    train: DatasetSection
+    train: Annotated[DataConfig, RUN_DATASET]
     eval: tuple[EvalDatasetSection, ...] = ()
 
     @model_validator(mode="after")
@@ -139,52 +132,6 @@ class EnvironmentSection(Section):
 
     name: str = Field(min_length=1)
     options: dict[str, JsonValue] = Field(default_factory=dict)
-
-
-class OptimizerSection(Section):
-    """AdamW (:class:`OptimizerConfig`) and the learning-rate schedule.
-
-    ``schedule``: linear warm-up over ``warmup_steps`` to ``lr``, then ``constant`` or ``cosine``
-    decay to ``lr × min_lr_ratio`` at ``decay_steps`` (``None``: the run's ``train.steps``).
-    """
-
-    lr: float = Field(default=1e-6, gt=0.0)
-    betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = Field(default=0.1, ge=0.0)
-    eps: float = Field(default=1e-8, gt=0.0)
-    grad_clip: float | None = Field(default=1.0, gt=0.0)
-    schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = Field(default=0, ge=0)
-    decay_steps: int | None = Field(default=None, ge=1)
-    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
-
-    def to_config(self) -> OptimizerConfig:
-        return OptimizerConfig(lr=self.lr, betas=self.betas, weight_decay=self.weight_decay, eps=self.eps,
-                               grad_clip=self.grad_clip)
-
-    def lr_at(self, step: int, total_steps: int | None = None) -> float:
-        """The learning rate of optimiser step ``step`` (0-based); ``total_steps`` stands in for an
-        unset ``decay_steps``. Warm-up reaches ``lr`` at step ``warmup_steps``."""
-        if step < 0:
-            raise ValueError(f"step={step}: expected an int >= 0")
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / (self.warmup_steps + 1)
-        if self.schedule == "constant":
-            return self.lr
-        end = self.decay_steps if self.decay_steps is not None else total_steps
-        if end is None:
-            raise ValueError("schedule='cosine' needs decay_steps or total_steps; got neither")
-        span = max(end - self.warmup_steps, 1)
-        progress = min((step - self.warmup_steps) / span, 1.0)
-        floor = self.lr * self.min_lr_ratio
-        return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    @model_validator(mode="after")
-    def _converts(self) -> OptimizerSection:
-        if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
-            raise ValueError(f"decay_steps={self.decay_steps}: expected more than warmup_steps={self.warmup_steps}")
-        self.to_config()
-        return self
 
 
 class TrainSection(Section):
@@ -219,7 +166,7 @@ class TrainSection(Section):
 
     backend: TrainBackendName = "torch"
     steps: int | None = Field(default=None, ge=1)
-    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    optimizer: Annotated[OptimizerConfig, RUN_OPTIMIZER] = Field(default_factory=RUN_OPTIMIZER.default)
     max_tokens_per_micro_batch: int = Field(default=8192, ge=1)
     packing: Literal["first_fit_decreasing", "best_fit_decreasing"] = "best_fit_decreasing"
     max_sequence_length: int | None = Field(default=None, ge=2)
@@ -253,9 +200,7 @@ class TrainSection(Section):
             return {**data, "optimizer": {"lr": DEFAULT_LORA_LR}}
         if isinstance(opt, dict) and "lr" not in opt:
             return {**data, "optimizer": {**opt, "lr": DEFAULT_LORA_LR}}
-        if isinstance(opt, OptimizerSection) and "lr" not in opt.model_fields_set:
-            return {**data, "optimizer": opt.model_copy(update={"lr": DEFAULT_LORA_LR})}
-        return data
+        return data  # an OptimizerConfig object sets its learning rate itself
 
     @property
     def world_size(self) -> int:
@@ -270,7 +215,7 @@ class TrainSection(Section):
         """The torch backend's config with the objective ``loss`` (see :meth:`AlgorithmSection.to_loss_config`);
         ``export_dtype``: the dtype weights are exported in (the run passes ``model.dtype``)."""
         return TorchBackendConfig(device=device, dtype=self.dtype, autocast=self.autocast,
-                                  packing=self.to_packing_config(), loss=loss, optimizer=self.optimizer.to_config(),
+                                  packing=self.to_packing_config(), loss=loss, optimizer=self.optimizer,
                                   logprob_chunk_size=self.logprob_chunk_size, fused_lm_head=self.fused_lm_head,
                                   verify_packing=self.verify_packing, shared_prefix=self.shared_prefix,
                                   shared_prefix_min_tokens=self.shared_prefix_min_tokens, seed=self.seed,
@@ -289,7 +234,7 @@ class TrainSection(Section):
         return MegatronBackendConfig(tensor_parallel_size=self.tensor_parallel_size,
                                      pipeline_parallel_size=self.pipeline_parallel_size, device=device,
                                      dtype=self.dtype, packing=self.to_packing_config(), loss=loss,
-                                     optimizer=self.optimizer.to_config(), logprob_chunk_size=self.logprob_chunk_size,
+                                     optimizer=self.optimizer, logprob_chunk_size=self.logprob_chunk_size,
                                      seed=self.seed, activation_checkpointing=self.activation_checkpointing,
                                      attention=self.attention,  # type: ignore[arg-type]  # checked by _consistent
                                      fused_lm_head=self.fused_lm_head is not False, export_dtype=export_dtype)

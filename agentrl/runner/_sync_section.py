@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.runner._base import Section
+from agentrl._config import Section
 from agentrl.runner.weights import WeightSyncConfig
 
 __all__ = ["SyncSection"]

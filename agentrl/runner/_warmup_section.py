@@ -8,16 +8,19 @@ conversations before RL starts, and the run stops with a clear error when it has
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, model_validator
 
-from agentrl.runner._base import Section
-from agentrl.runner._sections import OptimizerSection
+from agentrl._config import Section
+from agentrl.runner._sections import RUN_OPTIMIZER
+from agentrl.train.config import OptimizerConfig
 
 __all__ = ["WarmupCheckSection", "WarmupSection"]
 
 
-def _warmup_optimizer() -> OptimizerSection:
-    return OptimizerSection(lr=1e-4, weight_decay=0.0)
+def _warmup_optimizer() -> OptimizerConfig:
+    return OptimizerConfig(lr=1e-4, weight_decay=0.0)
 
 
 class WarmupCheckSection(Section):
@@ -54,7 +57,7 @@ class WarmupSection(Section):
     min_steps: int = Field(default=0, ge=0)
     cooldown_steps: int = Field(default=0, ge=0)
     batch_size: int = Field(default=16, ge=1)
-    optimizer: OptimizerSection = Field(default_factory=_warmup_optimizer)
+    optimizer: Annotated[OptimizerConfig, RUN_OPTIMIZER] = Field(default_factory=_warmup_optimizer)
     check: WarmupCheckSection | None = None
     log_every: int = Field(default=10, ge=1)
 

@@ -12,8 +12,12 @@ Sections (each a frozen pydantic model that refuses unknown keys):
 - ``mode``: ``sync``, ``one_step_off`` or ``bounded_staleness``.
 
 Only ``model.path``, ``data.train.path`` and ``environment.name`` are required. Each component
-gets its own section (or the runtime object it converts to), never the root. The cross-section
-checks are in :mod:`agentrl.runner.checks`; all problems are reported together.
+gets its own section (or the runtime object it converts to), never the root. Where a run sets a
+runtime object's fields as they are, the section is that object (``rollout.sampling`` is a
+:class:`~agentrl.rollout.SamplingParams`, ``rollout.scheduler`` a
+:class:`~agentrl.rollout.SchedulerConfig`, also ``rollout.health``, ``rollout.router``,
+``data.train`` and ``train.optimizer``): each field is defined once, in the runtime class. The
+cross-section checks are in :mod:`agentrl.runner.checks`; all problems are reported together.
 
 Example::
 
@@ -21,7 +25,7 @@ Example::
                                   "data": {"train": {"path": "train.jsonl"}},
                                   "environment": {"name": "retool_math"},
                                   "rollout": {"scheduler": {"groups_per_step": 16, "group_size": 8}}})
-    config.rollout.scheduler.to_config()     # SchedulerConfig
+    config.rollout.scheduler                 # a SchedulerConfig
     config.torch_backend_config()            # TorchBackendConfig (loss at the sampling temperature)
     config.hash()                            # stored in checkpoints and trajectory files
 """
@@ -36,10 +40,10 @@ from typing import Any
 import orjson
 from pydantic import Field, model_validator
 
+from agentrl._config import Section
 from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.engine import EngineConfig, EngineLora
 from agentrl.runner._algorithm import AlgorithmSection
-from agentrl.runner._base import Section
 from agentrl.runner._rollout_sections import EngineDevice, RolloutSection
 from agentrl.runner._sections import (
     CheckpointSection,

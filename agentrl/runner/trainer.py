@@ -40,9 +40,10 @@ from agentrl.train.megatron.backend import MegatronTrainBackend
 from agentrl.train.torch_backend import TorchTrainBackend
 
 if TYPE_CHECKING:
-    from agentrl.runner._sections import ModelSection, OptimizerSection
+    from agentrl.runner._sections import ModelSection
     from agentrl.runner._warmup_section import WarmupSection
     from agentrl.runner.config import RunConfig
+    from agentrl.train.config import OptimizerConfig
 
 __all__ = ["TrainService"]
 
@@ -50,7 +51,7 @@ __all__ = ["TrainService"]
 class TrainService:
     """One trainer rank. ``total_steps`` bounds a cosine schedule without ``decay_steps``."""
 
-    def __init__(self, backend: TrainBackend, optimizer: OptimizerSection | None = None, *,
+    def __init__(self, backend: TrainBackend, optimizer: OptimizerConfig | None = None, *,
                  total_steps: int | None = None, score_after_step: bool = False) -> None:
         self.backend = backend
         self.score_after_step = score_after_step

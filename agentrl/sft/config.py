@@ -7,7 +7,7 @@ Sections (frozen pydantic models that refuse unknown keys, like the run config's
 - ``data``: a JSONL file of conversations, one ``{"messages": [...], "tools": [...]}`` per line,
   shuffled with ``seed`` each epoch; sequences over ``max_sequence_length`` are refused by line;
 - ``train``: epochs or steps, conversations per step, the optimiser and its schedule
-  (:class:`~agentrl.runner.OptimizerSection`), packing, device, dtype, threads, and ``lora`` (train a
+  (:class:`~agentrl.train.OptimizerConfig`), packing, device, dtype, threads, and ``lora`` (train a
   LoRA adapter instead of the whole model, as the RL run's ``train.lora``);
 - ``output``: the folder the fine-tuned model is written to (a Hugging Face folder with its
   tokenizer, which engines and ``agentrl train`` load; with ``lora`` the adapter merged into the
@@ -25,13 +25,12 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
-from agentrl.runner._base import Section
-from agentrl.runner._sections import OptimizerSection, TemplateName
-from agentrl.train.config import LoraSettings, PackingConfig, TorchBackendConfig
+from agentrl._config import RunFields, Section, TemplateName
+from agentrl.train.config import LoraSettings, OptimizerConfig, PackingConfig, TorchBackendConfig
 
 __all__ = ["SftConfig", "SftDataSection", "SftModelSection", "SftTrainSection"]
 
@@ -59,8 +58,8 @@ class SftDataSection(Section):
     max_sequence_length: int | None = Field(default=None, ge=2)
 
 
-def _sft_optimizer() -> OptimizerSection:
-    return OptimizerSection(lr=1e-4, weight_decay=0.0)
+def _sft_optimizer() -> OptimizerConfig:
+    return OptimizerConfig(lr=1e-4, weight_decay=0.0)
 
 
 class SftTrainSection(Section):
@@ -76,7 +75,7 @@ class SftTrainSection(Section):
     epochs: int = Field(default=1, ge=1)
     steps: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=16, ge=1)
-    optimizer: OptimizerSection = Field(default_factory=_sft_optimizer)
+    optimizer: Annotated[OptimizerConfig, RunFields(OptimizerConfig)] = Field(default_factory=_sft_optimizer)
     max_tokens_per_micro_batch: int = Field(default=8192, ge=1)
     packing: Literal["first_fit_decreasing", "best_fit_decreasing"] = "best_fit_decreasing"
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?|npu(:\d+)?)$")
@@ -121,5 +120,5 @@ class SftConfig(Section):
         t = self.train
         return TorchBackendConfig(device=t.device, dtype=t.dtype, autocast=t.autocast,
                                   packing=PackingConfig(max_tokens=t.max_tokens_per_micro_batch, algorithm=t.packing),
-                                  optimizer=t.optimizer.to_config(), shared_prefix=t.shared_prefix,
+                                  optimizer=t.optimizer, shared_prefix=t.shared_prefix,
                                   shared_prefix_min_tokens=t.shared_prefix_min_tokens, seed=t.seed, lora=t.lora)

@@ -135,7 +135,7 @@ def build_fake_runner(config: Any, *, token_delay_s: float = 0.0, resume: str | 
     client = FakePolicyClient(tok, policy, token_delay_s=token_delay_s, logprob=-0.5)
     env_cls = environment if environment is not None else ToyArithmeticEnv
     factory = environment_factory(config, env_cls, reward=reward)
-    data = DataSource(config.data.train.to_config(), validate=env_cls.task_type.model_validate)
+    data = DataSource(config.data.train, validate=env_cls.task_type.model_validate)
     agent = AgentConfig(sampling=SamplingParams(max_new_tokens=max_new_tokens))
     from agentrl.runner._launch import scheduler_config
 

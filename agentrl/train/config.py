@@ -6,9 +6,13 @@ check their values on construction and name the field, the value and what was ex
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
+from annotated_types import Ge, Gt, Le
+
+from agentrl._limits import check_limits
 from agentrl.algorithms.kinds import (
     DEFAULT_CHUNK_SIZE,
     AdvantageEstimator,
@@ -133,18 +137,51 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW settings; ``grad_clip`` is the max global gradient norm (None: no clipping)."""
+    """AdamW settings and the learning-rate schedule; ``grad_clip`` is the max global gradient norm
+    (None: no clipping).
 
-    lr: float = 1e-6
+    ``schedule``: linear warm-up over ``warmup_steps`` to ``lr``, then ``constant`` or ``cosine``
+    decay to ``lr × min_lr_ratio`` at ``decay_steps`` (``None``: the run's last step, see
+    :meth:`lr_at`). A train backend builds its optimiser with ``lr``; whoever drives the steps (the
+    runner, the SFT loop) sets each step's rate from :meth:`lr_at`.
+    """
+
+    lr: Annotated[float, Gt(0.0)] = 1e-6
     betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.1
-    eps: float = 1e-8
-    grad_clip: float | None = 1.0
+    weight_decay: Annotated[float, Ge(0.0)] = 0.1
+    eps: Annotated[float, Gt(0.0)] = 1e-8
+    grad_clip: Annotated[float, Gt(0.0)] | None = 1.0
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: Annotated[int, Ge(0)] = 0
+    decay_steps: Annotated[int, Ge(1)] | None = None
+    min_lr_ratio: Annotated[float, Ge(0.0), Le(1.0)] = 0.0
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "lr", self.lr, "a positive learning rate")
-        _require(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two values in [0, 1)")
-        _require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", self.grad_clip, "None or > 0")
+        check_limits(self)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"OptimizerConfig.betas={self.betas!r}: expected two values in [0, 1)")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"OptimizerConfig.schedule={self.schedule!r}: expected 'constant' or 'cosine'")
+        if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"OptimizerConfig.decay_steps={self.decay_steps}: expected more than warmup_steps="
+                             f"{self.warmup_steps}")
+
+    def lr_at(self, step: int, total_steps: int | None = None) -> float:
+        """The learning rate of optimiser step ``step`` (0-based); ``total_steps`` stands in for an
+        unset ``decay_steps``. Warm-up reaches ``lr`` at step ``warmup_steps``."""
+        if step < 0:
+            raise ValueError(f"step={step}: expected an int >= 0")
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / (self.warmup_steps + 1)
+        if self.schedule == "constant":
+            return self.lr
+        end = self.decay_steps if self.decay_steps is not None else total_steps
+        if end is None:
+            raise ValueError("schedule='cosine' needs decay_steps or total_steps; got neither")
+        span = max(end - self.warmup_steps, 1)
+        progress = min((step - self.warmup_steps) / span, 1.0)
+        floor = self.lr * self.min_lr_ratio
+        return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

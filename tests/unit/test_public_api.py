@@ -41,9 +41,9 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.cli.config_files": {"ConfigError", "ResolvedConfig", "load_config_file", "load_run_config",
                                  "apply_overrides", "parse_override"},
     "agentrl.environments.registry": {"resolve", "available", "RegistryError", "ENTRY_POINT_GROUPS"},
-    "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "DatasetSection", "EvalDatasetSection",
-                       "EnvironmentSection", "RolloutSection", "EnginesSection", "RouterSection", "SamplingSection",
-                       "SchedulerSection", "AgentSection", "AlgorithmSection", "TrainSection", "OptimizerSection",
+    "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "EvalDatasetSection",
+                       "EnvironmentSection", "RolloutSection", "EnginesSection",
+                       "AgentSection", "AlgorithmSection", "TrainSection",
                        "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
                        "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep",
                        "RunCheckpointer", "CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Runner", "RunCallback", "RunnerError", "RolloutService",
@@ -55,8 +55,8 @@ REQUIRED: dict[str, set[str]] = {
                        "sinks_from_config"},
 }
 
-# public names that moved: (old module, name) -> the module they live in now; the old name is a deprecated
-# alias for one release
+# public names that moved: (old module, name) -> the module they live in now ("module:NewName" when renamed
+# as it moved); the old name is a deprecated alias for one release
 MOVED: dict[tuple[str, str], str] = {
     ("agentrl.rollout", "FilterResult"): "agentrl.rewards",
     ("agentrl.rollout", "drop_uniform_rewards"): "agentrl.rewards",
@@ -65,6 +65,12 @@ MOVED: dict[tuple[str, str], str] = {
     **{("agentrl.rollout.process", name): "agentrl._reaper" for name in (
         "reap_with_this_process", "unreap", "reap_path_with_this_process", "unreap_path",
         "reap_container_with_this_process", "unreap_container")},
+    # run-config sections that are now the runtime objects they used to copy
+    ("agentrl.runner", "DatasetSection"): "agentrl.data:DataConfig",
+    ("agentrl.runner", "OptimizerSection"): "agentrl.train:OptimizerConfig",
+    ("agentrl.runner", "RouterSection"): "agentrl.rollout:RouterConfig",
+    ("agentrl.runner", "SamplingSection"): "agentrl.rollout:SamplingParams",
+    ("agentrl.runner", "SchedulerSection"): "agentrl.rollout:SchedulerConfig",
 }
 
 
@@ -100,9 +106,10 @@ def test_agentrl_train_is_the_run_function_after_the_train_package_is_imported(
 
 @pytest.mark.parametrize(("old", "name"), sorted(MOVED))
 def test_moved_names_keep_a_deprecated_alias(old: str, name: str) -> None:
-    module, new = importlib.import_module(old), importlib.import_module(MOVED[old, name])
-    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new.__name__}\.{name}") as record:
+    target, _, new_name = MOVED[old, name].partition(":")
+    module, new, new_name = importlib.import_module(old), importlib.import_module(target), new_name or name
+    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new.__name__}\.{new_name}") as record:
         alias = getattr(module, name)
-    assert alias is getattr(new, name)
+    assert alias is getattr(new, new_name)
     assert record[0].filename == __file__  # the warning points at the line that used the old name
-    assert name not in module.__all__ and name in new.__all__
+    assert name not in module.__all__ and new_name in new.__all__

@@ -153,7 +153,7 @@ async def test_three_lora_steps_sync_the_adapter_alone_and_probe_through_it(
     config = make_config(tmp_path, engine.url)
     assert config.sync_method() == "tensor"
     probes = probe_sequences(tok, n=3, length=24, seed=0)
-    group = await EngineGroup.attach([engine.url], config.rollout.router.to_config())
+    group = await EngineGroup.attach([engine.url], config.rollout.router)
     service = TrainService.from_config(config, threads=1)
     watch = _Watch(engine)
     runner = _runner(config, group, service, probes, (watch,))
@@ -227,7 +227,7 @@ async def test_a_zeroed_adapter_where_the_probe_adapter_should_be_stops_the_run_
         return out
 
     monkeypatch.setattr(service, "probe_adapter", zeroed)
-    group = await EngineGroup.attach([engine.url], config.rollout.router.to_config())
+    group = await EngineGroup.attach([engine.url], config.rollout.router)
     runner = _runner(config, group, service, probe_sequences(tok, n=3, length=24, seed=0))
     try:
         with pytest.raises(RunnerError, match="does not apply the adapter") as err:

@@ -97,7 +97,7 @@ def runner_for(config: RunConfig, group: EngineGroup, *, resume: str | None = No
 
 async def test_resume_continues_the_buffer_on_a_real_engine(tmp_path: Path, shared_engine: str) -> None:
     config = make_config(tmp_path, shared_engine)
-    group = await EngineGroup.attach(config.rollout.engines.urls, config.rollout.router.to_config())
+    group = await EngineGroup.attach(config.rollout.engines.urls, config.rollout.router)
     try:
         crashed = runner_for(config, group, callbacks=(_Crash(3),))
         with pytest.raises(_Killed):
