@@ -49,7 +49,7 @@ class RunCallback:
 
 class RolloutSide(Protocol):
     """What the runner needs of the rollout side (:class:`~agentrl.runner.RolloutService`, or a
-    proxy to it in a Ray actor)."""
+    proxy to it in a Ray actor, whose methods hand these on to the service's)."""
 
     async def collect(self) -> StepBatch: ...
     async def progress(self) -> RolloutProgress | None: ...
@@ -67,7 +67,8 @@ class RolloutSide(Protocol):
 
 
 class TrainSide(Protocol):
-    """What the runner needs of the trainer (every rank; results are rank 0's)."""
+    """What the runner needs of the trainer (every rank; results are rank 0's). The transports hand each
+    method on to :class:`~agentrl.runner.trainer.TrainService`'s method of the same name."""
 
     async def train(self, batch: TrainingBatch, step: int) -> dict[str, float]: ...
     async def export(self, folder: str) -> str: ...
@@ -79,6 +80,7 @@ class TrainSide(Protocol):
     async def warmup(self, run_dir: str | None = None) -> dict[str, Any]: ...
     async def offload(self) -> dict[str, float]: ...
     async def onload(self) -> dict[str, float]: ...
+    async def digest(self) -> str: ...
 
 
 @dataclass

@@ -26,32 +26,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+from agentrl.runner._run_plan import RunPlan, plan_run
 from agentrl.runner._warmup_watch import warmup_watchers, watch_warmup
-from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.config import RunConfig
-from agentrl.runner.cpu import CpuPlan, plan_cpu
-from agentrl.runner.envs import BUILTIN_ENVIRONMENTS, environment_factory
-from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunSummary
+from agentrl.runner.envs import BUILTIN_ENVIRONMENTS, EnvironmentClass, RewardOverride, environment_factory
+from agentrl.runner.loop import RunCallback, Runner, RunSummary
 from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.sides import LocalTrainer
+
+if TYPE_CHECKING:
+    from agentrl.rollout.groups import GroupFilter
 
 __all__ = ["BUILTIN_ENVIRONMENTS", "environment_factory", "train", "train_async"]
 
 
-def train(config: RunConfig, *, environment: Any = None, reward: Callable[..., Any] | None = None,
-          group_filter: Any = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
+def train(config: RunConfig, *, environment: EnvironmentClass | None = None, reward: RewardOverride | None = None,
+          group_filter: GroupFilter | None = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
           resume: str | None = None, rollout_only: bool = False) -> RunSummary:
     """Runs ``config`` to its end and returns the summary (see the module doc)."""
     return asyncio.run(train_async(config, environment=environment, reward=reward, group_filter=group_filter,
                                    callbacks=callbacks, use_ray=use_ray, resume=resume, rollout_only=rollout_only))
 
 
-async def train_async(config: RunConfig, *, environment: Any = None, reward: Callable[..., Any] | None = None,
-                      group_filter: Any = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
-                      resume: str | None = None, rollout_only: bool = False) -> RunSummary:
+async def train_async(config: RunConfig, *, environment: EnvironmentClass | None = None,
+                      reward: RewardOverride | None = None, group_filter: GroupFilter | None = None,
+                      callbacks: Sequence[RunCallback] = (), use_ray: bool = True, resume: str | None = None,
+                      rollout_only: bool = False) -> RunSummary:
     """:func:`train` for a running event loop. The metric sinks ``config.logging`` asks for
     (TensorBoard, W&B) are added to ``callbacks`` and closed when the run ends, however it ends."""
     from agentrl.runner.logging_sinks import sinks_from_config
@@ -61,8 +64,10 @@ async def train_async(config: RunConfig, *, environment: Any = None, reward: Cal
     run_dir.write_config(config.to_dict())
     sinks = sinks_from_config(config)
     try:
-        return await _run(config, factory, run_dir, group_filter=group_filter, callbacks=[*callbacks, *sinks],
-                          use_ray=use_ray, resume=resume, rollout_only=rollout_only)
+        plan = plan_run(config, factory, run_dir, group_filter=group_filter, callbacks=[*callbacks, *sinks],
+                        resume=resume, rollout_only=rollout_only,
+                        probe_sequences=[] if rollout_only else _probes(config))
+        return await _run(plan, use_ray=use_ray)
     finally:
         for sink in sinks:
             close = getattr(sink, "close", None)
@@ -70,58 +75,44 @@ async def train_async(config: RunConfig, *, environment: Any = None, reward: Cal
                 close()
 
 
-async def _run(config: RunConfig, factory: Any, run_dir: RunDirectory, *, group_filter: Any,
-               callbacks: Sequence[RunCallback], use_ray: bool, resume: str | None,
-               rollout_only: bool) -> RunSummary:
-    checkpointer = RunCheckpointer(run_dir.checkpoints_dir, keep_last=config.checkpoint.keep_last,
-                                   config_hash=config.hash())
-    resume = resume if resume is not None else config.checkpoint.resume
-    settings = LoopSettings.from_config(config, rollout_only=rollout_only,
-                                        probe_sequences=[] if rollout_only else _probes(config))
-    cpu = plan_cpu(engines=config.rollout.engines.count) if config.cluster.accelerator == "cpu" else None
+async def _run(plan: RunPlan, *, use_ray: bool) -> RunSummary:
     # the warm-up runs on the trainer while the engines boot (a resumed run's checkpoint holds it)
-    warm_dir = str(run_dir.root) if config.warmup is not None and resume is None and not rollout_only else None
     watching: asyncio.Future[None] | None = None
-    if warm_dir is not None:
-        for cb in callbacks:
+    if plan.warmup_dir is not None:
+        for cb in plan.callbacks:
             cb.on_phase("warmup", 0)
-        watchers = warmup_watchers(callbacks)
-        if watchers and config.warmup is not None:
-            watching = asyncio.ensure_future(watch_warmup(warm_dir, config.warmup.steps, watchers))
+        watchers = warmup_watchers(plan.callbacks)
+        if watchers and plan.config.warmup is not None:
+            watching = asyncio.ensure_future(watch_warmup(plan.warmup_dir, plan.config.warmup.steps, watchers))
     try:
-        return await _run_sides(config, factory, run_dir, settings, checkpointer, cpu, warm_dir,
-                                group_filter=group_filter, callbacks=callbacks, use_ray=use_ray, resume=resume,
-                                rollout_only=rollout_only)
+        return await _run_sides(plan, use_ray=use_ray)
     finally:
         if watching is not None:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
 
 
-async def _run_sides(config: RunConfig, factory: Any, run_dir: RunDirectory, settings: LoopSettings,
-                     checkpointer: RunCheckpointer, cpu: CpuPlan | None, warm_dir: str | None, *, group_filter: Any,
-                     callbacks: Sequence[RunCallback], use_ray: bool, resume: str | None,
-                     rollout_only: bool) -> RunSummary:
+async def _run_sides(plan: RunPlan, *, use_ray: bool) -> RunSummary:
     from agentrl.runner.rollout_service import RolloutService
     from agentrl.runner.trainer import TrainService
 
     if use_ray:
         from agentrl.runner.ray_run import run_on_ray
 
-        return await run_on_ray(config, factory, settings, run_dir=run_dir, checkpointer=checkpointer,
-                                callbacks=callbacks, resume=resume, group_filter=group_filter, cpu=cpu,
-                                warmup_dir=warm_dir)
+        return await run_on_ray(plan)
+    config, cpu = plan.config, plan.cpu
 
     async def trainer_side() -> tuple[LocalTrainer, dict[str, Any]]:
         service = await asyncio.to_thread(TrainService.from_config, config,
                                           threads=cpu.trainer_threads if cpu is not None else None)
         side = LocalTrainer(service)
-        return side, (await side.warmup(warm_dir) if warm_dir is not None else {})
+        return side, (await side.warmup(plan.warmup_dir) if plan.warmup_dir is not None else {})
 
     with _signals_cancel_current_task():  # from here on a signal cancels: every finally below runs
-        booting = asyncio.ensure_future(RolloutService.launch(config, factory, group_filter=group_filter, cpu=cpu))
+        booting = asyncio.ensure_future(RolloutService.launch(config, plan.env_factory, group_filter=plan.group_filter,
+                                                              cpu=cpu))
         try:
-            trainer, warm = (None, {}) if rollout_only else await trainer_side()
+            trainer, warm = (None, {}) if plan.rollout_only else await trainer_side()
             rollout = await booting
         except BaseException:
             booting.cancel()
@@ -130,10 +121,10 @@ async def _run_sides(config: RunConfig, factory: Any, run_dir: RunDirectory, set
                 await service.shutdown()
             raise
         try:
-            if trainer is not None and settings.sync_method != "disk":
+            if trainer is not None and plan.settings.sync_method != "disk":
                 rollout.set_pusher(trainer)  # the trainer sends its weights to the engines itself
-            runner = Runner(rollout, trainer, settings, run_dir=run_dir, checkpointer=checkpointer,
-                            callbacks=callbacks, resume=resume, warmup=warm)
+            runner = Runner(rollout, trainer, plan.settings, run_dir=plan.run_dir, checkpointer=plan.checkpointer,
+                            callbacks=plan.callbacks, resume=plan.resume, warmup=warm)
             return await runner.run()
         finally:
             await rollout.shutdown()

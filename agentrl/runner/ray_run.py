@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from agentrl.runner.checkpoint import RunCheckpointer
+from agentrl.runner._forward import Forwarded, forwards, protocol_methods
 from agentrl.runner.cluster import RayRuntime, TrainGroup, spawn
 from agentrl.runner.config import RunConfig
 from agentrl.runner.device_plan import trainer_resident_bytes
@@ -32,14 +32,21 @@ from agentrl.runner.devices import (
     visible_devices_env,
 )
 from agentrl.runner.engine_host import EngineHost, HostStarter
-from agentrl.runner.loop import LoopSettings, RunCallback, Runner, RunnerError, RunSummary
-from agentrl.runner.placement import PlacementPlan
+from agentrl.runner.loop import RolloutSide, Runner, RunnerError, RunSummary, TrainSide
+from agentrl.runner.placement import PlacedGroups, PlacementPlan
 from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.sides import ActorProxy
-from agentrl.train.batching import TrainingBatch
 
 if TYPE_CHECKING:
-    from agentrl.runner.loop import RolloutSide
+    from ray.actor import ActorHandle
+
+    from agentrl.rollout.engine import EngineStarter
+    from agentrl.rollout.groups import GroupFilter
+    from agentrl.runner._run_plan import RunPlan
+    from agentrl.runner.cpu import CpuPlan
+    from agentrl.runner.envs import RowFactory
+    from agentrl.runner.rollout_service import RolloutService
+    from agentrl.runner.weight_transports import Pusher
 
 __all__ = ["GroupPusher", "GroupTrainer", "RolloutActor", "TrainRank", "check_weights_folder", "run_on_ray",
            "start_sides"]
@@ -47,16 +54,25 @@ __all__ = ["GroupPusher", "GroupTrainer", "RolloutActor", "TrainRank", "check_we
 logger = logging.getLogger(__name__)
 
 
-class RolloutActor:
-    """The rollout actor: builds a :class:`RolloutService` in its own event loop and forwards to it."""
+def _awaiting_service(name: str) -> Callable[..., Awaitable[object]]:
+    async def method(self: RolloutActor, *args: Any, **kwargs: Any) -> object:
+        return await getattr(self.service, name)(*args, **kwargs)
 
-    def __init__(self, config: dict[str, Any], env_factory: Any, group_filter: Any = None,
-                 cpu: Any = None) -> None:
+    return method
+
+
+@forwards((*protocol_methods(RolloutSide), "active_requests"), _awaiting_service)
+class RolloutActor:
+    """The rollout actor: builds a :class:`RolloutService` in its own event loop; each
+    :class:`~agentrl.runner.loop.RolloutSide` method (and ``active_requests``) is the service's."""
+
+    def __init__(self, config: dict[str, Any], env_factory: RowFactory, group_filter: GroupFilter | None = None,
+                 cpu: CpuPlan | None = None) -> None:
         self.config = RunConfig.from_dict(config)
         self.env_factory, self.group_filter, self.cpu = env_factory, group_filter, cpu
-        self.service: Any = None
+        self.service: RolloutService | None = None
 
-    async def setup(self, starters: list[Any] | None = None, engine_fraction: float | None = None) -> int:
+    async def setup(self, starters: list[EngineStarter] | None = None, engine_fraction: float | None = None) -> int:
         """Starts the router and the engines (each through its host's ``starter`` when given) and
         builds the service; returns this actor's pid."""
         from agentrl.runner.rollout_service import RolloutService
@@ -67,60 +83,23 @@ class RolloutActor:
 
         return os.getpid()
 
-    async def collect(self) -> Any:
-        return await self.service.collect()
-
-    async def progress(self) -> Any:
-        return await self.service.progress()
-
-    async def weights_folder(self, version: int) -> str:
-        return str(await self.service.weights_folder(version))
-
-    async def sync_weights(self, version: int) -> dict[str, float]:
-        return dict(await self.service.sync_weights(version))
-
-    async def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        return list(await self.service.score(sequences))
-
-    async def score_adapter(self, folder: str, sequences: list[list[int]]) -> dict[str, list[list[float]]]:
-        return dict(await self.service.score_adapter(folder, sequences))
-
-    async def evaluate(self, name: str) -> dict[str, Any]:
-        return dict(await self.service.evaluate(name))
-
-    async def evals_due(self, step: int, *, final: bool = False) -> list[str]:
-        return list(await self.service.evals_due(step, final=final))
-
-    async def state_dict(self) -> dict[str, Any]:
-        return dict(await self.service.state_dict())
-
-    async def load_state_dict(self, state: dict[str, Any]) -> None:
-        await self.service.load_state_dict(state)
-
-    async def release_memory(self) -> None:
-        await self.service.release_memory()
-
-    async def data_problems(self) -> list[str]:
-        return list(await self.service.data_problems())
-
-    async def resume_memory(self, tags: list[str] | None = None) -> None:
-        await self.service.resume_memory(tags)
+    def _ready(self) -> RolloutService:
+        if self.service is None:
+            raise RuntimeError("RolloutActor: setup() has not built the rollout service")
+        return self.service
 
     async def engine_versions(self) -> list[str]:
         """The weight version each engine reports (``/model_info``)."""
-        group = self.service.group
+        group = self._ready().group
         return [await e.weight_version() for e in group.in_rotation()] if group is not None else []
 
-    async def active_requests(self) -> int:
-        return int(await self.service.active_requests())
-
-    async def set_pusher(self, pusher: Any) -> None:
+    async def set_pusher(self, pusher: Pusher) -> None:
         """The trainer's weight sender (``sync.method`` tensor or distributed)."""
-        self.service.set_pusher(pusher)
+        self._ready().set_pusher(pusher)
 
     async def router_workers(self) -> list[str]:
         """The engine URLs the router has registered."""
-        group = self.service.group
+        group = self._ready().group
         return [str(w.get("url")) for w in await group.router.workers()] if group is not None else []
 
     async def node_id(self) -> str:
@@ -134,50 +113,22 @@ class RolloutActor:
             self.service = None
 
 
+def _on_service(name: str) -> Callable[..., object]:
+    def method(self: TrainRank, *args: Any, **kwargs: Any) -> object:
+        return getattr(self.service, name)(*args, **kwargs)
+
+    return method
+
+
+@forwards((*protocol_methods(TrainSide), "push_weights"), _on_service)
 class TrainRank:
-    """One train actor's plain object: the trainer service built from the run config."""
+    """One train actor's plain object: the trainer service built from the run config; each
+    :class:`~agentrl.runner.loop.TrainSide` method (and ``push_weights``) is the service's."""
 
     def __init__(self, config: dict[str, Any], threads: int | None = None) -> None:
         from agentrl.runner.trainer import TrainService
 
         self.service = TrainService.from_config(RunConfig.from_dict(config), threads=threads)
-
-    def train(self, batch: TrainingBatch, step: int) -> dict[str, float]:
-        return self.service.train(batch, step)
-
-    def export(self, folder: str) -> str:
-        return self.service.export(folder)
-
-    def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        return self.service.score(sequences)
-
-    def probe_adapter(self, folder: str, sequences: list[list[int]], seed: int) -> dict[str, Any]:
-        return self.service.probe_adapter(folder, sequences, seed)
-
-    def export_merged(self, folder: str) -> str:
-        return self.service.export_merged(folder)
-
-    def save(self, folder: str) -> str:
-        return self.service.save(folder)
-
-    def load(self, folder: str) -> None:
-        self.service.load(folder)
-
-    def digest(self) -> str:
-        return self.service.digest()
-
-    def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
-        return self.service.warmup(run_dir)
-
-    def offload(self) -> dict[str, float]:
-        return self.service.offload()
-
-    def push_weights(self, version: int, targets: list[Any], *, flush: bool = True,
-                     exact: bool = False) -> dict[str, Any]:
-        return self.service.push_weights(version, targets, flush=flush, exact=exact)
-
-    def onload(self) -> dict[str, float]:
-        return self.service.onload()
 
     def node_id(self) -> str:
         import ray
@@ -191,49 +142,21 @@ class TrainRank:
         return self.node_id()
 
 
-class GroupTrainer:
-    """The runner's trainer side over a :class:`TrainGroup`: every call runs on every rank (the
-    collectives need them all); the result is rank 0's."""
+def _every_rank(name: str) -> Callable[..., Awaitable[object]]:
+    async def method(self: GroupTrainer, *args: Any, **kwargs: Any) -> object:
+        results = await asyncio.to_thread(self.group.call, name, *args, **kwargs)
+        return results[0]
+
+    return method
+
+
+@forwards(protocol_methods(TrainSide), _every_rank)
+class GroupTrainer(Forwarded):
+    """The runner's trainer side over a :class:`TrainGroup`: every :class:`~agentrl.runner.loop.TrainSide`
+    call runs on every rank (the collectives need them all); the result is rank 0's."""
 
     def __init__(self, group: TrainGroup) -> None:
         self.group = group
-
-    async def _all(self, method: str, *args: Any) -> Any:
-        results = await asyncio.to_thread(self.group.call, method, *args)
-        return results[0]
-
-    async def train(self, batch: TrainingBatch, step: int) -> dict[str, float]:
-        return dict(await self._all("train", batch, step))
-
-    async def export(self, folder: str) -> str:
-        return str(await self._all("export", folder))
-
-    async def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        return list(await self._all("score", sequences))
-
-    async def probe_adapter(self, folder: str, sequences: list[list[int]], seed: int) -> dict[str, Any]:
-        return dict(await self._all("probe_adapter", folder, sequences, seed))
-
-    async def export_merged(self, folder: str) -> str:
-        return str(await self._all("export_merged", folder))
-
-    async def save(self, folder: str) -> str:
-        return str(await self._all("save", folder))
-
-    async def load(self, folder: str) -> None:
-        await self._all("load", folder)
-
-    async def digest(self) -> str:
-        return str(await self._all("digest"))
-
-    async def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
-        return dict(await self._all("warmup", run_dir))
-
-    async def offload(self) -> dict[str, float]:
-        return dict(await self._all("offload"))
-
-    async def onload(self) -> dict[str, float]:
-        return dict(await self._all("onload"))
 
     async def node_ids(self) -> list[str]:
         return [str(x) for x in await asyncio.to_thread(self.group.call, "node_id")]
@@ -264,8 +187,9 @@ class GroupPusher:
 class Sides:
     """The started actors, the run's device map, and what to stop when the run ends."""
 
-    def __init__(self, runtime: RayRuntime, placed: Any, rollout: Any, trainer: GroupTrainer | None,
-                 hosts: Sequence[Any] = (), device_map: DeviceMap | None = None) -> None:
+    def __init__(self, runtime: RayRuntime, placed: PlacedGroups, rollout: ActorHandle[RolloutActor],
+                 trainer: GroupTrainer | None, hosts: Sequence[ActorHandle[EngineHost]] = (),
+                 device_map: DeviceMap | None = None) -> None:
         self.runtime, self.placed, self.rollout_handle, self.trainer = runtime, placed, rollout, trainer
         self.hosts = list(hosts)
         self.device_map = device_map
@@ -318,7 +242,8 @@ async def _engine_shares(config: RunConfig, hosts: Sequence[Any]) -> MemoryShare
     return colocated_shares(capacity, resident, engine_fraction=config.rollout.engines.mem_fraction_static)
 
 
-async def start_sides(config: RunConfig, env_factory: Any, *, group_filter: Any = None, cpu: Any = None,
+async def start_sides(config: RunConfig, env_factory: RowFactory, *, group_filter: GroupFilter | None = None,
+                      cpu: CpuPlan | None = None,
                       rollout_only: bool = False, node_resource_engines: str | None = None,
                       node_resource_trainer: str | None = None, runtime: RayRuntime | None = None,
                       warmup_dir: str | None = None, trainer_cls: type = TrainRank,
@@ -419,10 +344,10 @@ async def check_weights_folder(sides: Sides, folder: Path) -> None:
         return
     marker, token = folder / ".agentrl-shared-folder", secrets.token_hex(8)
     writer = await sides.trainer.write_marker(str(marker), token)
-    seen = await asyncio.gather(*(h.reads.remote(str(marker), token) for h in sides.hosts))
+    seen: list[bool] = await asyncio.gather(*(h.reads.remote(str(marker), token) for h in sides.hosts))
     blind = [e for e, ok in enumerate(seen) if not ok]
     if blind:
-        where = await asyncio.gather(*(sides.hosts[e].where.remote() for e in blind))
+        where: list[dict[str, Any]] = await asyncio.gather(*(sides.hosts[e].where.remote() for e in blind))
         nodes = sorted({w["node"] for w in where})
         raise RunnerError(
             f"disk weight sync: engine(s) {blind} on node(s) {nodes} cannot read {str(marker)!r}, which trainer "
@@ -440,27 +365,28 @@ def _record_device_map(sides: Sides, run_dir: RunDirectory) -> None:
         logger.info("device map: %s", line)
 
 
-async def run_on_ray(config: RunConfig, env_factory: Any, settings: LoopSettings, *, run_dir: RunDirectory,
-                     checkpointer: RunCheckpointer, callbacks: Sequence[RunCallback] = (), resume: str | None = None,
-                     group_filter: Any = None, cpu: Any = None, warmup_dir: str | None = None) -> RunSummary:
-    """The run on Ray; ``warmup_dir``: run the config's warm-up (while the engines boot), reporting there."""
+async def run_on_ray(plan: RunPlan) -> RunSummary:
+    """The run on Ray; with ``plan.warmup_dir`` the train group runs the config's warm-up while the engines
+    boot, reporting there."""
     from agentrl.runner.api import _signals_cancel_current_task
 
+    config = plan.config
     runtime = run_runtime(config)
     # after Ray's own start-up (which installs a SIGTERM handler that aborts the process): a signal
     # during the start-up and the warm-up cancels too, so what was started is stopped
     with _signals_cancel_current_task():
-        sides = await start_sides(config, env_factory, group_filter=group_filter, cpu=cpu,
-                                  rollout_only=settings.rollout_only, warmup_dir=warmup_dir, runtime=runtime)
+        sides = await start_sides(config, plan.env_factory, group_filter=plan.group_filter, cpu=plan.cpu,
+                                  rollout_only=plan.rollout_only, warmup_dir=plan.warmup_dir, runtime=runtime)
         try:
-            _record_device_map(sides, run_dir)
+            _record_device_map(sides, plan.run_dir)
             method = config.sync_method()
             if method == "disk":
                 await check_weights_folder(sides, config.with_absolute_paths().run_dir() / "weights")
             elif sides.trainer is not None:
                 await sides.rollout.set_pusher(GroupPusher(sides.trainer.group.actors))
-            runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, settings, run_dir=run_dir,
-                            checkpointer=checkpointer, callbacks=callbacks, resume=resume, warmup=sides.warmup)
+            runner = Runner(cast("RolloutSide", sides.rollout), sides.trainer, plan.settings, run_dir=plan.run_dir,
+                            checkpointer=plan.checkpointer, callbacks=plan.callbacks, resume=plan.resume,
+                            warmup=sides.warmup)
             return await runner.run()
         finally:
             await sides.stop()

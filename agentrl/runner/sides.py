@@ -1,7 +1,8 @@
 """Adapters that give the runner one async interface to each side, wherever it runs.
 
-- :class:`LocalTrainer`: a :class:`~agentrl.runner.trainer.TrainService` in this process; its
-  methods run in a worker thread so the event loop (and the rollouts of the async modes) keeps going.
+- :class:`LocalTrainer`: a :class:`~agentrl.runner.trainer.TrainService` in this process; each
+  :class:`~agentrl.runner.loop.TrainSide` method runs the service's method of that name in a worker
+  thread, so the event loop (and the rollouts of the async modes) keeps going.
 - :class:`ActorProxy`: any Ray actor handle; ``await proxy.method(...)`` is
   ``await handle.method.remote(...)``.
 """
@@ -10,54 +11,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentrl.runner.trainer import TrainService
-from agentrl.train.batching import TrainingBatch
+from agentrl.runner._forward import Forwarded, forwards, protocol_methods
+from agentrl.runner._interfaces import TrainSide
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from agentrl.runner.trainer import TrainService
+    from agentrl.runner.weight_push import PushTarget
 
 __all__ = ["ActorProxy", "LocalTrainer"]
 
 
-class LocalTrainer:
-    """The trainer side in-process (one rank)."""
+def _in_thread(name: str) -> Callable[..., Awaitable[object]]:
+    async def method(self: LocalTrainer, *args: Any, **kwargs: Any) -> object:
+        return await asyncio.to_thread(getattr(self.service, name), *args, **kwargs)
+
+    return method
+
+
+@forwards(protocol_methods(TrainSide), _in_thread)
+class LocalTrainer(Forwarded):
+    """The trainer side in-process (one rank): a :class:`~agentrl.runner.loop.TrainSide`, and the
+    :class:`~agentrl.runner.weight_transports.Pusher` of ``sync.method`` tensor or distributed."""
 
     def __init__(self, service: TrainService) -> None:
         self.service = service
 
-    async def train(self, batch: TrainingBatch, step: int) -> dict[str, float]:
-        return await asyncio.to_thread(self.service.train, batch, step)
-
-    async def export(self, folder: str) -> str:
-        return await asyncio.to_thread(self.service.export, folder)
-
-    async def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        return await asyncio.to_thread(self.service.score, sequences)
-
-    async def probe_adapter(self, folder: str, sequences: list[list[int]], seed: int) -> dict[str, Any]:
-        return await asyncio.to_thread(self.service.probe_adapter, folder, sequences, seed)
-
-    async def export_merged(self, folder: str) -> str:
-        return await asyncio.to_thread(self.service.export_merged, folder)
-
-    async def save(self, folder: str) -> str:
-        return await asyncio.to_thread(self.service.save, folder)
-
-    async def load(self, folder: str) -> None:
-        await asyncio.to_thread(self.service.load, folder)
-
-    async def digest(self) -> str:
-        return await asyncio.to_thread(self.service.digest)
-
-    async def warmup(self, run_dir: str | None = None) -> dict[str, Any]:
-        return await asyncio.to_thread(self.service.warmup, run_dir)
-
-    async def offload(self) -> dict[str, float]:
-        return await asyncio.to_thread(self.service.offload)
-
-    async def onload(self) -> dict[str, float]:
-        return await asyncio.to_thread(self.service.onload)
-
-    async def push(self, version: int, targets: list[Any], *, flush: bool, exact: bool) -> dict[str, Any]:
+    async def push(self, version: int, targets: list[PushTarget], *, flush: bool, exact: bool) -> dict[str, Any]:
         """:class:`~agentrl.runner.weight_transports.Pusher`: the service sends its weights."""
         return await asyncio.to_thread(self.service.push_weights, version, targets, flush=flush, exact=exact)
 
@@ -65,19 +48,19 @@ class LocalTrainer:
 class ActorProxy:
     """``await proxy.name(*args)`` calls the actor method ``name`` and awaits its result."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: ActorHandle[Any]) -> None:
         self._handle = handle
 
     @property
-    def handle(self) -> Any:
+    def handle(self) -> ActorHandle[Any]:
         return self._handle
 
-    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[object]]:
         if name.startswith("_"):
             raise AttributeError(name)
         method = getattr(self._handle, name)
 
-        async def call(*args: Any, **kwargs: Any) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> object:
             return await method.remote(*args, **kwargs)
 
         call.__name__ = name
