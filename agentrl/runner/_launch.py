@@ -101,7 +101,7 @@ def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: RowFact
     scheduler = Scheduler(env_factory, template, client, data, sched_cfg, agent=config.agent_config(),
                           group_filter=group_filter, load_probe=group.active_requests,
                           engines=len(group.engines))
-    weights = EngineWeights(WeightSync(group.engines, config.run_dir() / "weights", config.sync.to_config(),
+    weights = EngineWeights(WeightSync(group.engines, config.run_dir() / "weights", config.sync,
                                        on_remove=group.take_out, eligible=group.syncable),
                             group, wait_s=wait, method=config.sync_method(),
                             bucket_bytes=config.sync.bucket_mb << 20,

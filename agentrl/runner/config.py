@@ -16,8 +16,9 @@ gets its own section (or the runtime object it converts to), never the root. Whe
 runtime object's fields as they are, the section is that object (``rollout.sampling`` is a
 :class:`~agentrl.rollout.SamplingParams`, ``rollout.scheduler`` a
 :class:`~agentrl.rollout.SchedulerConfig`, also ``rollout.health``, ``rollout.router``,
-``data.train`` and ``train.optimizer``): each field is defined once, in the runtime class. The
-cross-section checks are in :mod:`agentrl.runner.checks`; all problems are reported together.
+``data.train``, ``train.optimizer`` and ``sync``): each field is defined once, in the runtime
+class. The cross-section checks are in :mod:`agentrl.runner.checks`; all problems are reported
+together.
 
 Example::
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from pydantic import Field, model_validator
@@ -54,9 +55,10 @@ from agentrl.runner._sections import (
     ModelSection,
     TrainSection,
 )
-from agentrl.runner._sync_section import SyncSection
+from agentrl.runner._sync_section import RUN_SYNC
 from agentrl.runner._warmup_section import WarmupSection
 from agentrl.runner.checks import LoopMode, run_checks
+from agentrl.runner.weights import WeightSyncConfig
 from agentrl.train.config import BatchingConfig, LossConfig, TorchBackendConfig
 from agentrl.train.megatron.config import MegatronBackendConfig
 
@@ -83,7 +85,7 @@ class RunConfig(Section):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
-    sync: SyncSection = Field(default_factory=SyncSection)
+    sync: Annotated[WeightSyncConfig, RUN_SYNC] = Field(default_factory=RUN_SYNC.default)
     warmup: WarmupSection | None = None
     mode: LoopMode = "sync"
 

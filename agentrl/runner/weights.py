@@ -53,8 +53,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
+from annotated_types import Ge, Gt
+
+from agentrl._limits import check_limits
 from agentrl.rollout.engine import EngineError, SGLangEngine
 from agentrl.runner.weight_transports import AdapterLoad, DiskLoad, PushLoad, Transport
 
@@ -78,46 +81,78 @@ class WeightSyncError(RuntimeError):
         self.cause = cause
 
 
-def _positive(name: str, value: object, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        raise ValueError(f"WeightSyncConfig.{name}={value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
-
-
 @dataclass(frozen=True)
 class WeightSyncConfig:
-    """How a disk sync runs. Deadlines are seconds per phase, over all engines together."""
+    """How weights reach the engines after each step, and the post-sync probe that checks they did
+    (the run config's ``sync`` section is this object).
 
+    - ``method``: how the weights travel (docs/training.md "Weight sync"): ``disk`` (a safetensors
+      folder → ``update_weights_from_disk``; needs a filesystem shared by trainer rank 0 and every
+      engine), ``tensor`` (the trainer hands its buffers to engines on its host: shared memory on CPU,
+      CUDA IPC on GPU), ``distributed`` (a broadcast from trainer rank 0 in one process group per
+      engine: gloo on CPU, NCCL on GPU; every engine must reach rank 0's address), or ``auto``
+      (:meth:`resolved_method`). ``bucket_mb``: the size of one transfer (buffers are reused across
+      syncs). The runner reads both to build the transport.
+    - With a LoRA run only the adapter travels, under a new name per version (``disk``: a peft
+      folder → ``/load_lora_adapter``; ``tensor``: ``/load_lora_adapter_from_tensors``; no
+      ``distributed``); the engines keep serving meanwhile (docs/training.md "LoRA").
+    - ``pause_mode``: ``retract`` (default) re-queues running requests across the update so none is
+      aborted; ``in_place`` keeps them running on the old KV cache; ``abort`` ends them (counted).
+      ``abort_requests``: also abort every request (SGLang's update flag).
+    - ``retries`` per engine, ``retry_delay_s`` apart; an engine that still fails is taken out of the
+      rotation. Deadlines (``export_s``...) are seconds per phase, over all engines together.
+      ``keep_folders``: the newest ``v*`` folders of a disk sync kept.
+    - ``probe_sequences`` fixed random sequences of ``probe_length`` tokens are scored by an engine
+      and by the trainer after every sync; a mean ``|Δ|`` above ``probe_bound`` stops the run
+      (0 sequences: no probe). The default bound, 0.1, passes bf16 serving of an fp32 trainer
+      (~1e-2) and fails a skipped sync (~0.9 on the tiny model); fp32 on both sides agrees to ~1e-6.
+    """
+
+    method: Literal["disk", "tensor", "distributed", "auto"] = "disk"
+    bucket_mb: Annotated[int, Ge(1)] = 512
     pause_mode: Literal["retract", "in_place", "abort"] = "retract"
     abort_requests: bool = False
-    retries: int = 2
-    retry_delay_s: float = 0.2
-    export_s: float = 600.0
-    pause_s: float = 60.0
-    load_s: float = 600.0
-    verify_s: float = 30.0
-    resume_s: float = 60.0
-    keep_folders: int = 1
+    retries: Annotated[int, Ge(0)] = 2
+    retry_delay_s: Annotated[float, Ge(0.0)] = 0.2
+    export_s: Annotated[float, Gt(0.0)] = 600.0
+    pause_s: Annotated[float, Gt(0.0)] = 60.0
+    load_s: Annotated[float, Gt(0.0)] = 600.0
+    verify_s: Annotated[float, Gt(0.0)] = 30.0
+    resume_s: Annotated[float, Gt(0.0)] = 60.0
+    keep_folders: Annotated[int, Ge(1)] = 1
+    probe_sequences: Annotated[int, Ge(0)] = 4
+    probe_length: Annotated[int, Ge(2)] = 32
+    probe_bound: Annotated[float, Gt(0.0)] = 0.1
+    probe_seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.method not in ("disk", "tensor", "distributed", "auto"):
+            raise ValueError(f"WeightSyncConfig.method={self.method!r}: expected 'disk', 'tensor', 'distributed' "
+                             "or 'auto'")
         if self.pause_mode not in PAUSE_MODES:
             raise ValueError(f"WeightSyncConfig.pause_mode={self.pause_mode!r}: expected one of "
                              f"{', '.join(map(repr, PAUSE_MODES))}")
         if not isinstance(self.abort_requests, bool):
             raise ValueError(f"WeightSyncConfig.abort_requests={self.abort_requests!r}: expected a bool")
-        for name in ("retries", "keep_folders"):
-            value = getattr(self, name)
-            low = 0 if name == "retries" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"WeightSyncConfig.{name}={value!r}: expected an int >= {low}")
-        _positive("retry_delay_s", self.retry_delay_s, allow_zero=True)
-        for name in ("export_s", "pause_s", "load_s", "verify_s", "resume_s"):
-            _positive(name, getattr(self, name))
+        check_limits(self)
 
     @property
     def aborts(self) -> bool:
         """Whether a sync in this configuration aborts the requests in flight."""
         return self.pause_mode == "abort" or self.abort_requests
+
+    def resolved_method(self, placement: str, *, attached: bool, lora: bool = False) -> str:
+        """``method`` with ``auto`` decided: ``tensor`` colocated, ``distributed`` disaggregated, ``disk``
+        for engines the run did not start (``rollout.engines.urls``: their host is unknown). A LoRA
+        run's adapter travels from tensors (colocated) or through a folder (SGLang loads adapters by
+        no broadcast), so ``auto`` is ``disk`` instead of ``distributed`` for it."""
+        if self.method != "auto":
+            return self.method
+        if attached:
+            return "disk"
+        if placement == "colocated":
+            return "tensor"
+        return "disk" if lora else "distributed"
 
 
 @dataclass(frozen=True)
