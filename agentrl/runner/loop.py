@@ -50,7 +50,7 @@ from agentrl.train.config import BatchingConfig
 if TYPE_CHECKING:
     from agentrl.runner.config import RunConfig
 
-__all__ = ["NoTrainableGroupsError", "RolloutSide", "RunCallback", "RunSummary", "Runner", "RunnerError",
+__all__ = ["LoopSettings", "NoTrainableGroupsError", "RolloutSide", "RunCallback", "RunSummary", "Runner", "RunnerError",
            "StalenessError", "TrainSide", "failures_text"]
 
 
