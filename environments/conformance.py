@@ -433,7 +433,14 @@ def _leak_findings(runs: Sequence[_Episode], index: int, first: bool) -> tuple[l
         return [], [Violation("shared_processes", "; ".join(runs[0].leaks) + ", and no later episode started more: "
                               "a pool shared across episodes? (its owner closes it; an episode's own processes "
                               "must not outlive close())", index)]
-    return [Violation("leak", f"{text} (in the {ep.script} episode)", index) for ep in leaking for text in ep.leaks], []
+    # one violation per leak message over the row, naming every episode that showed it
+    scripts: dict[str, list[str]] = {}
+    for ep in leaking:
+        for text in ep.leaks:
+            if ep.script not in scripts.setdefault(text, []):
+                scripts[text].append(ep.script)
+    return [Violation("leak", f"{text} (in the {', '.join(names)} episode{'s' if len(names) > 1 else ''})", index)
+            for text, names in scripts.items()], []
 
 
 def _tool_warnings(episodes: Sequence[_Episode]) -> list[Violation]:

@@ -9,7 +9,12 @@ Ray actor): a call past its deadline has its worker killed and replaced, and rai
 
 :func:`shared_pool` is the process's pool (started on first use, or by :meth:`RewardPool.warm` when
 a rollout starts, so the first reward does not pay for the workers' start; stopped at exit).
-What runs in it must pickle: module-level functions and the values they take.
+What runs in it must pickle: module-level functions and the values they take. Each call travels
+with this process's import path of the moment (absolute), and is unpickled in the worker only after
+the worker has taken it: a function from a module this process can import (a folder added to
+``sys.path`` after the pool started, the working directory of the moment) is found there too. A
+pool whose workers broke (one died outside a call) is restarted on the next call, once per call,
+rather than failing every later reward.
 
 Example::
 
@@ -24,6 +29,8 @@ import asyncio
 import atexit
 import multiprocessing
 import os
+import pickle
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -40,6 +47,20 @@ class RewardTimeout(TimeoutError):
 
 def _noop() -> int:
     return os.getpid()
+
+
+def _import_path() -> tuple[str, ...]:
+    """This process's ``sys.path`` with every entry absolute (``""``: the working directory now)."""
+    return tuple(os.path.abspath(p or os.getcwd()) for p in sys.path)
+
+
+def _call(path: tuple[str, ...], payload: bytes) -> Any:
+    """Worker side: take the caller's import path, then unpickle and run the call."""
+    missing = [p for p in path if p not in sys.path]
+    if missing:
+        sys.path[:0] = missing
+    fn, args = pickle.loads(payload)
+    return fn(*args)
 
 
 def _preload(modules: tuple[str, ...]) -> None:
@@ -77,12 +98,19 @@ class RewardPool:
 
     def warm(self) -> None:
         """Starts every worker now (each answers a no-op), so the first real call does not wait."""
-        pool = self._started()
-        for future in [pool.schedule(_noop) for _ in range(self.workers)]:
+        for future in [self._submit(_noop, (), None) for _ in range(self.workers)]:
             future.result(timeout=120)
 
     def _schedule(self, fn: Callable[..., T], args: tuple[Any, ...], timeout_s: float | None) -> Any:
-        return self._started().schedule(fn, args=args, timeout=timeout_s)
+        payload = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)  # unpicklable: raised here
+        return self._submit(_call, (_import_path(), payload), timeout_s)
+
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None) -> Any:
+        try:
+            return self._started().schedule(fn, args=args, timeout=timeout_s)
+        except RuntimeError:  # pebble: "Unexpected error within the Pool" (a worker broke outside a call)
+            self.close()
+            return self._started().schedule(fn, args=args, timeout=timeout_s)
 
     def _timed_out(self, fn: Callable[..., Any], timeout_s: float | None) -> RewardTimeout:
         self.timeouts += 1
