@@ -220,7 +220,7 @@ class PlacementPlan:
     def create(self, *, timeout_s: float = 60.0) -> PlacedGroups:
         """Reserve the bundles as Ray placement groups and wait (up to ``timeout_s``) until ready.
 
-        Ray must be initialised (:class:`~agentrl.runner.RayRuntime`). Raises :class:`PlacementError`
+        Ray must be initialised (:class:`~agentrl.runner.cluster.RayRuntime`). Raises :class:`PlacementError`
         naming what was asked and what the cluster has, before creating anything when the cluster's
         totals or nodes cannot hold it, or after ``timeout_s`` (the groups are then removed).
         """

@@ -44,15 +44,21 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.runner": {"RunConfig", "ModelSection", "DataSection", "EvalDatasetSection",
                        "EnvironmentSection", "RolloutSection", "EnginesSection",
                        "AgentSection", "AlgorithmSection", "TrainSection",
-                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES", "run_checks",
-                       "RunDirectory", "RunDirError", "PromptLedger", "LedgerError", "LedgerStep",
-                       "RunCheckpointer", "CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Runner", "RunCallback", "RunnerError", "RolloutService",
-                       "RayRuntime", "PlacementPlan", "PlacedGroups", "ActorPlacement", "BundleGroup",
-                       "PlacementError", "spawn", "TrainGroup", "TrainGroupError",
-                       "DiskWeightSync", "WeightSyncConfig", "WeightSyncError", "SyncReport", "LogprobProbe",
-                       "ProbeError", "ProbeReport", "logprob_mismatch", "probe_sequences", "backend_scorer",
-                       "CpuPlan", "plan_cpu", "TensorBoardSink", "WandbSink", "SinkUnavailableError",
-                       "sinks_from_config"},
+                       "ClusterSection", "LoggingSection", "CheckpointSection", "ESTIMATOR_LOSSES",
+                       "CheckpointError", "CheckpointWriteError", "Runner", "RunCallback", "RunnerError",
+                       "WeightSyncConfig", "WeightSyncError", "ProbeError", "SinkUnavailableError"},
+    # the runner's machinery, out of the package's surface: its modules
+    "agentrl.runner.checks": {"run_checks"},
+    "agentrl.runner.rundir": {"RunDirectory", "RunDirError"},
+    "agentrl.runner.ledger": {"PromptLedger", "LedgerError", "LedgerStep"},
+    "agentrl.runner.checkpoint": {"RunCheckpointer", "LoadedCheckpoint"},
+    "agentrl.runner.rollout_service": {"RolloutService"},
+    "agentrl.runner.cluster": {"RayRuntime", "spawn", "TrainGroup", "TrainGroupError"},
+    "agentrl.runner.placement": {"PlacementPlan", "PlacedGroups", "ActorPlacement", "BundleGroup", "PlacementError"},
+    "agentrl.runner.weights": {"DiskWeightSync", "SyncReport"},
+    "agentrl.runner.probe": {"LogprobProbe", "ProbeReport", "logprob_mismatch", "probe_sequences", "backend_scorer"},
+    "agentrl.runner.cpu": {"CpuPlan", "plan_cpu"},
+    "agentrl.runner.logging_sinks": {"TensorBoardSink", "WandbSink", "sinks_from_config"},
 }
 
 # public names that moved: (old module, name) -> the module they live in now ("module:NewName" when renamed
@@ -71,6 +77,16 @@ MOVED: dict[tuple[str, str], str] = {
     ("agentrl.runner", "RouterSection"): "agentrl.rollout:RouterConfig",
     ("agentrl.runner", "SamplingSection"): "agentrl.rollout:SamplingParams",
     ("agentrl.runner", "SchedulerSection"): "agentrl.rollout:SchedulerConfig",
+    # the runner's machinery: importable from its modules, no longer re-exported by the package
+    **{("agentrl.runner", name): f"agentrl.runner.{module}" for module, names in {
+        "checkpoint": ("LoadedCheckpoint", "RunCheckpointer"), "checks": ("LoopMode", "run_checks"),
+        "cluster": ("RayRuntime", "TrainGroup", "TrainGroupError", "spawn"), "config": ("HASH_EXCLUDED",),
+        "cpu": ("CpuPlan", "plan_cpu"), "ledger": ("LedgerError", "LedgerStep", "PromptLedger"),
+        "logging_sinks": ("TensorBoardSink", "WandbSink", "sinks_from_config"), "loop": ("LoopSettings",),
+        "placement": ("ActorPlacement", "BundleGroup", "PlacedGroups", "PlacementError", "PlacementPlan"),
+        "probe": ("LogprobProbe", "ProbeReport", "backend_scorer", "logprob_mismatch", "probe_sequences"),
+        "rollout_service": ("RolloutService", "WeightLoader"), "rundir": ("RunDirError", "RunDirectory"),
+        "weights": ("DiskWeightSync", "SyncReport")}.items() for name in names},
 }
 
 

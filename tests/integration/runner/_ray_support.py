@@ -8,7 +8,7 @@ from typing import Any
 
 import psutil
 
-from agentrl.runner import RayRuntime
+from agentrl.runner.cluster import RayRuntime
 
 RAY_HOST_A = "host_a"
 RAY_HOST_B = "host_b"

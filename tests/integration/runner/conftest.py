@@ -3,7 +3,7 @@
 ``ray_two_hosts`` starts a ``ray.cluster_utils.Cluster`` on this machine: a head node carrying the
 custom resource ``host_a`` and eight declared GPUs (Ray hands out their ids: no device is used), and
 a second node carrying ``host_b``, eight GPUs and eight NPUs (standing for two hosts), one CPU and a 100 MiB object store each, sockets and logs in a short private temp folder. The test process
-is connected to it through :class:`agentrl.runner.RayRuntime`. At the end of the session the
+is connected to it through :class:`agentrl.runner.cluster.RayRuntime`. At the end of the session the
 cluster is shut down (never ``ray stop``) and no process that ran in its temp folder may remain.
 """
 
@@ -27,8 +27,7 @@ from _ray_support import (
     ray_processes,
 )
 
-from agentrl.runner import RayRuntime
-from agentrl.runner.cluster import QUIET_ENV
+from agentrl.runner.cluster import QUIET_ENV, RayRuntime
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,9 @@ import ray
 from _ray_stubs import Counter, DistStub, TinyTrainer
 from _ray_support import RAY_FAKE_GPUS, RAY_HOST_A, RAY_HOST_B, RayTwoHosts, ray_processes
 
-from agentrl.runner import (
-    ClusterSection,
-    PlacementError,
-    PlacementPlan,
-    RayRuntime,
-    TrainGroup,
-    TrainGroupError,
-    spawn,
-)
+from agentrl.runner import ClusterSection
+from agentrl.runner.cluster import RayRuntime, TrainGroup, TrainGroupError, spawn
+from agentrl.runner.placement import PlacementError, PlacementPlan
 from agentrl.testing import build_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,7 +26,7 @@ _LOCAL_RUN = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import psutil
-    from agentrl.runner import RayRuntime
+    from agentrl.runner.cluster import RayRuntime
 
     def alive(pids):
         out = []

@@ -23,7 +23,8 @@ import ray
 from _ray_stubs import BlindHost, Counter, RecordingRank
 from _ray_support import RAY_HOST_A, RAY_HOST_B, RayTwoHosts
 
-from agentrl.runner import RunConfig, spawn
+from agentrl.runner import RunConfig
+from agentrl.runner.cluster import spawn
 from agentrl.runner.device_plan import cluster_nodes, planned_device_map
 from agentrl.runner.devices import GIB, PlacementMapError
 from agentrl.runner.envs import environment_factory

@@ -37,13 +37,14 @@ from agentrl.environments import make_arithmetic_rows
 from agentrl.rollout import SGLangEngine
 from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.rollout.health import EngineGroup
-from agentrl.runner import RolloutService, RunCallback, RunConfig, RunDirectory, Runner, RunnerError
+from agentrl.runner import RunCallback, RunConfig, Runner, RunnerError
 from agentrl.runner._launch import _assemble
 from agentrl.runner.cpu import plan_cpu
 from agentrl.runner.envs import environment_factory
 from agentrl.runner.loop import LoopSettings
 from agentrl.runner.probe import probe_sequences
-from agentrl.runner.rollout_service import _score_with
+from agentrl.runner.rollout_service import RolloutService, _score_with
+from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.sides import LocalTrainer
 from agentrl.runner.trainer import TrainService
 from agentrl.runner.weight_push import PushTarget, WeightPusher

@@ -20,18 +20,14 @@ import pytest
 
 from agentrl.environments import make_arithmetic_rows
 from agentrl.rollout.health import EngineGroup
-from agentrl.runner import (
-    PromptLedger,
-    RolloutService,
-    RunCallback,
-    RunCheckpointer,
-    RunConfig,
-    RunDirectory,
-    Runner,
-)
+from agentrl.runner import RunCallback, RunConfig, Runner
 from agentrl.runner._launch import _assemble
+from agentrl.runner.checkpoint import RunCheckpointer
 from agentrl.runner.envs import environment_factory
+from agentrl.runner.ledger import PromptLedger
 from agentrl.runner.loop import LoopSettings
+from agentrl.runner.rollout_service import RolloutService
+from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.sides import LocalTrainer
 from agentrl.runner.trainer import TrainService
 from agentrl.testing import build_tiny_model

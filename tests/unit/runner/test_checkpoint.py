@@ -19,8 +19,10 @@ import orjson
 import pytest
 
 import agentrl
-from agentrl.runner import CheckpointError, CheckpointWriteError, RunCheckpointer, RunDirectory
+from agentrl.runner import CheckpointError, CheckpointWriteError
 from agentrl.runner import checkpoint as checkpoint_module
+from agentrl.runner.checkpoint import RunCheckpointer
+from agentrl.runner.rundir import RunDirectory
 
 HASH = "f" * 64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.runner import ClusterSection, PlacementPlan
+from agentrl.runner import ClusterSection
 from agentrl.runner.devices import (
     GIB,
     DeviceMap,
@@ -15,6 +15,7 @@ from agentrl.runner.devices import (
     noset_env,
     visible_devices_env,
 )
+from agentrl.runner.placement import PlacementPlan
 
 
 def _node(name: str, count: int = 8, memory_gib: float | None = None) -> NodeDevices:

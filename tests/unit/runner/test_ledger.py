@@ -9,7 +9,7 @@ import random
 import orjson
 import pytest
 
-from agentrl.runner import LedgerError, LedgerStep, PromptLedger
+from agentrl.runner.ledger import LedgerError, LedgerStep, PromptLedger
 
 
 def test_records_per_step_and_per_epoch() -> None:

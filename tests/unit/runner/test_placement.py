@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.runner import ActorPlacement, ClusterSection, PlacementError, PlacementPlan, RayRuntime, spawn
+from agentrl.runner import ClusterSection
+from agentrl.runner.cluster import RayRuntime, spawn
+from agentrl.runner.placement import ActorPlacement, PlacementError, PlacementPlan
 
 
 def _cluster(placement: str = "colocated", accelerator: str = "cpu", **counts: int) -> ClusterSection:
