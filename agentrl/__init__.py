@@ -3,8 +3,13 @@
 The public surface is re-exported here; see ``agentrl.chat`` for templates and tool-call parsing
 and :class:`agentrl.Trajectory` for the verified token buffer of one sequence; :class:`agentrl.Episode`
 holds all of an episode's sequences and is what to save and batch.
+
+``agentrl.run(config, ...)`` runs a training run (:mod:`agentrl.runner.api`; ``agentrl.run_async`` in
+a running event loop). ``agentrl.train`` is the package of train backends (batching, packing, the torch
+and megatron backends): one name, one thing.
 """
 
+from agentrl._deprecated import moved_names
 from agentrl.episode import Episode, iter_episodes, load_episodes, save_episodes
 from agentrl.trajectory import (
     EpisodeError,
@@ -36,20 +41,23 @@ def _notebook_html(item: Trajectory | Episode) -> str:
 Trajectory._repr_html_ = Episode._repr_html_ = _notebook_html  # type: ignore[attr-defined]
 
 
-def __getattr__(name: str) -> object:
-    # ``agentrl.train`` / ``agentrl.train_async`` import the runner (torch, Ray...) only when called.
-    # ``train`` is the ``agentrl.train`` package, which is callable: once imported, Python binds the
-    # package here whatever this function returns, so returning it keeps one object either way.
+def _lazy(name: str) -> object:
+    # ``agentrl.run`` / ``agentrl.run_async`` import the runner (torch, Ray...) only when first used.
+    # ``agentrl.train`` is the package of train backends, and only that (the run function is ``run``).
+    if name in ("run", "run_async"):
+        from agentrl.runner import api
+
+        return getattr(api, name)
     if name == "train":
         import agentrl.train as package
 
         return package
-    if name == "train_async":
-        from agentrl.runner import api
-
-        return api.train_async
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
 
+
+# ``agentrl.train_async`` was the run function's name before ``run_async`` (a deprecated alias for a release)
+__getattr__ = moved_names(__name__, {"train_async": "agentrl.runner.api:run_async"}, fallback=_lazy)
+
 __all__ = ["Episode", "EpisodeError", "ErrorKind", "Segment", "SegmentKind", "Status", "StopReason", "Trajectory",
-           "TrajectoryError", "__version__", "iter_episodes", "load_episodes", "save_episodes", "status_for", "train",
-           "train_async"]
+           "TrajectoryError", "__version__", "iter_episodes", "load_episodes", "run", "run_async", "save_episodes",
+           "status_for"]

@@ -14,7 +14,7 @@ model one tool, ``count_letter``, and rewards the exact count in ``\\boxed{}``. 
 3. warms the tiny Qwen3 up with a few steps of multi-turn SFT on transcripts of the task (call the
    tool, copy its result into the answer), laid out exactly as RL episodes (section 5),
 4. writes a small dataset and a run config for the tiny Qwen3 on a CPU (section 6), and
-5. trains with ``agentrl.train(config, environment=LetterCountEnv)``: a real SGLang CPU engine
+5. trains with ``agentrl.run(config, environment=LetterCountEnv)``: a real SGLang CPU engine
    behind sglang-router, the real agent loop and tool, GRPO on the torch backend, weight sync to
    the engine after every step (section 7).
 
@@ -154,7 +154,7 @@ def build_config(root: Path, *, steps: int = 2, rows: int = 16, seed: int = 0,
     return RunConfig.from_dict({
         "model": {"path": str(model or build_tiny_model()), "dtype": "float32", "template": "qwen3"},
         "data": {"train": {"path": str(data), "seed": seed}},
-        # The name labels the run; the class itself is passed to agentrl.train below.
+        # The name labels the run; the class itself is passed to agentrl.run below.
         "environment": {"name": "letter_count"},
         "rollout": {
             "engines": {"count": 1, "context_length": 1024, "max_total_tokens": 8192, "random_seed": seed},
@@ -185,7 +185,7 @@ def main(root: Path, steps: int, warmup_steps: int, use_ray: bool) -> None:
     model = warm_up(root, steps=warmup_steps) if warmup_steps else None
     # 7. Train on it.
     config = build_config(root, steps=steps, model=model)
-    summary = agentrl.train(config, environment=LetterCountEnv, callbacks=[PrintSteps()], use_ray=use_ray)
+    summary = agentrl.run(config, environment=LetterCountEnv, callbacks=[PrintSteps()], use_ray=use_ray)
     print(f"{summary.steps} steps in {summary.wall_s:.0f} s ({summary.stopped_because}); run folder "
           f"{config.run_dir()}: metrics.jsonl, trajectories/, summary.json")
 

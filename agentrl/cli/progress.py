@@ -13,7 +13,7 @@
 - :class:`RunEndSummary`: one screen at the end: the run folder's path and what is in it, why the
   run stopped, the last figures and the final evaluations.
 
-:func:`progress_callbacks` picks them for a config; ``agentrl.train(config, callbacks=...)`` users
+:func:`progress_callbacks` picks them for a config; ``agentrl.run(config, callbacks=...)`` users
 can pass them too.
 """
 

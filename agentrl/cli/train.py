@@ -248,7 +248,7 @@ def train(
 def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_ray: bool, resume: str | None,
          quiet: bool) -> None:
     from agentrl.cli.progress import LiveProgress, progress_callbacks
-    from agentrl.runner.api import train as run_training
+    from agentrl.runner.api import run as run_training
     from agentrl.runner.checkpoint import CheckpointError, CheckpointWriteError
     from agentrl.runner.loop import NoTrainableGroupsError
 

@@ -1,14 +1,15 @@
-"""``agentrl.train(config, environment=..., reward=..., callbacks=...)``: a run from Python.
+"""``agentrl.run(config, environment=..., reward=..., callbacks=...)``: a training run from Python.
 
-Usable from a script or a notebook, without the CLI; user objects are passed directly::
+Usable from a script or a notebook, without the CLI (``agentrl train``); user objects are passed
+directly::
 
-    from agentrl import train
+    import agentrl
     from agentrl.runner import RunConfig
 
     config = RunConfig.from_dict({"model": {"path": "models/tiny"}, "data": {"train": {"path": "train.jsonl"}},
                                   "environment": {"name": "toy_arithmetic"}, "train": {"steps": 3}})
-    summary = train(config)                                  # built-in environment by name
-    summary = train(config, environment=MyEnv, reward=my_reward, group_filter=my_filter)
+    summary = agentrl.run(config)                            # built-in environment by name
+    summary = agentrl.run(config, environment=MyEnv, reward=my_reward, group_filter=my_filter)
 
 ``environment``: an :class:`~agentrl.environments.Environment` subclass (or any callable
 ``row -> environment``), built with ``config.environment.options`` as keyword arguments; ``None``:
@@ -17,7 +18,7 @@ environment's own reward. ``use_ray`` (default on): the rollout side runs in a R
 trainer in one actor per data-parallel rank, on a local Ray started for the run (its own temp dir
 and namespace) or ``cluster.ray_address``; ``use_ray=False`` runs both sides in this process.
 
-In a notebook (an event loop already running) ``await train_async(...)`` instead. SIGINT/SIGTERM
+In a notebook (an event loop already running) ``await agentrl.run_async(...)`` instead. SIGINT/SIGTERM
 end the run cleanly: the engines, router, sandboxes and Ray processes the run started are stopped.
 """
 
@@ -29,6 +30,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentrl._deprecated import moved_names
 from agentrl.runner._run_plan import RunPlan, plan_run
 from agentrl.runner._warmup_watch import warmup_watchers, watch_warmup
 from agentrl.runner.config import RunConfig
@@ -40,22 +42,25 @@ from agentrl.runner.sides import LocalTrainer
 if TYPE_CHECKING:
     from agentrl.rollout.groups import GroupFilter
 
-__all__ = ["BUILTIN_ENVIRONMENTS", "environment_factory", "train", "train_async"]
+__all__ = ["BUILTIN_ENVIRONMENTS", "environment_factory", "run", "run_async"]
+
+# ``train`` was the run function's name, which agentrl.train (the package of train backends) also had
+__getattr__ = moved_names(__name__, {"train": f"{__name__}:run", "train_async": f"{__name__}:run_async"})
 
 
-def train(config: RunConfig, *, environment: EnvironmentClass | None = None, reward: RewardOverride | None = None,
-          group_filter: GroupFilter | None = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
-          resume: str | None = None, rollout_only: bool = False) -> RunSummary:
+def run(config: RunConfig, *, environment: EnvironmentClass | None = None, reward: RewardOverride | None = None,
+        group_filter: GroupFilter | None = None, callbacks: Sequence[RunCallback] = (), use_ray: bool = True,
+        resume: str | None = None, rollout_only: bool = False) -> RunSummary:
     """Runs ``config`` to its end and returns the summary (see the module doc)."""
-    return asyncio.run(train_async(config, environment=environment, reward=reward, group_filter=group_filter,
-                                   callbacks=callbacks, use_ray=use_ray, resume=resume, rollout_only=rollout_only))
+    return asyncio.run(run_async(config, environment=environment, reward=reward, group_filter=group_filter,
+                                 callbacks=callbacks, use_ray=use_ray, resume=resume, rollout_only=rollout_only))
 
 
-async def train_async(config: RunConfig, *, environment: EnvironmentClass | None = None,
-                      reward: RewardOverride | None = None, group_filter: GroupFilter | None = None,
-                      callbacks: Sequence[RunCallback] = (), use_ray: bool = True, resume: str | None = None,
-                      rollout_only: bool = False) -> RunSummary:
-    """:func:`train` for a running event loop. The metric sinks ``config.logging`` asks for
+async def run_async(config: RunConfig, *, environment: EnvironmentClass | None = None,
+                    reward: RewardOverride | None = None, group_filter: GroupFilter | None = None,
+                    callbacks: Sequence[RunCallback] = (), use_ray: bool = True, resume: str | None = None,
+                    rollout_only: bool = False) -> RunSummary:
+    """:func:`run` for a running event loop. The metric sinks ``config.logging`` asks for
     (TensorBoard, W&B) are added to ``callbacks`` and closed when the run ends, however it ends."""
     from agentrl.runner.logging_sinks import sinks_from_config
 

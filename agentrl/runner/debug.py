@@ -1,6 +1,6 @@
 """Debug modes of a run.
 
-- **Rollout only**: ``agentrl.train(config, rollout_only=True)`` collects and records steps
+- **Rollout only**: ``agentrl.run(config, rollout_only=True)`` collects and records steps
   (``metrics.jsonl``, trajectories) without a trainer.
 - **Train only** (:func:`train_from_trajectories`): re-runs the training steps of a run folder on its
   saved trajectories, from the model of ``config`` (or a checkpoint), with no engine and no

@@ -12,7 +12,7 @@ non-numeric values left out) are logged at the step number:
   ``run.finish()``, at the latest at process exit or when ``wandb.teardown()`` returns).
 
 :func:`sinks_from_config` builds what ``logging.tensorboard`` / ``logging.wandb`` ask for, so
-``agentrl.train(config, callbacks=sinks_from_config(config))`` logs as the CLI does.
+``agentrl.run(config, callbacks=sinks_from_config(config))`` logs as the CLI does.
 
 Example::
 

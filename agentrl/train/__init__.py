@@ -13,30 +13,12 @@
   output head (``lm_head``), sharding (``sharding``), and the memory planner (``memory_plan``, pure;
   its measured twin on fake tensors is ``memory_measure``).
 
-This package is also the run function: ``agentrl.train(config, ...)`` calls
-:func:`agentrl.runner.api.train` (see :class:`_CallablePackage`).
+A training *run* (rollouts, these steps, weight sync, checkpoints) is ``agentrl.run(config, ...)``
+(:mod:`agentrl.runner`); this package is only the trainer's side.
 """
-
-import sys
-import types
-from typing import Any
 
 import lazy_loader
 
 # The names are listed in __init__.pyi; each submodule is imported on first use, so importing a
 # config module does not pull in torch or Ray.
 __getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
-
-
-class _CallablePackage(types.ModuleType):
-    """``agentrl.train`` names both this package and the documented ``agentrl.train(config, ...)``.
-    Once the package is imported (any run config imports it), Python binds it as the attribute
-    ``train`` of ``agentrl``, so the package itself forwards calls to the run function."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from agentrl.runner.api import train
-
-        return train(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage

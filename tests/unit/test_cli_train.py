@@ -462,7 +462,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_with_the_reason_and_the_resum
         raise CheckpointWriteError(errno.ENOSPC, "checkpoint of step 2: writing /x/.tmp-step_000002 failed: "
                                                  "OSError: no space; the disk is full (0 bytes free ...)")
 
-    monkeypatch.setattr(api, "train", full_disk)
+    monkeypatch.setattr(api, "run", full_disk)
     result = invoke([str(run_files["config"])])
     assert result.exit_code == 1, result.output
     assert "error: [Errno 28] checkpoint of step 2: writing /x/.tmp-step_000002 failed" in result.stderr

@@ -45,7 +45,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         (config.run_dir() / "checkpoints" / "step_000001" / "meta.json").write_text("{}")
         return None
 
-    monkeypatch.setattr(api, "train", fake_train)
+    monkeypatch.setattr(api, "run", fake_train)
     return seen
 
 

@@ -77,6 +77,10 @@ MOVED: dict[tuple[str, str], str] = {
     ("agentrl.runner", "RouterSection"): "agentrl.rollout:RouterConfig",
     ("agentrl.runner", "SamplingSection"): "agentrl.rollout:SamplingParams",
     ("agentrl.runner", "SchedulerSection"): "agentrl.rollout:SchedulerConfig",
+    # the run function is agentrl.run (agentrl.train is the package of train backends)
+    ("agentrl", "train_async"): "agentrl.runner.api:run_async",
+    ("agentrl.runner.api", "train"): "agentrl.runner.api:run",
+    ("agentrl.runner.api", "train_async"): "agentrl.runner.api:run_async",
     # the runner's machinery: importable from its modules, no longer re-exported by the package
     **{("agentrl.runner", name): f"agentrl.runner.{module}" for module, names in {
         "checkpoint": ("LoadedCheckpoint", "RunCheckpointer"), "checks": ("LoopMode", "run_checks"),
@@ -101,23 +105,24 @@ def test_all_is_declared_resolves_and_contains_the_contract(module_name: str) ->
     assert REQUIRED[module_name] <= set(exported), f"{module_name} lacks {REQUIRED[module_name] - set(exported)}"
 
 
-def test_agentrl_train_is_the_run_function_after_the_train_package_is_imported(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``agentrl.train`` is both the ``agentrl.train`` package and the documented run function: building a
-    run config imports the package (Python then binds it as ``agentrl.train``), and a call still runs."""
+def test_agentrl_run_is_the_run_function_and_agentrl_train_only_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agentrl.run`` is the documented run function; ``agentrl.train`` is the package of train backends,
+    before and after building a run config imports it (no module that is also a function)."""
+    import types
+
     import agentrl
     import agentrl.runner.api as api
     from agentrl.runner import RunConfig  # noqa: F401  (imports agentrl.train.config)
 
     calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
-    monkeypatch.setattr(api, "train", lambda *args, **kwargs: calls.append((args, kwargs)) or "summary")
-    assert agentrl.train("config", environment="Env", use_ray=False) == "summary"
+    monkeypatch.setattr(api, "run", lambda *args, **kwargs: calls.append((args, kwargs)) or "summary")
+    assert agentrl.run("config", environment="Env", use_ray=False) == "summary"
     assert calls == [(("config",), {"environment": "Env", "use_ray": False})]
-    assert agentrl.train is importlib.import_module("agentrl.train")
-    assert "TorchTrainBackend" in agentrl.train.__all__
-    from agentrl import train
+    assert agentrl.train is importlib.import_module("agentrl.train") and type(agentrl.train) is types.ModuleType
+    assert "TorchTrainBackend" in agentrl.train.__all__ and not callable(agentrl.train)
+    from agentrl import run_async
 
-    assert train is agentrl.train and agentrl.train_async is api.train_async
+    assert run_async is api.run_async and {"run", "run_async"} <= set(agentrl.__all__)
 
 
 @pytest.mark.parametrize(("old", "name"), sorted(MOVED))

@@ -70,7 +70,7 @@ def _slow_broadcasts(seconds: float) -> None:
 
 
 def main() -> None:
-    from agentrl.runner.api import train
+    from agentrl.runner.api import run
 
     root, url = Path(sys.argv[1]), sys.argv[2]
     args = sys.argv[3:]
@@ -79,7 +79,7 @@ def main() -> None:
         _slow_broadcasts(float(args[args.index("--slow-broadcast") + 1]))
     cfg = config(root, url, method)
     resume = str(cfg.run_dir()) if "--resume" in sys.argv[3:] else None
-    summary = train(cfg, reward=index_reward, callbacks=(PrintPhases(),), use_ray=False, resume=resume)
+    summary = run(cfg, reward=index_reward, callbacks=(PrintPhases(),), use_ray=False, resume=resume)
     print(f"done steps={summary.steps} resumed_from={summary.resumed_from}", flush=True)
 
 

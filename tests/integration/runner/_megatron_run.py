@@ -1,4 +1,4 @@
-"""Child process of ``test_megatron_runner.py``: ``agentrl.train`` with megatron on its own local Ray.
+"""Child process of ``test_megatron_runner.py``: ``agentrl.run`` with megatron on its own local Ray.
 
 A process that is already connected to a Ray (the test session's two-node cluster) cannot give
 Ray's job-level ``worker_process_setup_hook`` to new workers, so the run happens here, in a fresh
@@ -21,7 +21,7 @@ SHIM_DIR = Path(__file__).resolve().parents[2] / "unit" / "train"
 
 async def main(config_path: str) -> None:
     from agentrl.runner import RunConfig
-    from agentrl.runner.api import train_async
+    from agentrl.runner.api import run_async
     from agentrl.runner.cluster import RayRuntime
     from agentrl.testing.runner import index_reward
 
@@ -32,9 +32,9 @@ async def main(config_path: str) -> None:
                                             "env_vars": {"PYTHONPATH": path}})
     run = Path(config.logging.run_dir)
     try:
-        summary = await train_async(config, reward=index_reward)  # rewards that differ: advantages are not 0
+        summary = await run_async(config, reward=index_reward)  # rewards that differ: advantages are not 0
         shutil.rmtree(run / "checkpoints" / "step_000002")
-        resumed = await train_async(config, reward=index_reward, resume=str(run))
+        resumed = await run_async(config, reward=index_reward, resume=str(run))
     finally:
         runtime.shutdown()
     print("SUMMARY " + json.dumps({

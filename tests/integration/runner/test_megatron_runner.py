@@ -1,4 +1,4 @@
-"""``train.backend = "megatron"`` through the runner itself: ``agentrl.train`` on Ray with two train
+"""``train.backend = "megatron"`` through the runner itself: ``agentrl.run`` on Ray with two train
 actors (megatron TP=2 over gloo), a real CPU SGLang engine (the session's, through
 ``rollout.engines.urls``), toy arithmetic, two GRPO steps with the disk weight sync after each and a
 checkpoint after each; then a resume from step 1's checkpoint (megatron's sharded files) redoes step 2.

@@ -89,7 +89,7 @@ def test_agentrl_train_exits_non_zero_and_shows_why_every_group_failed(tmp_path:
         runner, _engine = build_fake_runner(cfg, environment=ResetFails, callbacks=callbacks)
         return asyncio.run(runner.run())
 
-    monkeypatch.setattr(api, "train", train_on_the_fake_engine)
+    monkeypatch.setattr(api, "run", train_on_the_fake_engine)
     result = CliRunner().invoke(app, ["train", str(path), "--quiet"], env={"COLUMNS": "200"})
     assert result.exit_code == 1, result.output
     assert "warning: step 1: 4 prompt group(s) failed: env_error x4" in result.stdout

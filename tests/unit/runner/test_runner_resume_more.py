@@ -24,7 +24,7 @@ def _train_on_the_fake_engine(cfg: Any, *, callbacks: Any = (), resume: str | No
 
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.setattr(api, "train", _train_on_the_fake_engine)
+    monkeypatch.setattr(api, "run", _train_on_the_fake_engine)
     return CliRunner()
 
 
