@@ -10,18 +10,22 @@ mixed precision that learns.
    with and without checkpointing, and the largest tensor any operation produced, against ``S²``.
    Baseline in the same run: transformers' own attention and the model's logits (``attention="model"``,
    ``fused_lm_head=False``) at 32k, which build ``[S, S]`` and ``[S, vocab]`` tensors.
+   **LoRA**: Qwen3-8B with a rank-64 adapter on every linear layer (peft's layers on the frozen bf16
+   base, the float32 adapter alone trained) at the recipe's setting, full checkpointing (and none
+   with ``--lora-modes``): planned against measured the same way.
 2. **Checkpointing on CPU, for real.** A small multi-layer Qwen3 (float32), one packed micro-batch of
    4k / 8k / 16k tokens per ``train_step``: seconds per step without and with full checkpointing.
 3. **Learning at lr 1e-6.** A tiny Qwen3 trained 20 steps on one batch in float32 (the reference),
    bfloat16 with float32 master weights, and pure bfloat16: the master run's weight change against
    the float32 run's (cosine) and the fraction of parameters each run moved.
 
-Targets (issue "Fit and learn at scale"): planner within ±15% of the measured peak; checkpointing cuts
+Targets (issue "Fit and learn at scale"; the LoRA rows: issue 30): planner within ±15% of the measured peak; checkpointing cuts
 the dynamic peak ≥ 3×; no tensor of ≥ S² elements at 32k; master-weight run cosine ≥ 0.9 with the
 float32 run and ≥ 90% of parameters moved. Ends with one ``RESULT {json}`` line.
 
-    .venv/bin/python bench/bench_memory.py                       # everything (~15 min on 2 cores)
+    .venv/bin/python bench/bench_memory.py                       # everything (~20 min on 2 cores)
     .venv/bin/python bench/bench_memory.py --models 4b --tokens 4096 --skip-cpu --skip-learning
+    .venv/bin/python bench/bench_memory.py --skip-fake --skip-cpu --skip-learning   # the LoRA row (~3 min)
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from agentrl.train import (
     TrainingBatch,
     TrainSequence,
 )
+from agentrl.train.config import LoraSettings
 from agentrl.train.memory_measure import measure_train_step
 from agentrl.train.memory_plan import GIB, ModelShape, TrainerSetup, plan_trainer_memory
 
@@ -85,6 +90,32 @@ def fake_section(models: list[str], tokens: list[int]) -> dict[str, Any]:
             rows[-1]["checkpointing_cut"] = dynamic["none"] / max(dynamic["full"], 1)
             print(f"qwen3-{name} {s:>6} tokens: checkpointing cuts the dynamic peak {rows[-1]['checkpointing_cut']:.1f}x",
                   flush=True)
+    return {"rows": rows}
+
+
+def lora_section(tokens: list[int], modes: list[str]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    lora = LoraSettings(rank=64, alpha=128.0)
+    shape = ModelShape.from_config(MODELS["8b"])
+    for s in tokens:
+        for mode in modes:
+            setup = TrainerSetup(micro_batch_tokens=s, activation_checkpointing=mode, kernel_copies_output=True,
+                                 fused_optimizer=False, lora=lora)
+            measured = measure_train_step(MODELS["8b"], setup, report_at_least=s * s)
+            planned = plan_trainer_memory(shape, setup)
+            err = (planned.peak - measured.peak) / measured.peak
+            row = {"model": "8b", "lora_rank": lora.rank, "adapter_params": planned.adapter_params, "tokens": s,
+                   "checkpointing": mode, "measured_gib": measured.peak / GIB, "planned_gib": planned.peak / GIB,
+                   "error_pct": 100 * err, "start_gib": measured.start / GIB, "gradients_gib": measured.gradients / GIB,
+                   "dynamic_gib": measured.dynamic / GIB, "largest_shape": list(measured.largest_shape),
+                   "largest_vs_s2": measured.largest_numel / s**2,
+                   "allocations_of_s2_or_more": _large(measured.large), "seconds": round(measured.seconds, 1)}
+            rows.append(row)
+            print(f"qwen3-8b LoRA r{lora.rank} {s:>6} tokens ckpt={mode:<4}: MemTracker {row['measured_gib']:7.2f} GiB, "
+                  f"planner {row['planned_gib']:7.2f} GiB ({row['error_pct']:+.1f}%); held at the start "
+                  f"{row['start_gib']:.2f} GiB, adapter gradients {row['gradients_gib']:.2f} GiB, dynamic "
+                  f"{row['dynamic_gib']:.2f} GiB, largest allocation {measured.largest_shape} "
+                  f"({row['largest_vs_s2']:.3f} S²), {measured.seconds:.0f} s", flush=True)
     return {"rows": rows}
 
 
@@ -206,7 +237,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["4b", "8b"], choices=sorted(MODELS))
     parser.add_argument("--tokens", nargs="+", type=int, default=[4096, 16384, 32768])
     parser.add_argument("--cpu-tokens", nargs="+", type=int, default=[4096, 8192, 16384])
+    parser.add_argument("--lora-tokens", nargs="+", type=int, default=[32768])
+    parser.add_argument("--lora-modes", nargs="+", default=["full"], choices=["none", "full", "selective"])
     parser.add_argument("--skip-fake", action="store_true")
+    parser.add_argument("--skip-lora", action="store_true")
     parser.add_argument("--skip-cpu", action="store_true")
     parser.add_argument("--skip-learning", action="store_true")
     args = parser.parse_args()
@@ -230,6 +264,13 @@ def main() -> None:
                         f"largest_tensor_over_s2_at_{longest}": 1.0})
         met.update({"planner_error_max_pct": worst <= 15.0, "checkpointing_cut_min": cut >= 3.0,
                     f"largest_tensor_over_s2_at_{longest}": largest < 1.0})
+    if not args.skip_lora:
+        lora = lora_section(args.lora_tokens, args.lora_modes)
+        figures["lora"] = lora
+        worst = max(abs(r["error_pct"]) for r in lora["rows"])
+        figures["lora_planner_error_max_pct"] = worst
+        targets["lora_planner_error_max_pct"] = 15.0
+        met["lora_planner_error_max_pct"] = worst <= 15.0
     if not args.skip_cpu:
         cpu = cpu_section(args.cpu_tokens)
         figures["cpu_step"] = cpu

@@ -362,8 +362,10 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
         plan.add("memory", "per device, planned (agentrl.train.memory_plan; bytes of one rank)")
         for line in plan.memory.format():
             plan.add("", line)
+    lora = (f", LoRA rank {train.lora.rank} alpha {train.lora.alpha:g} on {', '.join(train.lora.target_modules)}"
+            if train.lora is not None else "")
     plan.add("trainer", f"{train.backend}, dp={train.data_parallel_size} tp={train.tensor_parallel_size} "
-                        f"pp={train.pipeline_parallel_size}, {train.dtype}")
+                        f"pp={train.pipeline_parallel_size}, {train.dtype}{lora}")
     steps: object = train.steps
     if steps is None and rows is not None and cfg.data.train.epochs is not None:
         steps = f"~{rows * cfg.data.train.epochs // sched.groups_per_step} (data runs out)"

@@ -37,6 +37,7 @@ from agentrl.train.memory_plan import (
     TrainerMemory,
     TrainerSetup,
     UnmodelledModel,
+    engine_adapter_bytes,
     engine_kv_tokens,
     engine_weight_bytes,
     plan_trainer_memory,
@@ -67,8 +68,9 @@ def _model_shape(config: RunConfig) -> ModelShape:
 def trainer_setup(config: RunConfig) -> TrainerSetup:
     """What the planner needs of the run's train section (and the KL loss's reference model)."""
     train, accel = config.train, config.cluster.accelerator
-    sharded = train.backend == "torch" and (train.sharding == "fsdp" or (train.sharding == "auto"
-                                                                        and train.data_parallel_size > 1))
+    # a LoRA run replicates its frozen base: ``sharding="auto"`` means no sharding then
+    sharded = train.backend == "torch" and train.lora is None and (
+        train.sharding == "fsdp" or (train.sharding == "auto" and train.data_parallel_size > 1))
     return TrainerSetup(
         backend=train.backend, dtype=train.dtype, master_weights=train.master_weights == "float32",
         data_parallel=train.data_parallel_size, tensor_parallel=train.tensor_parallel_size,
@@ -77,8 +79,9 @@ def trainer_setup(config: RunConfig) -> TrainerSetup:
         micro_batch_tokens=train.max_tokens_per_micro_batch,
         attention="dense" if train.attention in ("model", "dense") else "packed",
         kernel_copies_output=accel == "cpu", fused_lm_head=train.fused_lm_head is not False,
-        logprob_chunk_size=train.logprob_chunk_size, reference_model=config.algorithm.kl_coef > 0,
-        fused_optimizer=accel == "gpu" and not sharded)
+        logprob_chunk_size=train.logprob_chunk_size,
+        reference_model=config.algorithm.kl_coef > 0 and train.lora is None,  # LoRA: the base, adapter disabled
+        fused_optimizer=accel == "gpu" and not sharded, lora=train.lora)
 
 
 def trainer_resident_bytes(config: RunConfig) -> int | None:
@@ -176,13 +179,15 @@ def planned_device_map(config: RunConfig, nodes: list[NodeDevices]) -> DeviceMap
 @dataclass
 class MemoryPlan:
     """The planner's figures for a run, per device: ``trainer`` (None when ``unmodelled`` says why),
-    ``engine_weights`` and ``engine_kv_tokens`` per engine rank (None: the fraction is SGLang's
+    ``engine_weights``, ``engine_adapters`` (a LoRA run's adapter slots) and ``engine_kv_tokens`` per
+    engine rank (None: the fraction is SGLang's
     choice), against ``capacity`` (bytes of one accelerator; None: unknown)."""
 
     config: RunConfig
     trainer: TrainerMemory | None
     capacity: int | None
     engine_weights: int | None = None
+    engine_adapters: int = 0
     engine_kv_tokens: int | None = None
     engine_fraction: float | None = None
     unmodelled: str | None = None
@@ -194,14 +199,20 @@ class MemoryPlan:
             return [f"not planned: {self.unmodelled}"]
         train, t = self.config.train, self.trainer
         cap = f"{self.capacity / GIB:.1f} GiB" if self.capacity else "unknown capacity"
-        precision = train.dtype + (" + float32 master weights" if train.master_weights == "float32"
-                                   and train.dtype in ("bfloat16", "float16") else "")
         setup = trainer_setup(self.config)
+        precision = train.dtype + (" + float32 master weights" if setup.uses_masters else "")
+        if setup.lora is not None:
+            precision = (f"{train.dtype} frozen base + LoRA rank {setup.lora.rank}, {t.adapter_params / 1e6:.1f}M "
+                         f"float{8 * setup.adapter_bytes} parameters")
         shard = (f", FSDP over {setup.data_parallel}" if setup.sharded else f", distributed optimizer over "
                  f"{setup.data_parallel}" if setup.backend == "megatron" and setup.distributed_optimizer else "")
         g = {k: v / GIB for k, v in t.terms.items()}
         acts = t.activations_by_mode
-        lines = [f"trainer rank ({train.backend}, {precision}{shard}): weights {g['weights']:.1f} GiB, gradients "
+        weights = f"{g['weights']:.1f} GiB"
+        if setup.lora is not None:
+            adapter = t.adapter_params * setup.adapter_bytes / GIB
+            weights += f" (frozen base {g['weights'] - adapter:.1f}, adapter {adapter:.1f})"
+        lines = [f"trainer rank ({train.backend}, {precision}{shard}): weights {weights}, gradients "
                  f"{g['gradients']:.1f}, master weights {g['master weights']:.1f}, optimizer state "
                  f"{g['optimizer state']:.1f}" + (f", reference {g['reference weights']:.1f}"
                                                   if t.terms["reference weights"] else ""),
@@ -215,9 +226,11 @@ class MemoryPlan:
         if self.engine_weights is not None:
             kv = (f"KV cache {self.engine_kv_tokens:,} tokens at mem_fraction_static {self.engine_fraction:g}"
                   if self.engine_kv_tokens is not None else "KV cache: the rest of SGLang's static pool")
-            engines = self.config.rollout.engines
+            engines, lora = self.config.rollout.engines, self.config.engine_lora()
+            slots = (f", LoRA slots {self.engine_adapters / GIB:.1f} GiB ({lora.max_loras_per_batch} adapters of rank "
+                     f"{lora.max_rank})" if lora is not None else "")
             lines.append(f"engine rank (tp={engines.tp_size}, {self.config.model.dtype}): weights "
-                         f"{self.engine_weights / GIB:.1f} GiB, {kv}")
+                         f"{self.engine_weights / GIB:.1f} GiB{slots}, {kv}")
         return lines
 
 
@@ -243,6 +256,9 @@ _MEGATRON_ADVICE = {
 
 def _advice(term: str, config: RunConfig) -> str:
     train = config.train
+    if train.lora is not None and term == "weights":
+        return ("larger accelerators or a smaller model (a LoRA run holds the whole frozen base on every rank; "
+                "FSDP does not shard it)")
     if term in ("activations", "recomputed layer"):
         if train.activation_checkpointing != "full":
             return "train.activation_checkpointing='full'"
@@ -257,19 +273,22 @@ def memory_plan(config: RunConfig, capacity: int | None, *, engine_fraction: flo
     that stop the run: a trainer rank whose peak exceeds the device (less the reserve the device map
     keeps for contexts and allocator slack), an engine whose weights fill its static pool, dense
     attention whose ``[S, S]`` scores exceed :data:`DENSE_SCORES_LIMIT` per layer on an accelerator."""
+    engines, lora = config.rollout.engines, config.engine_lora()
+    dtype_bytes = _DTYPE_BYTES.get(config.model.dtype, 2)
     try:
         shape = _model_shape(config)
+        setup = trainer_setup(config)
+        trainer = plan_trainer_memory(shape, setup)
+        adapters = 0 if lora is None or setup.lora is None else engine_adapter_bytes(
+            shape, setup.lora, slots=lora.max_loras_per_batch, dtype_bytes=dtype_bytes, tensor_parallel=engines.tp_size)
     except UnmodelledModel as exc:
         return MemoryPlan(config, None, capacity, unmodelled=str(exc))
-    setup = trainer_setup(config)
-    trainer = plan_trainer_memory(shape, setup)
-    engines = config.rollout.engines
-    dtype_bytes = _DTYPE_BYTES.get(config.model.dtype, 2)
     plan = MemoryPlan(config, trainer, capacity, engine_weights=engine_weight_bytes(shape, dtype_bytes, engines.tp_size),
-                      engine_fraction=engine_fraction or engines.mem_fraction_static)
+                      engine_adapters=adapters, engine_fraction=engine_fraction or engines.mem_fraction_static)
     if capacity and plan.engine_fraction:
         plan.engine_kv_tokens = engine_kv_tokens(shape, capacity_bytes=capacity, mem_fraction=plan.engine_fraction,
-                                                 tensor_parallel=engines.tp_size, dtype_bytes=dtype_bytes)
+                                                 tensor_parallel=engines.tp_size, dtype_bytes=dtype_bytes,
+                                                 adapter_bytes=adapters)
     if config.cluster.accelerator != "cpu" and trainer.terms["attention scores"] > DENSE_SCORES_LIMIT:
         plan.problems.append(
             f"train.attention={config.train.attention!r}: dense attention at train.max_tokens_per_micro_batch="
@@ -286,7 +305,9 @@ def memory_plan(config: RunConfig, capacity: int | None, *, engine_fraction: flo
                 f"{term} ({trainer.terms[term] / GIB:.1f} GiB): expected {_advice(term, config)}")
         if plan.engine_kv_tokens == 0:
             plan.problems.append(
-                f"memory: an engine rank's weights ({(plan.engine_weights or 0) / GIB:.1f} GiB) fill its static pool "
+                f"memory: an engine rank's weights ({(plan.engine_weights or 0) / GIB:.1f} GiB"
+                + (f", LoRA slots {plan.engine_adapters / GIB:.1f} GiB" if plan.engine_adapters else "")
+                + ") fill its static pool "
                 f"(rollout.engines.mem_fraction_static={plan.engine_fraction} of {capacity / GIB:.1f} GiB); expected "
                 "a larger mem_fraction_static or rollout.engines.tp_size")
     return plan

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,9 +94,23 @@ class _LargestAllocation(TorchDispatchMode):
 def _tracker() -> Any:
     from copy import deepcopy
 
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
     class PeakOnly(MemTracker):  # type: ignore[misc]
+        def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True
+                                             ) -> tuple[int, int]:
+            # A frozen parameter (LoRA's base) takes no gradient hook: register_hook refuses it.
+            memory: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if install_grad_hooks:
+                def on_grad(grad: torch.Tensor) -> None:
+                    self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+                for p in module.parameters():
+                    if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                        self._param_to_grad_hook_handles[p] = (
+                            p.register_hook(on_grad), p.register_post_accumulate_grad_hook(lambda q: on_grad(q.grad)))
+            return memory
+
         def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
             # A step calls the model several times (scoring, then each micro-batch): per-module
             # statistics restart with each call of the root (the global peak is kept).
@@ -112,6 +127,31 @@ def _tracker() -> Any:
                     self._peak_mem_snap[dev] = deepcopy(snap)
 
     return PeakOnly()
+
+
+@contextmanager
+def _convertible_fake_modules() -> Iterator[None]:
+    """``Module.to`` converts a module holding fake tensors by swapping each parameter for its
+    converted copy, which a fake tensor refuses (a weak reference is held to it). Peft converts every
+    adapter it injects (to the base layer's device and dtype), so inside this block a refused swap of
+    fake tensors falls back to ``param.data = converted`` (what ``Module.to`` does for real tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    swap = torch.utils.swap_tensors
+
+    def swap_or_set(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        try:
+            swap(t1, t2)
+        except RuntimeError:
+            if not isinstance(t1, FakeTensor):
+                raise
+            t1.data = t2.data
+
+    torch.utils.swap_tensors = swap_or_set
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = swap
 
 
 def _micro_batch(vocab: int, tokens: int, documents: int) -> Any:
@@ -152,7 +192,7 @@ def measure_train_step(hf_config: Mapping[str, Any], setup: TrainerSetup, *, doc
         attention=attention, fused_lm_head=setup.fused_lm_head,  # type: ignore[arg-type]
         logprob_chunk_size=setup.logprob_chunk_size, verify_packing=False, shared_prefix=False,
         packing=PackingConfig(max_tokens=setup.micro_batch_tokens),
-        loss=LossConfig(old_logprobs="recompute"), optimizer=OptimizerConfig(lr=1e-6, grad_clip=1.0))
+        loss=LossConfig(old_logprobs="recompute"), optimizer=OptimizerConfig(lr=1e-6, grad_clip=1.0), lora=setup.lora)
     started = time.perf_counter()
     default = torch.get_default_dtype()
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -161,7 +201,8 @@ def measure_train_step(hf_config: Mapping[str, Any], setup: TrainerSetup, *, doc
             model = AutoModelForCausalLM.from_config(config)
         finally:
             torch.set_default_dtype(default)
-        backend = TorchTrainBackend(model, cfg)
+        with _convertible_fake_modules():
+            backend = TorchTrainBackend(model, cfg)
         for p in backend.update_params:  # Adam's state exists in a steady-state step
             p.grad = torch.zeros_like(p)
         backend.optimizer.step()

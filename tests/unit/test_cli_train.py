@@ -363,6 +363,50 @@ def test_gpu_recipes_fit_the_memory_they_declare(recipe: str, trainer: str, qwen
                     r"mem_fraction_static 0\.8", table[4])
 
 
+@pytest.fixture(scope="module")
+def qwen3_8b(tiny: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder with Qwen3-8B's real config.json (and the tiny tokenizer)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("qwen3-8b")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny) / name, folder / name)
+    (folder / "config.json").write_text(json.dumps({**QWEN3_4B_CONFIG, "hidden_size": 4096, "intermediate_size": 12288,
+                                                    "tie_word_embeddings": False}))
+    return str(folder)
+
+
+def test_the_lora_recipe_fits_qwen3_8b_on_one_node(qwen3_8b: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3-8B with a rank-64 adapter on every linear layer, 4 engines and 4 trainer ranks on one
+    node of 80 GB GPUs: each trainer rank holds the whole frozen bf16 base (no FSDP: only the adapter
+    trains), the adapter's gradients and Adam state are small, no reference copy is planned, the
+    engines set aside their adapter slots before the KV cache; the peak fits. On 24 GB it does not,
+    and the refusal says the frozen base is replicated."""
+    monkeypatch.chdir(ROOT)
+    path = "examples/retool_qwen3_8b_lora_gpu.toml"
+    base = [path, f"model.path={qwen3_8b}", *shipped_data(ROOT / path)]
+    result = invoke([*base, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    lines = dict(re.split(r" {2,}", line, maxsplit=1) for line in result.stdout.splitlines()
+                 if line and not line.startswith(("missing on this machine", "dry run", " ")))
+    assert lines["placement"] == "disaggregated, gpu x8: 4 engine(s) x 1 (tp=1 dp=1), trainer x 4; mode one_step_off"
+    assert lines["trainer"].startswith("torch, dp=4 tp=1 pp=1, bfloat16, LoRA rank 64 alpha 128 on q_proj, k_proj")
+    table = _memory_lines(result.stdout)
+    print("\n".join(table))
+    assert table[1].startswith("trainer rank (torch, bfloat16 frozen base + LoRA rank 64, 174.6M float32 parameters): "
+                               "weights 15.9 GiB (frozen base 15.3, adapter 0.7), gradients 0.7, master weights 0.0, "
+                               "optimizer state 1.3")
+    assert "FSDP" not in table[1] and "reference" not in table[1]
+    assert table[2].startswith("activations at 32768 tokens") and "checkpointing full; full 9.8" in table[2]
+    peak = float(re.search(r"peak ~([\d.]+) GiB of 80.0 GiB", table[3]).group(1))  # type: ignore[union-attr]
+    assert 30 < peak < 80 * 0.92
+    assert re.match(r"engine rank \(tp=1, bfloat16\): weights 15\.3 GiB, LoRA slots 1\.3 GiB \(4 adapters of rank "
+                    r"64\), KV cache [\d,]+ tokens at mem_fraction_static 0\.8", table[4])
+    small = invoke([*base, "cluster.accelerator_memory_gib=24", "--dry-run"])
+    assert small.exit_code == 2
+    assert "the largest term is weights" in small.stderr and "holds the whole frozen base on every rank" in small.stderr
+
+
 def test_a_plan_over_capacity_is_refused_naming_the_largest_term_and_the_setting(
         qwen3_4b: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
@@ -438,12 +482,15 @@ def test_checks_and_dry_run_import_neither_torch_nor_ray(run_files: dict[str, Pa
     one and a GPU one with its device map, and of a config mistake) names no torch, Ray or SGLang
     module, nor the rollout's HTTP clients (aiohttp, httptools, httpx), which only a running rollout needs."""
     gpu = ["--dry-run", "cluster.accelerator=gpu", "cluster.placement=disaggregated", "cluster.accelerator_memory_gib=80"]
-    for extra in (["--dry-run"], ["train.steps=0"], gpu):
+    lora = [*gpu, "train.lora.rank=8"]  # the planner's LoRA terms and the engines' adapter slots
+    for extra in (["--dry-run"], ["train.steps=0"], gpu, lora):
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "agentrl.cli.main", "train",
                                str(run_files["config"]), *extra], capture_output=True, text=True, timeout=300)
         assert proc.returncode == (2 if extra == ["train.steps=0"] else 0), proc.stderr[-2000:]
-        if extra is gpu:  # the device map is planned without torch (nvidia-smi, the config)
+        if extra in (gpu, lora):  # the device map is planned without torch (nvidia-smi, the config)
             assert "node 0 GPU 0: engine 0" in proc.stdout
+        if extra is lora:
+            assert "LoRA rank 8" in proc.stdout and "LoRA slots" in proc.stdout
         imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "import time:" in line}
         assert "agentrl.runner.config" in imported
         heavy = sorted(m for m in imported

@@ -120,3 +120,105 @@ def test_the_plan_matches_memtracker_on_fake_tensors() -> None:
         assert measured.large == {}  # nothing of S² elements or more: no [S, S], no [S, vocab]
         dynamic[mode] = measured.dynamic
     assert dynamic["none"] > 1.5 * dynamic["full"]
+
+
+def test_lora_keeps_the_frozen_base_and_trains_the_adapter_alone() -> None:
+    """Qwen3-8B with a rank-64 adapter on every linear layer: ``rank · (in + out)`` per layer and
+    target (174.6M parameters); the base is held in bf16 with no gradients, master weights, optimizer
+    state or reference copy; the adapter is float32 with its gradients and Adam's two moments."""
+    from agentrl.train.config import LoraSettings
+
+    shape = ModelShape.from_config(QWEN3_8B)
+    lora = LoraSettings(rank=64, alpha=128.0)
+    per_layer = 64 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 12288))
+    assert shape.lora_params(lora) == 36 * per_layer == 174_587_904
+    assert shape.lora_params(LoraSettings(rank=8, target_modules=("q_proj", "v_proj"))) == 36 * 8 * (8192 + 5120)
+    terms = plan_trainer_memory(shape, TrainerSetup(lora=lora, reference_model=True)).terms
+    adapter = 4 * shape.lora_params(lora)
+    assert terms["weights"] == 2 * shape.params + adapter
+    assert terms["gradients"] == adapter and terms["optimizer state"] == 2 * adapter
+    assert terms["master weights"] == 0 and terms["reference weights"] == 0
+    full = plan_trainer_memory(shape, TrainerSetup()).terms
+    assert sum(full[k] for k in ("gradients", "master weights", "optimizer state")) > 40 * (terms["gradients"]
+                                                                                          + terms["optimizer state"])
+
+
+def test_lora_activations_keep_a_float32_input_per_targeted_layer() -> None:
+    """Without checkpointing each targeted layer keeps its input in float32 for the adapter's
+    gradient (q, k and v each their own), which outweighs what the frozen base no longer keeps;
+    with full checkpointing a layer keeps its bf16 input either way. The rank-r intermediates are
+    ~1% of a layer."""
+    from agentrl.train.config import LoraSettings
+    from agentrl.train.memory_plan import activation_bytes_per_token
+
+    shape = ModelShape.from_config(QWEN3_8B)
+    base = activation_bytes_per_token(shape, TrainerSetup())
+    lora = activation_bytes_per_token(shape, TrainerSetup(lora=LoraSettings(rank=64)))
+    few = activation_bytes_per_token(shape, TrainerSetup(lora=LoraSettings(rank=64, target_modules=("q_proj", "v_proj"))))
+    assert lora["full"] == base["full"] == 2 * 4096
+    casts = 4 * (5 * 4096 + 4096 + 12288)  # q, k, v, gate, up read the hidden state; o and down their own input
+    assert lora["none"] - few["none"] == casts - 2 * 4 * 4096 + 5 * 4 * 64
+    assert lora["none"] > base["none"] > few["none"]
+    assert 7 * 4 * 64 / lora["none"] < 0.01
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    ({"sharded": True, "data_parallel": 4}, "unsharded torch backend"),
+    ({"backend": "megatron"}, "unsharded torch backend"),
+])
+def test_lora_is_planned_on_the_unsharded_torch_backend_only(setup: dict[str, object], message: str) -> None:
+    from agentrl.train.config import LoraSettings
+
+    with pytest.raises(ValueError, match=message):
+        TrainerSetup(lora=LoraSettings(), **setup)  # type: ignore[arg-type]
+
+
+def test_lora_on_modules_outside_the_model_is_unmodelled() -> None:
+    from agentrl.train.config import LoraSettings
+
+    with pytest.raises(UnmodelledModel, match=r"not \['lm_head'\]"):
+        plan_trainer_memory(ModelShape.from_config(QWEN3_8B),
+                            TrainerSetup(lora=LoraSettings(target_modules=("q_proj", "lm_head"))))
+
+
+def test_engine_lora_slots_come_out_of_the_kv_cache() -> None:
+    from agentrl.train.config import LoraSettings
+    from agentrl.train.memory_plan import engine_adapter_bytes
+
+    shape = ModelShape.from_config(QWEN3_8B)
+    slots = engine_adapter_bytes(shape, LoraSettings(rank=64), slots=4, dtype_bytes=2)
+    assert slots == 4 * 174_587_904 * 2
+    plain = engine_kv_tokens(shape, capacity_bytes=80 * GIB, mem_fraction=0.8)
+    assert plain - engine_kv_tokens(shape, capacity_bytes=80 * GIB, mem_fraction=0.8,
+                                    adapter_bytes=slots) == pytest.approx(slots / shape.kv_bytes_per_token(2), abs=1)
+
+
+def test_the_lora_plan_matches_memtracker_on_fake_tensors() -> None:
+    """A LoRA step of the torch backend (peft's layers on a frozen bf16 base, float32 adapter, rank
+    16 on every linear layer) on the small Qwen3 of the test above, on fake tensors: the planned peak
+    within the same 15% of MemTracker's, with and without checkpointing, and with dropout (the bench
+    checks the Qwen3-8B shape); what the step holds at its start is the frozen base plus the adapter
+    and its Adam state, and the gradients are the adapter's alone."""
+    from agentrl.train.config import LoraSettings
+    from agentrl.train.memory_measure import measure_train_step
+
+    small = {"model_type": "qwen3", "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 768,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+             "tie_word_embeddings": False}
+    shape = ModelShape.from_config(small)
+    dynamic = {}
+    for mode, dropout in (("none", 0.0), ("full", 0.0), ("full", 0.1)):
+        setup = TrainerSetup(micro_batch_tokens=2048, activation_checkpointing=mode, fused_optimizer=False,
+                             kernel_copies_output=True, lora=LoraSettings(rank=16, dropout=dropout))
+        measured = measure_train_step(small, setup, report_at_least=2048 * 2048)
+        planned = plan_trainer_memory(shape, setup)
+        error = (planned.peak - measured.peak) / measured.peak
+        print(f"LoRA ckpt={mode} dropout={dropout}: MemTracker {measured.peak / 2**20:.1f} MiB, planner {planned.peak / 2**20:.1f} MiB "
+              f"({error:+.1%}); largest allocation {measured.largest_shape}")
+        assert abs(error) <= 0.15
+        assert measured.gradients == planned.terms["gradients"] == 4 * shape.lora_params(setup.lora)  # type: ignore[arg-type]
+        static = planned.terms["weights"] + planned.terms["optimizer state"]
+        assert abs(measured.start - static) <= 0.01 * static
+        assert measured.large == {}
+        dynamic[mode, dropout] = measured.dynamic
+    assert dynamic["none", 0.0] > 1.5 * dynamic["full", 0.0]
