@@ -87,7 +87,7 @@ def write_atomic(path: Path, data: bytes) -> Path:
     return path
 
 
-def _find_unserialisable(value: Any, where: str) -> str | None:
+def _find_unserialisable(value: object, where: str) -> str | None:
     """The first place under ``value`` that orjson cannot write as JSON, as a subscript path."""
     if isinstance(value, Mapping):
         for key, item in value.items():
@@ -110,7 +110,7 @@ def _find_unserialisable(value: Any, where: str) -> str | None:
     return None
 
 
-def json_bytes(value: Any, *, what: str, option: int = 0) -> bytes:
+def json_bytes(value: object, *, what: str, option: int = 0) -> bytes:
     """``orjson.dumps(value)``; a value that is not JSON raises ``TypeError`` naming its place.
 
     Non-finite floats are written as ``null`` (orjson's rule), never an error; a lone surrogate in a

@@ -230,7 +230,7 @@ class RunDirectory:
             raise RunDirError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
 
     @staticmethod
-    def _checked_header(path: Path, step: int, header: Any) -> dict[str, Any]:
+    def _checked_header(path: Path, step: int, header: object) -> dict[str, Any]:
         if not isinstance(header, dict) or header.get("step") != step or "config_hash" not in header:
             raise RunDirError(f"{path}:1: expected a header with step {step} and a config_hash, got {header!r:.200}")
         return header

@@ -65,7 +65,7 @@ class PushReport:
                 "timings": dict(self.timings)}
 
 
-def _serialize(obj: Any) -> str:
+def _serialize(obj: object) -> str:
     """What SGLang's ``MultiprocessingSerializer.serialize(obj, output_str=True)`` writes: a
     ``ForkingPickler`` pickle (tensors travel as shared-memory files or CUDA IPC handles), base64."""
     from multiprocessing.reduction import ForkingPickler
@@ -279,7 +279,7 @@ def _node_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def join_group(backend: str, address: str, port: int, world_size: int, name: str) -> Any:
+def join_group(backend: str, address: str, port: int, world_size: int, name: str) -> torch.distributed.ProcessGroup:
     """This process as rank 0 of ``name``, built as SGLang's ``init_custom_process_group`` builds the
     engine's side (a TCP rendezvous, a ``PrefixStore`` named after the group, no default group needed)."""
     from torch.distributed import rendezvous  # type: ignore[attr-defined]  # public, not in its stubs
@@ -298,5 +298,6 @@ def join_group(backend: str, address: str, port: int, world_size: int, name: str
     group, _ = _new_process_group_helper(world, rank, [], Backend(backend), store, group_name=GroupName(name),
                                          timeout=timeout)
     _world.pg_group_ranks[group] = {i: i for i in range(world)}
-    return group
+    made: torch.distributed.ProcessGroup = group
+    return made
 

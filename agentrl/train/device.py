@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from types import ModuleType
-from typing import Any
 
 import torch
 
@@ -84,10 +83,11 @@ def distributed_backend(device: torch.device) -> str:
         raise ValueError(f"device: no distributed backend known for device type {device.type!r}") from None
 
 
-def device_module(device: torch.device) -> Any:
+def device_module(device: torch.device) -> ModuleType | None:
     """``torch.cuda`` / ``torch.npu`` for accelerators, None for CPU (callers branch on None)."""
     if device.type == "cpu":
         return None
     if device.type == "npu":
         _import_torch_npu()
-    return getattr(torch, device.type)
+    module: ModuleType = getattr(torch, device.type)
+    return module

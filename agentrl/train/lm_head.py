@@ -27,7 +27,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +77,7 @@ class HeadSwitch:
     def weight(self) -> torch.Tensor:
         return self.head.weight
 
-    def _forward(self, hidden: torch.Tensor) -> Any:
+    def _forward(self, hidden: torch.Tensor) -> torch.Tensor | Scored:
         mode = getattr(self._local, "mode", None)
         if mode is None:
             return F.linear(hidden, self.head.weight)

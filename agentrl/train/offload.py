@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from types import ModuleType
 
 import torch
 
@@ -99,5 +99,5 @@ def onload(optimizer: object, device: torch.device, *, extra: Iterable[torch.Ten
     return {"onload/bytes": float(moved)}
 
 
-def _memory(module: Any) -> dict[str, float]:
+def _memory(module: ModuleType) -> dict[str, float]:
     return {"allocated": float(module.memory_allocated()), "reserved": float(module.memory_reserved())}

@@ -48,7 +48,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> object:
         # A key/value cache is updated by the forward: recomputing it would append twice.
         if not torch.is_grad_enabled() or kwargs.get("past_key_values") is not None:
             return forward(*args, **kwargs)

@@ -63,7 +63,7 @@ class TokenScorer:
         """The head switch ``model`` is scored through (None: the logits path)."""
         return self._heads.get(id(model))
 
-    def autocast(self) -> Any:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         dtype = self.config.autocast_dtype
         if dtype is None:
             return contextlib.nullcontext()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 __all__ = ["vocab_parallel_logprobs"]
 
 
-def _all_reduce(tensor: torch.Tensor, op: Any, group: Any) -> torch.Tensor:
+def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None) -> torch.Tensor:
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(tensor, op=op, group=group)
     return tensor
@@ -46,7 +46,7 @@ def _shifted(chunk: torch.Tensor, temperature: float, start: int, valid_vocab: i
 class _VocabParallelLogProbEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, start: int, valid_vocab: int,
-                temperature: float, chunk_size: int, group: Any, entropy_grad: bool
+                temperature: float, chunk_size: int, group: dist.ProcessGroup | None, entropy_grad: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         n, local = logits.shape
         float_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -79,7 +79,8 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
         return out_logprobs, out_entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None) -> Any:
+    def backward(ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, ...]:
         logits, target, shift, log_sum, expect = ctx.saved_tensors
         start, valid_vocab, temperature, chunk_size = ctx.settings
         n, local = logits.shape
@@ -107,7 +108,8 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_logprobs(
-    logits: torch.Tensor, target: torch.Tensor, *, vocab_start: int, valid_vocab: int, group: Any = None,
+    logits: torch.Tensor, target: torch.Tensor, *, vocab_start: int, valid_vocab: int,
+    group: dist.ProcessGroup | None = None,
     temperature: float = 1.0, chunk_size: int = 1024, entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprobs [N], entropy [N])`` of ``target`` under temperature-scaled logits split over ``group``.
