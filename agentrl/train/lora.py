@@ -61,6 +61,7 @@ def attach_lora(model: torch.nn.Module, settings: LoraSettings, *, seed: int = 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         wrapper = get_peft_model(model, config)  # (the adapters live in ``model`` itself; the wrapper knows them)
+    model.eval()  # peft's new dropout modules start in training mode: on only inside dropout_on()
     return LoraAdapter(model, wrapper, settings)
 
 
@@ -90,6 +91,20 @@ class LoraAdapter:
             raise ValueError(f"the checkpoint's adapter does not fit this model: missing {missing[:3]}, unexpected "
                              f"{unexpected[:3]} (another train.lora rank or target_modules?)")
         self.model.load_state_dict(state, strict=False)
+
+    @contextmanager
+    def dropout_on(self) -> Iterator[None]:
+        """LoRA dropout active for the block (the training forward); everywhere else the adapter's
+        dropout stays off, so scoring (old and reference logprobs, the probe) is deterministic."""
+        drops = [m for name, m in self.model.named_modules() if ".lora_dropout." in f".{name}."
+                 and isinstance(m, torch.nn.Dropout)]
+        for m in drops:
+            m.train()
+        try:
+            yield
+        finally:
+            for m in drops:
+                m.eval()
 
     # -- the reference -----------------------------------------------------------------------------
     @contextmanager

@@ -258,7 +258,9 @@ class TorchTrainBackend:
         sums: dict[str, torch.Tensor] = {}
         bad: dict[str, Any] | None = None
         for k, mb in enumerate(mbs):
-            loss, metrics = self._micro_batch(mb, counts) if objective == "policy" else self._sft_micro_batch(mb, counts)
+            with self.adapter.dropout_on() if self.adapter is not None else nullcontext():
+                loss, metrics = (self._micro_batch(mb, counts) if objective == "policy"
+                                 else self._sft_micro_batch(mb, counts))
             if bad is None and not torch.isfinite(loss.detach()).all():
                 bad = self._diagnose(batch, mb, k, loss)
             for name, value in metrics.items():

@@ -140,6 +140,23 @@ def test_the_probe_adapter_changes_the_model_and_is_put_back() -> None:
     assert backend.compute_logprobs(batch) == trained
 
 
+def test_lora_dropout_acts_in_the_training_forward_only() -> None:
+    """With dropout the scoring passes stay deterministic (dropout off); the training forward drops."""
+    backend = TorchTrainBackend(tiny_model(), _config(lora=LoraSettings(rank=4, alpha=8, dropout=0.5)))
+    assert backend.adapter is not None
+    with torch.no_grad():
+        for p in backend.adapter.parameters():
+            p.normal_(0.0, 0.1)
+    batch = _batch()
+    assert backend.compute_logprobs(batch) == backend.compute_logprobs(batch)
+    losses = set()
+    for _ in range(2):
+        torch.manual_seed(len(losses))
+        losses.add(backend.forward_backward(batch, objective="sft")["loss"])
+    assert len(losses) == 2  # two dropout masks, two losses
+    assert backend.compute_logprobs(batch) == backend.compute_logprobs(batch)
+
+
 def test_bad_lora_settings_name_the_field() -> None:
     with pytest.raises(ValueError, match=r"LoraSettings.rank=0: expected an int >= 1"):
         LoraSettings(rank=0)
