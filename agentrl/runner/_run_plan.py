@@ -1,6 +1,6 @@
 """What a run is started with, as one value: :class:`RunPlan`.
 
-:func:`agentrl.train` builds it once (:func:`plan_run`) and hands it to whichever way the sides run
+:func:`agentrl.run` builds it once (:func:`plan_run`) and hands it to whichever way the sides run
 (in this process, or on Ray); nothing in it changes while the run goes.
 """
 
