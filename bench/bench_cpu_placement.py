@@ -3,7 +3,7 @@
 Two layouts in the same run, each with a fresh engine serving the tiny model:
 
 - ``default``: the engine with SGLang's defaults, the trainer with torch's default threads;
-- ``plan``: :func:`agentrl.runner.plan_cpu` — the engine started with ``plan.engine_env(0)`` and
+- ``plan``: :func:`agentrl.runner.cpu.plan_cpu` — the engine started with ``plan.engine_env(0)`` and
   its process tree pinned with ``plan.pin``, the trainer with ``plan.trainer_threads`` threads on
   the trainer's cores.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agentrl.rollout import EngineConfig, SamplingParams, SGLangEngine
 from agentrl.rollout.client import ClientConfig, InferenceClient
-from agentrl.runner import plan_cpu
+from agentrl.runner.cpu import plan_cpu
 from agentrl.testing import build_tiny_model
 
 TRAINER = """

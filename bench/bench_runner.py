@@ -7,7 +7,7 @@
    the bench, against the sum of the parts the runner measures around its calls (rollout, train,
    sync): the difference is what the loop itself costs (advantages, actor calls, metrics, trajectory
    files). Target: overhead ≤ 5% of the step.
-2. **Weight sync** (export + reload, ``DiskWeightSync`` on a real engine): the tiny model, and a
+2. **Weight sync** (export + reload, ``WeightSync`` by disk on a real engine): the tiny model, and a
    random 0.5B-parameter Qwen3 (Qwen2.5-0.5B's shape with Qwen3 layers, bfloat16) served by its own
    CPU engine. Baseline in the same run: copying the same safetensors bytes on the same disk.
 
@@ -30,8 +30,9 @@ import orjson
 
 from agentrl.environments import make_arithmetic_rows
 from agentrl.rollout import EngineConfig, SGLangEngine
-from agentrl.runner import DiskWeightSync, RunCallback, RunConfig, WeightSyncConfig
-from agentrl.runner.api import train_async
+from agentrl.runner import RunCallback, RunConfig, WeightSyncConfig
+from agentrl.runner.api import run_async
+from agentrl.runner.weights import WeightSync
 from agentrl.testing import build_tiny_model, build_tokenizer
 
 TARGETS = {"overhead_fraction": 0.05}
@@ -66,7 +67,7 @@ async def runner_overhead(root: Path, steps: int) -> dict[str, Any]:
     })
     clock = StepClock()
     started = time.perf_counter()
-    await train_async(config, callbacks=[clock])
+    await run_async(config, callbacks=[clock])
     total = time.perf_counter() - started
     rows = []
     for k in range(1, len(clock.ends)):
@@ -114,7 +115,7 @@ async def large_sync(root: Path) -> dict[str, Any]:
                                                     context_length=512, max_total_tokens=2048, random_seed=0,
                                                     log_dir=root / "logs", startup_timeout_s=900))
     try:
-        sync = DiskWeightSync([engine], root / "weights", WeightSyncConfig(load_s=900.0, export_s=900.0))
+        sync = WeightSync([engine], root / "weights", WeightSyncConfig(load_s=900.0, export_s=900.0))
 
         def export(folder: Path) -> None:
             model.save_pretrained(str(folder), safe_serialization=True)

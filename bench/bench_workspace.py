@@ -172,7 +172,7 @@ async def episodes_section(episodes: int, base: str) -> dict[str, Any]:
     await wss.close()
     await asyncio.sleep(0.5)
     me = psutil.Process()
-    left = [p for p in me.children(recursive=True) if "agentrl.rollout._reaper" not in " ".join(_cmdline(p))]
+    left = [p for p in me.children(recursive=True) if "agentrl._reaper" not in " ".join(_cmdline(p))]
     cgroups = glob.glob(f"/sys/fs/cgroup/*/agentrl-sandbox-{os.getpid()}-*")
     out = {"episodes": episodes, "wall_s": round(time.perf_counter() - started, 1),
            "left_processes": len(left), "left_cgroups": len(cgroups),

@@ -9,7 +9,7 @@ The user writes the harness and a reward::
 
 ``Agent`` is a ``row -> episode`` factory, so it goes wherever an environment goes: ``agentrl train``
 and ``agentrl eval`` by name (a ``module:attr``, an entry point of group ``agentrl.environments``),
-``agentrl.train(config, environment=agent)``, the scheduler. For each group member the scheduler
+``agentrl.run(config, environment=agent)``, the scheduler. For each group member the scheduler
 builds an :class:`AgentEpisode` and runs it with an :class:`AgentRunner` (through
 :func:`agentrl.rollout.agent.runner_for`): the runner opens a :class:`~agentrl.proxy.ProxySession`
 on the agent's :class:`~agentrl.proxy.ProxyServer` (one per event loop, on loopback, started with the
