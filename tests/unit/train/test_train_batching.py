@@ -7,6 +7,7 @@ from _train_helpers import trajectories, vocab_size
 
 from agentrl.algorithms import group_advantages
 from agentrl.train import BatchingConfig, TrainingBatch, build_training_batch
+from agentrl.train.batching import NoTrainableTrajectoriesError
 from agentrl.trajectory import Status, Trajectory
 
 
@@ -54,6 +55,18 @@ def test_infra_failures_are_excluded_and_reported() -> None:
     batch = build_training_batch([*trajs, failed])
     assert batch.excluded == [("boom", "failed")]
     assert "boom" not in {s.rollout_id for s in batch.sequences}
+
+
+def test_a_batch_with_nothing_to_train_raises_its_own_error() -> None:
+    failed = Trajectory.from_prompt([1, 2, 3], group_id="g0", rollout_id="boom")
+    failed.finish(Status.FAILED)
+    with pytest.raises(NoTrainableTrajectoriesError, match=r"got 1 \(1 excluded by status\)"):
+        build_training_batch([failed])
+    trajs = trajectories(1, 2, seed=4)
+    trajs[1].reward = None
+    with pytest.raises(ValueError) as other:  # any other bad input is not "nothing to train"
+        build_training_batch(trajs)
+    assert not isinstance(other.value, NoTrainableTrajectoriesError)
 
 
 def test_bad_input_errors_name_the_field() -> None:
