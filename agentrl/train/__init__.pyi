@@ -1,5 +1,9 @@
 """Type stub: the public names of agentrl.train (imported lazily at runtime, see __init__.py)."""
 
+from .base import (
+    LogprobScorer,
+    TrainBackend,
+)
 from .batching import (
     TrainingBatch,
     TrainSequence,
@@ -7,6 +11,7 @@ from .batching import (
 )
 from .config import (
     BatchingConfig,
+    LoraSettings,
     LossConfig,
     OptimizerConfig,
     PackingConfig,
@@ -49,6 +54,8 @@ from .torch_backend import (
 __all__ = [
     "BatchingConfig",
     "DistInfo",
+    "LogprobScorer",
+    "LoraSettings",
     "LossConfig",
     "MicroBatch",
     "NonFiniteLossError",
@@ -58,6 +65,7 @@ __all__ = [
     "StepCounts",
     "TorchBackendConfig",
     "TorchTrainBackend",
+    "TrainBackend",
     "TrainSequence",
     "TrainingBatch",
     "all_reduce_gradients",

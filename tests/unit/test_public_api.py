@@ -20,7 +20,7 @@ REQUIRED: dict[str, set[str]] = {
     "agentrl.data": {"DataSource", "DataConfig", "DataRow", "BadRow", "DataError", "DataExhausted"},
     "agentrl.algorithms": {"group_advantages", "kl", "ppo_clip_loss", "gspo_loss", "cispo_loss", "tis_weights",
                            "mis_weights", "reduce_loss", "logprobs_from_logits", "entropy_from_logits"},
-    "agentrl.train": {"TorchTrainBackend", "build_training_batch", "plan_micro_batches", "sft_objective",
+    "agentrl.train": {"TorchTrainBackend", "TrainBackend", "LoraSettings", "build_training_batch", "plan_micro_batches", "sft_objective",
                       "plan_shared_prefix_micro_batches", "shared_prefix_layout", "PrefixLayout"},
     "agentrl.train.megatron": {"MegatronTrainBackend", "MegatronBackendConfig", "Qwen3Spec", "build_gpt_model",
                                "check_transformer_config", "transformer_config", "vocab_parallel_logprobs",
