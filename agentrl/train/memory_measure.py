@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,8 +215,9 @@ def measure_train_step(hf_config: Mapping[str, Any], setup: TrainerSetup, *, doc
             start = int(tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"])
             with largest:
                 backend._fill_side_logprobs(mbs)
-                for mb in mbs:
-                    backend._micro_batch(mb, counts)
+                for mb in mbs:  # as forward_backward runs them (LoRA dropout on in the training forward)
+                    with backend.adapter.dropout_on() if backend.adapter is not None else nullcontext():
+                        backend._micro_batch(mb, counts)
                 grads = sum(p.grad.numel() * p.grad.element_size() for p in backend.update_params
                             if p.grad is not None)
                 backend.clip_gradients()
