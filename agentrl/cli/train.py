@@ -118,12 +118,14 @@ def _finished(folder: Path, config: Any) -> str | None:
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         summary = {}
-    steps = max(step, int(summary.get("steps") or 0))
+    # judged on what a resume restores, the latest checkpoint: a run whose last steps were not
+    # checkpointed (killed, or the checkpoint removed) resumes and redoes them
+    steps = step
     if config.train.steps is not None and steps >= config.train.steps:
         return (f"the run in {folder} already finished: {steps} steps (train.steps={config.train.steps}); nothing "
                 f"to resume. To train more, --resume it with train.steps=<more than {steps}> (the one setting a "
                 "resumed run may change)")
-    if summary.get("stopped_because") == "data exhausted" and steps >= step:
+    if summary.get("stopped_because") == "data exhausted" and int(summary.get("steps") or 0) == step:
         return (f"the run in {folder} already finished: its data ran out after {steps} steps; nothing to resume "
                 "(more data or epochs make another run)")
     return None

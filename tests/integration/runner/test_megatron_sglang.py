@@ -68,7 +68,8 @@ def _worker(rank: int, port: int, model: str, out_dir: str, probes: list[list[in
     init_process_group(rank, 2, port, torch.device("cpu"), timeout_s=120)
     try:
         config = RunConfig.from_dict({
-            "model": {"path": model}, "data": {"train": {"path": "unused.jsonl"}},
+            # the engine serves float32; the run exports in model.dtype (bfloat16 by default)
+            "model": {"path": model, "dtype": "float32"}, "data": {"train": {"path": "unused.jsonl"}},
             "environment": {"name": "toy_arithmetic"},
             "train": {"backend": "megatron", "tensor_parallel_size": 2, "steps": 1, "optimizer": {"lr": 1e-2}},
         })
