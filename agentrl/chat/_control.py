@@ -43,6 +43,9 @@ class ControlTokens:
     def __init__(self, tokens: Iterable[str]) -> None:
         self.tokens: tuple[str, ...] = tuple(tokens)
         self._pattern = re.compile("|".join(map(re.escape, self.tokens))) if self.tokens else None
+        # a text holding none of the tokens' first characters holds no token: checked without the regex
+        # (every environment message of every turn is counted; most hold no "<" at all)
+        self._firsts = tuple(sorted({t[0] for t in self.tokens})) if all(self.tokens) else ("",)
 
     def check_escapable(self) -> None:
         """Raises ``ValueError`` when an escaped token would still hold a control token."""
@@ -64,7 +67,8 @@ class ControlTokens:
         for message in messages:
             if message.get("role") != "assistant":
                 for text in _texts(message.get("content")):
-                    found.update(self._pattern.findall(text))
+                    if any(first in text for first in self._firsts):
+                        found.update(self._pattern.findall(text))
         return found
 
     def escape(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

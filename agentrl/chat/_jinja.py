@@ -64,8 +64,15 @@ def _raise_exception(message: str) -> NoReturn:
     raise jinja2.exceptions.TemplateError(message)
 
 
+# json.dumps builds a new encoder whenever an argument differs from its defaults (ensure_ascii does):
+# the one a template asks for on every tool call is built once.
+_PLAIN_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    if not ensure_ascii and indent is None and separators is None and not sort_keys:
+        return _PLAIN_JSON.encode(value)
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -73,16 +80,46 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Hugging Face's sandbox, its attribute verdicts remembered.
+
+    Whether ``obj.attr`` is safe depends only on the object's type and the attribute's name (Jinja
+    reads the name and ``isinstance`` of the object against fixed types), and a template asks the
+    same few (``loop.first``, ``text.startswith``) for every message of every render. Objects whose
+    ``__class__`` is not their type are judged afresh each time.
+    """
+
+    _MAX_VERDICTS = 4096
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        cls = type(obj)
+        if obj.__class__ is not cls:
+            return super().is_safe_attribute(obj, attr, value)
+        key = (cls, attr)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = super().is_safe_attribute(obj, attr, value)
+            if len(self._verdicts) < self._MAX_VERDICTS:
+                self._verdicts[key] = verdict
+        return verdict
+
+
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> jinja2.Template:
     """Compiles ``source`` in the Hugging Face-equivalent environment (cached by text)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
     return env.from_string(source)
+
+
+_SCALARS = frozenset({str, bool, int, float})  # exact types; subclasses take the general path, to the same end
 
 
 def to_plain(value: Any, where: str) -> Any:
@@ -94,22 +131,25 @@ def to_plain(value: Any, where: str) -> Any:
     """
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if hasattr(value, "to_dict"):
-            return to_plain(value.to_dict(), where)
-        return to_plain(dataclasses.asdict(value), where)
-    model_dump = getattr(value, "model_dump", None)
-    if callable(model_dump):
-        return to_plain(model_dump(), where)
+    if type(value) is not dict and type(value) is not list:  # plain containers (every message a loop builds) skip the probes
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if hasattr(value, "to_dict"):
+                return to_plain(value.to_dict(), where)
+            return to_plain(dataclasses.asdict(value), where)
+        model_dump = getattr(value, "model_dump", None)
+        if callable(model_dump):
+            return to_plain(model_dump(), where)
+    # An item's path is spelled out only for items that are not plain scalars themselves.
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"{where}: keys must be strings, got {type(key).__name__} {key!r:.80}")
-            out[key] = to_plain(item, f"{where}.{key}")
+            out[key] = item if item is None or type(item) in _SCALARS else to_plain(item, f"{where}.{key}")
         return out
     if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
-        return [to_plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [item if item is None or type(item) in _SCALARS else to_plain(item, f"{where}[{i}]")
+                for i, item in enumerate(value)]
     raise TypeError(f"{where}: expected JSON-like data (dict, list, str, number, bool, None), "
                     f"got {type(value).__name__}: {value!r:.120}")
 

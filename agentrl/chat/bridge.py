@@ -296,23 +296,26 @@ class BridgeSession:
         if isinstance(new_messages, (str, bytes)) or len(new_messages) == 0:
             raise ValueError(f"BridgeSession.step: new_messages: expected at least one message, got {new_messages!r:.80}")
         added = normalize_messages(new_messages)
-        ids = [int(t) for t in sampled_ids]
+        ids = list(map(int, sampled_ids))
         turn_closed = bool(ids) and ids[-1] == tpl.turn_close_id
         control = _control_fields(tpl, added)
         decoded = tpl.decode(ids)
-        seen = self._text + decoded + ("" if turn_closed else tpl.turn_close)
+        turn = decoded if turn_closed else decoded + tpl.turn_close  # what the buffer gains: the sampled turn
         history = [*self.messages, reply]
         full = tpl.render_normalized(history + added, self.tools, add_generation_prompt=True, **self.template_kwargs)
         kind = _env_kind(added)
         clean = _decodes_cleanly(tpl, ids, decoded)
-        if full.startswith(seen) and clean:
-            segment = full[len(seen):]
+        seen_len = len(self._text) + len(turn)
+        # full starts with self._text + turn, checked in place: the long text is not copied to check it
+        if full.startswith(self._text) and full.startswith(turn, len(self._text)) and clean:
+            segment = full[seen_len:]
             self.messages = history + added
             self._text = full
             reason = "next prompt equals the full render" + ("" if turn_closed else "; synthetic turn close added")
             return BridgeResult(BridgeOutcome.APPEND, _pieces(tpl, turn_closed, segment, kind), prefix_ok=True,
                                 turn_closed=turn_closed, reason=reason, history_matches=True, **control)
         self.closed = True
+        seen = self._text + turn
         full_ids = tuple(tpl.tokenize(full))
         prefix = _history_prefix(tpl, history, self.tools, self.template_kwargs)
         if not full.startswith(prefix):

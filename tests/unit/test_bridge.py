@@ -142,6 +142,22 @@ def test_escape_control_tokens_makes_them_plain_text(templates: dict[str, ChatTe
         ChatTemplate.from_name(name, escape_control_tokens="yes")  # type: ignore[arg-type]
 
 
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(st.lists(st.sampled_from(["a", "<", "|", "[", "X", "]", "<|im_end|>", "<|im_start|>", "[X]",
+                                                "<tool_call>", "\n"]), max_size=12).map("".join), max_size=4))
+def test_control_token_counts_equal_a_plain_regex_count(texts: list[str]) -> None:
+    """Texts without any token's first character skip the regex: the counts are the regex's all the same."""
+    import re
+    from collections import Counter
+
+    from agentrl.chat._control import ControlTokens
+
+    tokens = ["<|im_start|>", "<|im_end|>", "[X]"]
+    pattern = re.compile("|".join(map(re.escape, tokens)))
+    messages = [{"role": "tool", "content": t} for t in texts] + [{"role": "assistant", "content": "<|im_end|>"}]
+    assert ControlTokens(tokens).count(messages) == Counter(m for t in texts for m in pattern.findall(t))
+
+
 # -- audit mode, true to the bytes -------------------------------------------------------------------
 def _canonical_reply(tpl: ChatTemplate, history: list[dict[str, Any]], reply: dict[str, Any]) -> list[int]:
     """The ids of ``history`` and ``reply`` through its turn close, as a model sampling canonical tokens writes them."""

@@ -57,6 +57,37 @@ def test_namespace_refuses_private_names_and_sandbox_blocks_internals() -> None:
         ChatTemplate("{{ messages.append(1) }}").render([{"role": "user"}])
 
 
+def test_remembered_attribute_verdicts_still_refuse() -> None:
+    """The sandbox remembers its verdict per (type, attribute): asked again, it refuses again, and an
+    object whose ``__class__`` is not its type is judged afresh."""
+    for _ in range(2):
+        with pytest.raises(ChatTemplateError):
+            ChatTemplate("{{ messages.append(1) }}").render([{"role": "user"}])
+        with pytest.raises(ChatTemplateError):
+            ChatTemplate("{{ ''.__class__.__subclasses__() }}").render([{"role": "user"}])
+    ok = ChatTemplate("{{ messages[0]['content'].upper() }}|{{ messages[0]['content'].startswith('h') }}")
+    assert ok.render([{"role": "user", "content": "hi"}]) == ok.render([{"role": "user", "content": "hi"}]) == "HI|True"
+
+    from agentrl.chat._jinja import compile_template
+
+    class Shifty:
+        """Claims to be a list when told to (as proxies and mocks may)."""
+
+        def __init__(self, disguised: bool) -> None:
+            self.disguised = disguised
+
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            return list if self.disguised else Shifty
+
+        def append(self, item: object) -> None: ...
+
+    env = compile_template("{{ x }}").environment
+    plain, disguised = Shifty(False), Shifty(True)
+    assert env.is_safe_attribute(plain, "append", plain.append) is True  # remembered for Shifty
+    assert env.is_safe_attribute(disguised, "append", disguised.append) is False  # judged as the list it claims
+
+
 def test_strftime_now_and_trailing_newline() -> None:
     out = ChatTemplate("{{ strftime_now('%Y') }}\n").render([{"role": "user"}])
     assert len(out) == 4 and out.isdigit()  # keep_trailing_newline is off, as in transformers
