@@ -178,8 +178,6 @@ async def direct(template: Any, engine: Any, n: int, concurrency: int, config: A
 
 async def proxied(template: Any, engine: Any, n: int, concurrency: int, config: Any,
                   ticks: list[float] | None = None) -> tuple[float, list[Any], dict[str, float]]:
-    from aiohttp import web
-
     from agentrl.proxy import ProxyConfig, ProxyServer, ProxySession
     from agentrl.trajectory import StopReason
 
@@ -187,9 +185,9 @@ async def proxied(template: Any, engine: Any, n: int, concurrency: int, config: 
     if ticks is not None:
         original = server._chat
 
-        async def chat(request: web.Request) -> web.Response:
+        async def chat(*args: Any) -> Any:
             ticks.append(time.process_time())
-            return await original(request)
+            return await original(*args)
 
         server._chat = chat  # type: ignore[method-assign]
     await server.start()

@@ -38,9 +38,23 @@ class Issued:
     message: Message
     ids: tuple[int, ...]
     call_ids: tuple[str, ...] = field(init=False)
+    # the request message last recognised as this reply: (message, raw, how). A harness resends its
+    # history with every request and the session's parse cache hands back the same objects for the
+    # same JSON, so each echo of a reply is judged once.
+    seen: tuple[Message, dict[str, Any], str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.call_ids = tuple(cid for cid, _, _ in self.reply.calls)
+
+    def recognise(self, raw: dict[str, Any], message: Message) -> str | None:
+        """:func:`recognised_by`, remembered for the last message it recognised (the same objects again)."""
+        seen = self.seen
+        if seen is not None and seen[0] is message and seen[1] is raw:
+            return seen[2]
+        how = recognised_by(raw, message, self)
+        if how is not None:
+            self.seen = (message, raw, how)
+        return how
 
 
 def _text(content: Any) -> str:
@@ -112,12 +126,12 @@ def match(history: list[Message], owners: list[Issued | None], tools: list[dict[
             return Match("none", reason=f"the request has {len(sent)} messages; the sequence's history holds "
                                         f"{len(history)} (history cut)")
         if owner is not None:
-            by = recognised_by(request.raw[i], sent[i], owner)
+            by = owner.recognise(request.raw[i], sent[i])
             if by is None:
                 return Match("none", reason=f"messages[{i}] is not the proxy's reply {owner.reply.response_id} "
                                             "(no issued id, other content or calls)")
             how.append(by)
-        elif not _same(sent[i], held):
+        elif sent[i] is not held and not _same(sent[i], held):  # the parse cache's own object: the same message
             return Match("none", reason=f"messages[{i}] ({sent[i].role}) differs from the sequence's history "
                                         "(rewritten)")
     new = tuple(sent[len(history):])

@@ -29,6 +29,9 @@ from agentrl.chat.types import Message
 
 __all__ = ["ChatRequest", "Reply", "RequestError", "completion", "error_body", "parse_request", "stream_events"]
 
+# json.dumps builds a new encoder for every call whose options differ from the defaults: one for the
+# arguments string of every call the proxy returns, with json.dumps's spelling ({"a": 1}).
+_ARGUMENTS_JSON = json.JSONEncoder(ensure_ascii=False)
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _REFUSED = ("logit_bias", "functions", "function_call", "audio", "modalities", "prediction", "web_search_options")
 
@@ -284,7 +287,7 @@ class Reply:
             msg["reasoning_content"] = self.reasoning
         if self.calls:
             msg["tool_calls"] = [{"id": cid, "type": "function",
-                                  "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+                                  "function": {"name": name, "arguments": _ARGUMENTS_JSON.encode(args)}}
                                  for cid, name, args in self.calls]
         return msg
 
@@ -318,7 +321,7 @@ def stream_events(reply: Reply, include_usage: bool) -> bytes:
         out.append(chunk({"content": reply.content}))
     for i, (cid, name, args) in enumerate(reply.calls):
         out.append(chunk({"tool_calls": [{"index": i, "id": cid, "type": "function", "function": {
-            "name": name, "arguments": json.dumps(args, ensure_ascii=False)}}]}))
+            "name": name, "arguments": _ARGUMENTS_JSON.encode(args)}}]}))
     out.append(chunk({}, reply.finish_reason))
     if include_usage:
         out.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": reply.usage()}) + b"\n\n")

@@ -11,7 +11,9 @@ Routes (``BASE`` = ``http://host:port``):
 Session ids are 192-bit random URL tokens (:func:`secrets.token_urlsafe`): a harness reaches only the
 session whose URL it was given, and nothing of one session (its messages, ids, errors) appears in
 another's answers. The server runs on the event loop that calls :meth:`ProxyServer.start`; sessions
-are served concurrently, each session's requests one at a time.
+are served concurrently, each session's requests one at a time. HTTP is served by
+:mod:`agentrl.proxy._http` (a lean keep-alive server on httptools: the serving path is as hot as the
+agent loop's); any other path is a 404, another method a 405, all errors in OpenAI's shape.
 
 Example::
 
@@ -27,12 +29,11 @@ from __future__ import annotations
 import hmac
 import weakref
 from collections import OrderedDict
-from typing import Any
 
 import orjson
-from aiohttp import web
 
 from agentrl.episode import Episode
+from agentrl.proxy._http import HttpRequest, HttpResponse, HttpServer
 from agentrl.proxy._wire import RequestError, completion, error_body, parse_request, stream_events
 from agentrl.proxy.session import ProxyConfig, ProxySession, SessionError
 from agentrl.trajectory import ErrorKind, StopReason
@@ -40,13 +41,20 @@ from agentrl.trajectory import ErrorKind, StopReason
 __all__ = ["ProxyServer"]
 
 _CLOSED_KEPT = 4096  # closed sessions remembered, so a late call is told "closed" and recorded
+_RETRY = {"x-should-retry": "true"}
+_NO_RETRY = {"x-should-retry": "false"}
+_STREAM_HEADERS = {"Cache-Control": "no-cache"}
+
+
+def _not_allowed(method: str, allowed: str) -> HttpResponse:
+    return HttpResponse(405, error_body(f"method {method} not allowed here; expected {allowed}"),
+                        headers={"Allow": allowed})
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", *, param: str | None = None,
-           code: str | None = None, retry: bool = False) -> web.Response:
-    headers = {"x-should-retry": "true"} if retry else {"x-should-retry": "false"}
-    return web.Response(status=status, body=error_body(message, kind=kind, param=param, code=code),
-                        content_type="application/json", headers=headers)
+           code: str | None = None, retry: bool = False) -> HttpResponse:
+    return HttpResponse(status, error_body(message, kind=kind, param=param, code=code),
+                        headers=_RETRY if retry else _NO_RETRY)
 
 
 class ProxyServer:
@@ -58,34 +66,28 @@ class ProxyServer:
         self._sessions: dict[str, ProxySession] = {}
         # closed sessions' ids, so a late call is told "closed" (and recorded while the episode is still held)
         self._closed: OrderedDict[str, weakref.ref[ProxySession]] = OrderedDict()
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self.url = ""
         self.requests = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> str:
         """Starts listening; returns ``http://host:port``."""
-        if self._runner is not None:
+        if self._http is not None:
             return self.url
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._auth])
-        app.router.add_post("/s/{sid}/v1/chat/completions", self._chat)
-        app.router.add_get("/s/{sid}/v1/models", self._session_models)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._no_session)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, self.config.host, self.config.port).start()
-        self._runner = runner
-        self.url = f"http://{self.config.host}:{int(runner.addresses[0][1])}"
+        http = HttpServer(self._route, max_body_bytes=self.config.max_body_bytes)
+        port = await http.start(self.config.host, self.config.port)
+        self._http = http
+        self.url = f"http://{self.config.host}:{port}"
         return self.url
 
     async def stop(self) -> None:
         """Stops listening; open sessions are closed (their held requests answered ``aborted``)."""
         for session in list(self._sessions.values()):
             session.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()
@@ -96,7 +98,7 @@ class ProxyServer:
 
     @property
     def running(self) -> bool:
-        return self._runner is not None
+        return self._http is not None
 
     @property
     def open_sessions(self) -> int:
@@ -126,33 +128,41 @@ class ProxyServer:
         return session.finish(reason) if reason is not None else session.episode()
 
     # -- handlers --------------------------------------------------------------------------------
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _route(self, request: HttpRequest) -> HttpResponse:
+        """The API key, then the routes of the module doc (``/s/<session>/v1/...``, ``/v1/...``)."""
         key = self.config.api_key
         if key is not None:
-            given = request.headers.get("Authorization", "")
+            given = request.headers.get("authorization", "")
             token = given[7:] if given.startswith("Bearer ") else ""
             if not hmac.compare_digest(token.encode(), key.encode()):
                 return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error",
                               code="invalid_api_key")
-        response: web.StreamResponse = await handler(request)
-        return response
+        path, method = request.path, request.method
+        sid, route = "", path
+        if path.startswith("/s/"):
+            sid, _, rest = path[3:].partition("/")
+            route = "/" + rest if sid else ""
+        if route == "/v1/chat/completions":
+            if method != "POST":
+                return _not_allowed(method, "POST")
+            return await self._chat(request, sid) if sid else self._no_session()
+        if route == "/v1/models":
+            if method != "GET":
+                return _not_allowed(method, "GET")
+            return self._models() if not sid or sid in self._sessions else self._unknown(sid)
+        return _error(404, f"no route {path!r:.120}: the proxy serves <base>/s/<session>/v1/chat/completions and "
+                           "/v1/models", "not_found_error")
 
-    async def _models(self, request: web.Request) -> web.Response:
+    def _models(self) -> HttpResponse:
         body = {"object": "list", "data": [{"id": self.config.model_name, "object": "model", "created": 0,
                                             "owned_by": "agentrl"}]}
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
+        return HttpResponse(200, orjson.dumps(body))
 
-    async def _session_models(self, request: web.Request) -> web.Response:
-        if request.match_info["sid"] not in self._sessions:
-            return self._unknown(request.match_info["sid"])
-        return await self._models(request)
-
-    async def _no_session(self, request: web.Request) -> web.Response:
+    def _no_session(self) -> HttpResponse:
         return _error(404, "address a session: POST <base>/s/<session>/v1/chat/completions (each episode has its "
                            "own base URL)", "not_found_error")
 
-    def _unknown(self, sid: str) -> web.Response:
+    def _unknown(self, sid: str) -> HttpResponse:
         ref = self._closed.get(sid)
         if ref is not None:
             closed = ref()
@@ -161,13 +171,13 @@ class ProxyServer:
             return _error(410, "this session's episode has ended; no more requests are served", "episode_closed")
         return _error(404, "no such session", "not_found_error")
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: HttpRequest, sid: str) -> HttpResponse:
         self.requests += 1
-        session = self._sessions.get(request.match_info["sid"])
+        session = self._sessions.get(sid)
         if session is None:
-            return self._unknown(request.match_info["sid"])
+            return self._unknown(sid)
         try:
-            chat = parse_request(orjson.loads(await request.read()), session.parsed)
+            chat = parse_request(orjson.loads(request.body), session.parsed)
         except orjson.JSONDecodeError as exc:
             session.record(ErrorKind.AGENT_REQUEST, f"body: not JSON ({exc})", "request")
             return _error(400, f"body: not JSON ({exc})")
@@ -183,6 +193,5 @@ class ProxyServer:
         except SessionError as exc:
             return _error(exc.status, exc.message, exc.kind, code=exc.code, retry=exc.retry)
         if chat.stream:
-            return web.Response(body=stream_events(reply, chat.include_usage), content_type="text/event-stream",
-                                headers={"Cache-Control": "no-cache"})
-        return web.Response(body=completion(reply), content_type="application/json")
+            return HttpResponse(200, stream_events(reply, chat.include_usage), "text/event-stream", _STREAM_HEADERS)
+        return HttpResponse(200, completion(reply))
