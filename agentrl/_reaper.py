@@ -55,6 +55,22 @@ def _tree(pid: int, created: float) -> list[psutil.Process]:
         return []
 
 
+def terminate(procs: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM ``procs``, wait up to ``grace_s``, SIGKILL the survivors and wait for them briefly."""
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def reap(registered: dict[int, float]) -> None:
     """Stops every registered tree: SIGTERM, then SIGKILL after :data:`GRACE_S`."""
     procs: list[psutil.Process] = []
@@ -64,23 +80,13 @@ def reap(registered: dict[int, float]) -> None:
         procs += tree
         if tree:
             groups.append(pid)  # each server leads its own session: its group id is its pid
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=GRACE_S)
-    for proc in alive:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
+    terminate(procs, GRACE_S)
     for group in groups:  # children that left the tree but kept the group
         try:
             os.killpg(group, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    psutil.wait_procs(alive, timeout=GRACE_S)
+    psutil.wait_procs(procs, timeout=GRACE_S)
 
 
 class _UnixHTTP(http.client.HTTPConnection):

@@ -170,18 +170,7 @@ class ManagedProcess:
             pgid = os.getpgid(self.popen.pid)
         except ProcessLookupError:
             pgid = None
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-        _, survivors = psutil.wait_procs(procs, timeout=grace_s)
-        for proc in survivors:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(survivors, timeout=5)
+        _reaper.terminate(procs, grace_s)
         if pgid is not None and pgid == self.popen.pid:
             try:
                 os.killpg(pgid, signal.SIGKILL)
