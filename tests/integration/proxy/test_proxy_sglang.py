@@ -160,7 +160,9 @@ async def test_a_forced_call_is_served_with_a_grammar_the_engine_compiles(tiny_e
     tool = {"type": "function", "function": {"name": "multiply", "parameters": {
         "type": "object", "required": ["a", "b"],  # small values: the random model would write digits forever
         "properties": {"a": {"type": "integer", "enum": [3, 4]}, "b": {"type": "integer", "enum": [3, 4]}}}}}
-    config = AgentConfig(sampling=SamplingParams(max_new_tokens=48), context_length=1024, reward_pool=False)
+    # The grammar admits one 76-character call; the random model may spell it a character a token, so
+    # the budget covers the longest spelling (the canonical tokenization is 25 tokens).
+    config = AgentConfig(sampling=SamplingParams(max_new_tokens=128), context_length=1024, reward_pool=False)
     async with InferenceClient(ClientConfig(base_url=tiny_engine)) as engine, \
             ProxyServer(ProxyConfig(constrained_decoding=True)) as server:
         session = server.open(ProxySession(template, engine, config, server.config))
