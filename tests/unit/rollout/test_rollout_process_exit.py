@@ -21,6 +21,7 @@ from pathlib import Path
 from agentrl.rollout.process import ManagedProcess
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in an interactive program
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal (a suite run under nohup ignores it)
 SPAWNER = (
     "import subprocess, sys, time\\n"
     "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']) for _ in range(2)]\\n"
