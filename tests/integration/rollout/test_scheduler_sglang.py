@@ -1,4 +1,4 @@
-"""The scheduler on real components: sglang-router + a real CPU SGLang engine serving the tiny Qwen3,
+"""The scheduler on real components: sglang-router + the session's real CPU SGLang engine serving the tiny Qwen3,
 ``ToyArithmeticEnv`` and ``RetoolMathEnv`` with real bubblewrap sandboxes, partial rollout on.
 
 The tiny model has random weights: stop strings end its turns at random points, so groups finish
@@ -24,7 +24,6 @@ from agentrl.data import DataSource
 from agentrl.environments import RetoolMathEnv, ToyArithmeticEnv, make_arithmetic_rows
 from agentrl.rollout import (
     AgentConfig,
-    EngineConfig,
     EngineGroup,
     InferenceClient,
     RouterConfig,
@@ -33,7 +32,7 @@ from agentrl.rollout import (
     Scheduler,
     SchedulerConfig,
 )
-from agentrl.testing import build_tiny_model, build_tokenizer
+from agentrl.testing import build_tokenizer
 from agentrl.trajectory import SegmentKind
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"),
@@ -44,11 +43,10 @@ SAMPLING = SamplingParams(max_new_tokens=64, temperature=1.0, stop=("e",))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def group(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EngineGroup]:
-    logs = tmp_path_factory.mktemp("engine-logs")
-    config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", context_length=CONTEXT,
-                          max_total_tokens=8192, random_seed=0, log_dir=logs, startup_timeout_s=300)
-    g = await EngineGroup.launch([config], RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING, log_dir=logs))
+async def group(tmp_path_factory: pytest.TempPathFactory, tiny_engine: str) -> AsyncIterator[EngineGroup]:
+    # the session's engine (the tiny model, context 1024) behind a router of this module's own
+    logs = tmp_path_factory.mktemp("router-logs")
+    g = await EngineGroup.attach([tiny_engine], RouterConfig(policy=RouterPolicy.CONSISTENT_HASHING, log_dir=logs))
     try:
         yield g
     finally:
