@@ -12,10 +12,10 @@ the next prompt's ids are built two ways, measured in the same run on the same d
   prefix check, and tokenising only the new segment).
 
 All three must give the same ids (checked every turn). The script prints the cost per turn
-(best of interleaved repeats) and the ratios naive/session and naive/stateless per template; the target is bridging >= 10x
+(best of interleaved repeats, the order rotating) and the ratios naive/session and naive/stateless per template; the target is bridging >= 10x
 cheaper at turn 16.
 
-    .venv/bin/python bench/bench_bridge.py [--turns 16] [--tool-tokens 500] [--repeats 5]
+    .venv/bin/python bench/bench_bridge.py [--turns 16] [--tool-tokens 500] [--repeats 6]
 """
 
 from __future__ import annotations
@@ -107,11 +107,18 @@ def run(name: str, turns: int, tool_tokens: int, repeats: int) -> tuple[float, f
         expected = naive()
         if context + stateless() != expected:
             raise SystemExit(f"[{name}] turn {turn}: stateless bridge ids differ from the full render's ids")
-        # Interleaved repeats, best of each: the machine may be shared, and noise only adds time.
-        samples: list[tuple[float, float, float]] = []
-        for _ in range(repeats):
+        # Interleaved repeats, best of each: the machine may be shared, and noise only adds time. The
+        # order rotates each repeat: what runs right after the full render finds the caches cold, and
+        # no side should always be the one that does.
+        samples: list[list[float]] = []
+        for repeat in range(repeats):
             clone = session_copy()
-            samples.append((_seconds(naive), _seconds(lambda c=clone: stepped(c)), _seconds(stateless)))
+            ways: list[Callable[[], Any]] = [naive, lambda c=clone: stepped(c), stateless]
+            times = [0.0] * 3
+            for k in range(3):
+                way = (repeat + k) % 3
+                times[way] = _seconds(ways[way])
+            samples.append(times)
         naive_t, session_t, stateless_t = (min(col) for col in zip(*samples, strict=True))
         ids = context + stepped(session)
         if ids != expected:
@@ -127,7 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=16)
     parser.add_argument("--tool-tokens", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--templates", nargs="+", default=["qwen3", "qwen3_5", "qwen3_coder"])
     args = parser.parse_args()
     summary = [(name, *run(name, args.turns, args.tool_tokens, args.repeats)) for name in args.templates]
