@@ -230,13 +230,16 @@ def _colocated_on_accelerator(config: RunConfig) -> bool:
 
 async def _engine_shares(config: RunConfig, hosts: Sequence[Any]) -> MemoryShares | None:
     """Colocated on an accelerator: the engines' share of each device (the device's memory as one host
-    per node reads it, the smallest of the nodes', else ``cluster.accelerator_memory_gib``); ``None`` otherwise or when unknown."""
+    per node reads it, the smallest of the nodes', else ``cluster.accelerator_memory_gib``); ``None``
+    otherwise or when unknown."""
     if not hosts or not _colocated_on_accelerator(config):
         return None
     # one host per node reads (each read imports torch there): the nodes' devices may differ, a node's do not
     nodes = await asyncio.gather(*(h.where.remote() for h in hosts))
-    readers = list({where["node"]: host for host, where in zip(hosts, nodes, strict=True)}.values())
-    read = [m for m in await asyncio.gather(*(h.device_memory_bytes.remote() for h in readers)) if m]
+    readers: dict[str, Any] = {}
+    for host, where in zip(hosts, nodes, strict=True):
+        readers.setdefault(where["node"], host)  # the node's first host
+    read = [m for m in await asyncio.gather(*(h.device_memory_bytes.remote() for h in readers.values())) if m]
     capacity = min(read) if read else (int(config.cluster.accelerator_memory_gib * GIB)
                                        if config.cluster.accelerator_memory_gib else None)
     resident = trainer_resident_bytes(config)
