@@ -5,6 +5,8 @@ the proxy's routes on it (404, 405 in OpenAI's error shape)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -33,9 +35,16 @@ async def read_response(reader: asyncio.StreamReader) -> Response:
     return int(status_line.split()[1]), headers, body
 
 
-async def serve(max_body_bytes: int = 1024) -> tuple[HttpServer, int]:
-    server = HttpServer(echo, max_body_bytes=max_body_bytes)
-    return server, await server.start("127.0.0.1", 0)
+@contextlib.asynccontextmanager
+async def connected() -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A connection to an echo server (1 KiB bodies); closed and the server stopped however the test ends."""
+    server = HttpServer(echo, max_body_bytes=1024)
+    reader, writer = await asyncio.open_connection("127.0.0.1", await server.start("127.0.0.1", 0))
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        await server.stop()
 
 
 def post(path: str, body: bytes, extra: str = "") -> bytes:
@@ -43,25 +52,19 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
 
 
 async def test_keep_alive_and_pipelined_requests_are_answered_in_order() -> None:
-    server, port = await serve()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(post("/slow?x=1", b"first", "X-Agent: a\r\n"))
-    status, headers, body = await read_response(reader)
-    assert status == 200 and headers["x-seen"] == "1" and headers["content-type"] == "application/json"
-    assert orjson.loads(body) == {"method": "POST", "path": "/slow", "body": "first", "agent": "a"}
-    writer.write(post("/slow", b"second") + post("/fast", b"third"))  # pipelined: the slow one answers first
-    assert [orjson.loads((await read_response(reader))[2])["body"] for _ in range(2)] == ["second", "third"]
-    writer.close()
-    await server.stop()
+    async with connected() as (reader, writer):
+        writer.write(post("/slow?x=1", b"first", "X-Agent: a\r\n"))
+        status, headers, body = await read_response(reader)
+        assert status == 200 and headers["x-seen"] == "1" and headers["content-type"] == "application/json"
+        assert orjson.loads(body) == {"method": "POST", "path": "/slow", "body": "first", "agent": "a"}
+        writer.write(post("/slow", b"second") + post("/fast", b"third"))  # pipelined: the slow one answers first
+        assert [orjson.loads((await read_response(reader))[2])["body"] for _ in range(2)] == ["second", "third"]
 
 
 async def test_a_chunked_body_is_joined() -> None:
-    server, port = await serve()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
-    assert orjson.loads((await read_response(reader))[2])["body"] == "abcde"
-    writer.close()
-    await server.stop()
+    async with connected() as (reader, writer):
+        writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+        assert orjson.loads((await read_response(reader))[2])["body"] == "abcde"
 
 
 @pytest.mark.parametrize("raw, status", [
@@ -71,32 +74,26 @@ async def test_a_chunked_body_is_joined() -> None:
     (b"NOT HTTP AT ALL\r\n\r\n", 400),
 ])
 async def test_refused_requests_are_answered_and_the_connection_closed(raw: bytes, status: int) -> None:
-    server, port = await serve()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(raw)
-    got, headers, body = await read_response(reader)
-    assert got == status and headers["connection"] == "close"
-    assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
-    assert await reader.read() == b""  # closed
-    writer.close()
-    await server.stop()
+    async with connected() as (reader, writer):
+        writer.write(raw)
+        got, headers, body = await read_response(reader)
+        assert got == status and headers["connection"] == "close"
+        assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
+        assert await reader.read() == b""  # closed
 
 
 async def test_head_connection_close_and_a_failing_handler() -> None:
-    server, port = await serve()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
-    head = await reader.readuntil(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: " in head  # the length, not the body
-    writer.write(post("/fail", b""))
-    status, _, body = await read_response(reader)
-    assert status == 500 and "internal error" in orjson.loads(body)["error"]["message"]
-    writer.write(post("/again", b"x", "Connection: close\r\n"))  # still served after the failure
-    status, headers, _ = await read_response(reader)
-    assert status == 200 and headers["connection"] == "close"
-    assert await reader.read() == b""
-    writer.close()
-    await server.stop()
+    async with connected() as (reader, writer):
+        writer.write(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: " in head  # the length, not the body
+        writer.write(post("/fail", b""))
+        status, _, body = await read_response(reader)
+        assert status == 500 and "internal error" in orjson.loads(body)["error"]["message"]
+        writer.write(post("/again", b"x", "Connection: close\r\n"))  # still served after the failure
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert await reader.read() == b""
 
 
 async def test_stop_lets_a_running_handler_answer() -> None:
