@@ -85,6 +85,9 @@ def detect_device() -> str:
     return "cuda" if out.lstrip().startswith("GPU") else "cpu"
 
 
+CPU_MODEL_PACKAGE = "agentrl_sglang_models"  # in the shim folder; see scripts/setup/sglang-cpu-shims/README.md
+
+
 def default_shim_dir() -> Path:
     """Where ``scripts/setup.sh`` puts the CPU shims: ``$AGENTRL_SGLANG_SHIM_DIR`` or
     ``<venv>/share/agentrl/sglang-cpu-shims``."""
@@ -270,8 +273,10 @@ def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
                        shim_dir: Path | None = None) -> dict[str, str]:
     """The environment of an SGLang server subprocess on ``device``.
 
-    On CPU: ``SGLANG_USE_CPU_ENGINE=1`` and the shim folder in front of ``PYTHONPATH`` (the shims
-    exist for that subprocess only). Raises :class:`EngineError` if the shims are missing.
+    On CPU: ``SGLANG_USE_CPU_ENGINE=1``, the shim folder in front of ``PYTHONPATH`` (the shims
+    exist for that subprocess only) and, unless set already, ``SGLANG_EXTERNAL_MODEL_PACKAGE`` naming
+    the shims' model package (SGLang registers its Qwen2/Qwen3 classes up front and imports its other
+    model files only for another architecture). Raises :class:`EngineError` if the shims are missing.
     """
     env = dict(os.environ)
     env.update(extra or {})
@@ -282,6 +287,8 @@ def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
                               "or set EngineConfig.shim_dir / AGENTRL_SGLANG_SHIM_DIR")
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shims), env.get("PYTHONPATH", "")) if p)
+        if (shims / CPU_MODEL_PACKAGE / "__init__.py").exists():  # the scheduler skips importing every model file
+            env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", CPU_MODEL_PACKAGE)
     return env
 
 
@@ -329,7 +336,9 @@ class SGLangEngine:
         log_dir = _path_or_none(config.log_dir) or default_log_dir()
         self.process = await ManagedProcess.start(
             config.command(port, device), env=env, log_path=log_dir / f"sglang-{port}.log",
-            name=f"sglang:{port}", ready=lambda process: self._wait_healthy(process, config.startup_timeout_s))
+            name=f"sglang:{port}", ready=lambda process: self._wait_healthy(process, config.startup_timeout_s),
+            # SGLang's server takes its scheduler's SIGTERM exit for a crash and sleeps 5 s before exiting
+            kill_root_first=True)
 
     async def wait_healthy(self, timeout_s: float) -> None:
         """Polls ``/health_generate`` until 200; raises if the process exits or time runs out."""

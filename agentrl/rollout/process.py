@@ -100,9 +100,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ManagedProcess:
     """One started server process, its log file, and how to stop its whole tree."""
 
-    def __init__(self, cmd: Sequence[str], *, env: Mapping[str, str], log_path: Path, name: str) -> None:
+    def __init__(self, cmd: Sequence[str], *, env: Mapping[str, str], log_path: Path, name: str,
+                 kill_root_first: bool = False) -> None:
         self.cmd = list(cmd)
         self.name = name
+        self.kill_root_first = kill_root_first
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
@@ -115,10 +117,11 @@ class ManagedProcess:
 
     @classmethod
     async def start(cls, cmd: Sequence[str], *, env: Mapping[str, str], log_path: Path, name: str,
-                    ready: Callable[[ManagedProcess], Awaitable[object]]) -> ManagedProcess:
+                    ready: Callable[[ManagedProcess], Awaitable[object]],
+                    kill_root_first: bool = False) -> ManagedProcess:
         """Starts the process and awaits ``ready(process)``; if that raises or is cancelled, stops the
         tree (off the event loop) and re-raises."""
-        process = cls(cmd, env=env, log_path=log_path, name=name)
+        process = cls(cmd, env=env, log_path=log_path, name=name, kill_root_first=kill_root_first)
         try:
             await ready(process)
         except BaseException:
@@ -163,8 +166,17 @@ class ManagedProcess:
         _reaper.unreap(self.popen.pid)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the tree, wait up to ``grace_s``, SIGKILL what is left, reap the root."""
+        """SIGTERM the tree, wait up to ``grace_s``, SIGKILL what is left, reap the root.
+
+        With ``kill_root_first`` the root is SIGKILLed before its descendants get SIGTERM: for a server
+        whose root treats a child's exit as a crash and stalls on it (SGLang's sleeps 5 s for crash
+        diagnostics before it exits), while the children still shut down on SIGTERM."""
         procs = self.tree()
+        if self.kill_root_first and procs:
+            try:
+                procs[0].send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
         # Children that left the tree (re-parented) but kept our process group go too.
         try:
             pgid = os.getpgid(self.popen.pid)

@@ -9,7 +9,9 @@
 #   2. sglang itself with --no-deps,
 #   3. remove torchvision (the index wheel is linked against CUDA torch),
 #   4. copy the shims (import-only sgl_kernel and torchvision; sitecustomize.py, which makes pinned
-#      memory a no-op without an accelerator, for SGLang's LoRA layers) to .venv/share/agentrl/sglang-cpu-shims;
+#      memory a no-op without an accelerator, for SGLang's LoRA layers; agentrl_sglang_models, the model
+#      classes registered up front so the scheduler skips importing every model file) to
+#      .venv/share/agentrl/sglang-cpu-shims;
 #      the engine launcher puts that folder on the SGLang subprocess's PYTHONPATH only.
 # Override the detection with AGENTRL_SGLANG_INSTALL=cpu|gpu|skip.
 set -euo pipefail
@@ -49,7 +51,7 @@ case "$mode" in
     rm -rf "$shims"
     mkdir -p "$shims"
     cp -r "$HERE/sglang-cpu-shims/sgl_kernel" "$HERE/sglang-cpu-shims/torchvision" \
-      "$HERE/sglang-cpu-shims/sitecustomize.py" "$shims/"
+      "$HERE/sglang-cpu-shims/agentrl_sglang_models" "$HERE/sglang-cpu-shims/sitecustomize.py" "$shims/"
     find "$shims" -name __pycache__ -prune -exec rm -rf {} +
     ;;
   *)

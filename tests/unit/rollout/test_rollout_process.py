@@ -63,6 +63,46 @@ def test_kill_now_and_log_tail(tmp_path: Path) -> None:
     assert sorted(int(x) for x in proc.log_tail().split()) == sorted(p.pid for p in tree[1:])
 
 
+# A root that, like SGLang's server, answers its child's exit by stalling before it exits (it notes
+# that it saw the exit), and a child that notes the SIGTERM it gets.
+STALLING_ROOT = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, lambda *_: None)  # the root waits on its child instead
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+child.wait()
+open(sys.argv[3], "w").write("saw the child exit")
+time.sleep(60)  # "crash diagnostics"
+"""
+NOTING_CHILD = """
+import signal, sys, time
+def done(*_):
+    open(sys.argv[1], "w").write("SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, done)
+open(sys.argv[1], "w").write("ready")
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("kill_root_first", [True, False])
+def test_kill_root_first_kills_the_root_before_the_children_end(tmp_path: Path, kill_root_first: bool) -> None:
+    child_note, root_note = tmp_path / "child", tmp_path / "root"
+    proc = ManagedProcess([sys.executable, "-c", STALLING_ROOT, NOTING_CHILD, str(child_note), str(root_note)],
+                          env={"PATH": "/usr/bin:/bin"}, log_path=tmp_path / "r.log", name="stalling",
+                          kill_root_first=kill_root_first)
+    for _ in range(200):
+        if child_note.exists() and child_note.read_text() == "ready":
+            break
+        time.sleep(0.05)
+    tree = proc.tree()
+    assert len(tree) == 2
+    proc.stop(grace_s=1.0)
+    assert child_note.read_text() == "SIGTERM"  # the child shuts down on SIGTERM either way
+    # killed first, the root never saw its child go (nothing to stall on); otherwise it did
+    assert root_note.exists() is not kill_root_first
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in tree)
+
+
 async def _never() -> bool:
     return False
 

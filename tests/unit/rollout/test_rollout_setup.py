@@ -53,7 +53,12 @@ def test_engine_environment(tmp_path: Path) -> None:
     env = engine_environment("cpu", extra={"OMP_NUM_THREADS": "1"}, shim_dir=SHIMS)
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["PYTHONPATH"].split(":")[0] == str(SHIMS)
     assert env["OMP_NUM_THREADS"] == "1"
+    assert env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "agentrl_sglang_models"  # the shims' model package
+    assert (SHIMS / "agentrl_sglang_models" / "__init__.py").exists()
+    mine = engine_environment("cpu", extra={"SGLANG_EXTERNAL_MODEL_PACKAGE": "mine"}, shim_dir=SHIMS)
+    assert mine["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "mine"  # a user's own package wins
     assert "SGLANG_USE_CPU_ENGINE" not in engine_environment("cuda", shim_dir=tmp_path)
+    assert "SGLANG_EXTERNAL_MODEL_PACKAGE" not in engine_environment("cuda", shim_dir=SHIMS)
     with pytest.raises(EngineError, match="shims not found"):
         engine_environment("cpu", shim_dir=tmp_path)
 

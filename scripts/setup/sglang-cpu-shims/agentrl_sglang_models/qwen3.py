@@ -1,0 +1,3 @@
+from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+
+EntryClass = Qwen3ForCausalLM
