@@ -2,7 +2,9 @@
 
 A launcher starts its server in a new session (its own process group), remembers the process, and
 stops exactly the tree it started: the process and every descendant it has at stop time, SIGTERM
-first, SIGKILL after a grace period. Nothing is ever looked up or killed by name.
+first, SIGKILL after a grace period (an SGLang server's root is SIGKILLed first: it takes its
+children's exit for a crash and would sleep 5 s for diagnostics). Nothing is ever looked up or killed
+by name.
 
 Because each server has its own session, a signal that ends the parent does not reach it: a
 SIGTERM to the parent would leave the engines (and SGLang's scheduler and detokenizer children)
