@@ -11,6 +11,8 @@ import pytest
 
 from agentrl.rollout.engine import engine_environment
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 pytest.importorskip("sglang")
 
 CODE = """
