@@ -39,7 +39,7 @@ class Issued:
     ids: tuple[int, ...]
     call_ids: tuple[str, ...] = field(init=False)
     # the request message last recognised as this reply: (message, raw, how). A harness resends its
-    # history with every request and the session's parse cache hands back the same objects for the
+    # history with every request and the session's parse memo hands back the same objects for the
     # same JSON, so each echo of a reply is judged once.
     seen: tuple[Message, dict[str, Any], str] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -131,7 +131,7 @@ def match(history: list[Message], owners: list[Issued | None], tools: list[dict[
                 return Match("none", reason=f"messages[{i}] is not the proxy's reply {owner.reply.response_id} "
                                             "(no issued id, other content or calls)")
             how.append(by)
-        elif sent[i] is not held and not _same(sent[i], held):  # the parse cache's own object: the same message
+        elif sent[i] is not held and not _same(sent[i], held):  # the parse memo's own object: the same message
             return Match("none", reason=f"messages[{i}] ({sent[i].role}) differs from the sequence's history "
                                         "(rewritten)")
     new = tuple(sent[len(history):])

@@ -25,14 +25,15 @@ from typing import Any
 
 import orjson
 
-from agentrl.chat.types import Message
+from agentrl.chat.types import Message, ToolCall
 
-__all__ = ["ChatRequest", "Reply", "RequestError", "completion", "error_body", "parse_request", "stream_events"]
+__all__ = ["ChatRequest", "ParseMemo", "Reply", "RequestError", "completion", "error_body", "parse_request", "stream_events"]
 
 # json.dumps builds a new encoder for every call whose options differ from the defaults: one for the
 # arguments string of every call the proxy returns, with json.dumps's spelling ({"a": 1}).
 _ARGUMENTS_JSON = json.JSONEncoder(ensure_ascii=False)
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_PLAIN_KEYS = frozenset(("model", "messages", "tools"))
 _REFUSED = ("logit_bias", "functions", "function_call", "audio", "modalities", "prediction", "web_search_options")
 
 
@@ -219,46 +220,106 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
                                "the sampled distribution the trainer scores)", param=key)
 
 
-def _messages(raw_messages: list[Any], cache: dict[bytes, tuple[Message, dict[str, Any]]] | None
-              ) -> list[tuple[Message, dict[str, Any]]]:
-    """Each message parsed, through ``cache`` (keyed by its JSON) when given: a harness resends its whole
-    history with every request, so a session parses each message once."""
-    if cache is None:
-        return [_message(m, i) for i, m in enumerate(raw_messages)]
-    out = []
-    for i, raw in enumerate(raw_messages):
-        try:
-            key = orjson.dumps(raw)
-        except TypeError:
-            out.append(_message(raw, i))
-            continue
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = _message(raw, i)
-        out.append(hit)
-    return out
+class ParseMemo:
+    """One session's parsing state: what the last request's messages parsed to, and the reply issued to it.
+
+    A harness resends its whole history with every request: most of a request is the previous request
+    (compared as decoded JSON, in C), then the proxy's reply to it (when the harness echoes the message
+    :func:`completion` returned unchanged), then one or two new messages. Only those are parsed, and
+    the messages carried over are the same objects as before, which is what lets
+    :func:`agentrl.proxy._history.match` and :class:`~agentrl.proxy._history.Issued` judge each of them
+    once. A request that departs from the last one (a fork, a retry after a rewrite) is parsed through
+    ``cache``: each message keyed by its JSON, parsed once per session.
+
+    Decoded JSON compares by value, so ``1``, ``1.0`` and ``true`` are equal in it: a message the
+    harness resends with only such a change counts as resent unchanged. (Message fields are strings;
+    only a tool call's arguments given as an object rather than a JSON string could differ so.)
+    """
+
+    __slots__ = ("cache", "echo", "kept", "messages", "raw", "tools", "tools_raw")
+
+    def __init__(self) -> None:
+        self.raw: list[Any] = []  # the last request's messages, as decoded
+        self.messages: list[Message] = []  # ... as parsed (read-only)
+        self.kept: list[dict[str, Any]] = []  # ... as ChatRequest.raw holds them
+        self.echo: tuple[dict[str, Any], Message] | None = None  # the reply to it: as sent, as parsed
+        self.tools_raw: Any = None
+        self.tools: list[dict[str, Any]] | None = None
+        self.cache: dict[bytes, tuple[Message, dict[str, Any]]] = {}
+
+    def replied(self, reply: Reply) -> None:
+        """The proxy answered the last request with ``reply``."""
+        self.echo = reply.echo()
 
 
-def parse_request(body: Any, cache: dict[bytes, tuple[Message, dict[str, Any]]] | None = None) -> ChatRequest:
+def _keyed(raw: Any, i: int, cache: dict[bytes, tuple[Message, dict[str, Any]]]) -> tuple[Message, dict[str, Any]]:
+    try:
+        key = orjson.dumps(raw)
+    except TypeError:
+        return _message(raw, i)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = _message(raw, i)
+    return hit
+
+
+def _messages(raw_messages: list[Any], memo: ParseMemo | None) -> tuple[list[Message], list[dict[str, Any]]]:
+    """Each message parsed, and as kept; with a session's ``memo``, only what the last request and its
+    reply do not already account for (see :class:`ParseMemo`)."""
+    if memo is None:
+        parsed = [_message(m, i) for i, m in enumerate(raw_messages)]
+        return [m for m, _ in parsed], [r for _, r in parsed]
+    n = len(memo.raw)
+    if n and len(raw_messages) >= n and raw_messages[:n] == memo.raw:
+        messages, kept = memo.messages[:], memo.kept[:]
+        echo = memo.echo
+        if echo is not None and n < len(raw_messages) and raw_messages[n] == echo[0]:
+            messages.append(echo[1])
+            kept.append(echo[0])
+            n += 1
+        for i in range(n, len(raw_messages)):
+            message, raw = _message(raw_messages[i], i)
+            messages.append(message)
+            kept.append(raw)
+    else:
+        cache = memo.cache
+        parsed = [_keyed(m, i, cache) for i, m in enumerate(raw_messages)]
+        messages, kept = [m for m, _ in parsed], [r for _, r in parsed]
+    memo.raw, memo.messages, memo.kept, memo.echo = raw_messages[:], messages, kept, None
+    return messages, kept
+
+
+def parse_request(body: Any, memo: ParseMemo | None = None) -> ChatRequest:
     """The :class:`ChatRequest` of a decoded JSON body; raises :class:`RequestError` (see the module doc).
-    ``cache``: one session's parsed messages (:func:`_messages`); the messages must then be treated as
-    read-only."""
+    ``memo``: one session's parsing state (:class:`ParseMemo`); the messages and tools must then be
+    treated as read-only, and so must ``body`` (the memo compares the next request with it; the server
+    parses a freshly decoded body each time)."""
     if not isinstance(body, Mapping):
         raise RequestError(f"body: got {type(body).__name__}; expected a JSON object")
-    _refuse_unsupported(body)
+    plain = body.keys() <= _PLAIN_KEYS
+    if not plain:
+        _refuse_unsupported(body)
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise RequestError("messages: expected a non-empty list of messages", param="messages")
-    parsed = _messages(raw_messages, cache)
-    tools = _tools(body)
+    messages, kept = _messages(raw_messages, memo)
+    if memo is None:
+        tools = _tools(body)
+    else:
+        sent_tools = body.get("tools")
+        if sent_tools is None or sent_tools != memo.tools_raw:
+            memo.tools, memo.tools_raw = _tools(body), sent_tools
+        tools = memo.tools
+    model = body.get("model")
+    if plain:  # every option at its default (most harnesses' requests): nothing else to read
+        return ChatRequest(messages=messages, raw=kept, tools=tools, model=model if isinstance(model, str) else None)
     choice, named = _tool_choice(body, tools)
     options = body.get("stream_options")
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise RequestError(f"chat_template_kwargs: got {kwargs!r:.80}; expected an object", param="chat_template_kwargs")
-    model = body.get("model")
     return ChatRequest(
-        messages=[m for m, _ in parsed], raw=[r for _, r in parsed], tools=tools, tool_choice=choice, named=named,
+        messages=messages, raw=kept, tools=tools, tool_choice=choice, named=named,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 1e-9, 1.0),
         max_tokens=_tokens(body), stop=_stop(body), stream=bool(body.get("stream")),
         include_usage=bool(isinstance(options, Mapping) and options.get("include_usage")),
@@ -290,6 +351,13 @@ class Reply:
                                   "function": {"name": name, "arguments": _ARGUMENTS_JSON.encode(args)}}
                                  for cid, name, args in self.calls]
         return msg
+
+    def echo(self) -> tuple[dict[str, Any], Message]:
+        """:meth:`message`, and what :func:`parse_request` parses it back to (built, not parsed: the
+        arguments are the parsed call's own, which the JSON of :meth:`message` spells)."""
+        sent = self.message()
+        return sent, Message("assistant", sent["content"], reasoning_content=self.reasoning or None,
+                             tool_calls=[ToolCall(name, args, cid) for cid, name, args in self.calls])
 
     def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,

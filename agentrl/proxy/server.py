@@ -177,7 +177,7 @@ class ProxyServer:
         if session is None:
             return self._unknown(sid)
         try:
-            chat = parse_request(orjson.loads(request.body), session.parsed)
+            chat = parse_request(orjson.loads(request.body), session.memo)
         except orjson.JSONDecodeError as exc:
             session.record(ErrorKind.AGENT_REQUEST, f"body: not JSON ({exc})", "request")
             return _error(400, f"body: not JSON ({exc})")

@@ -56,7 +56,7 @@ from agentrl.chat.types import Message, ToolCall
 from agentrl.episode import Episode
 from agentrl.proxy._grammar import forced_call_grammar
 from agentrl.proxy._history import Issued, Match, match
-from agentrl.proxy._wire import ChatRequest, Reply, RequestError
+from agentrl.proxy._wire import ChatRequest, ParseMemo, Reply, RequestError
 from agentrl.rollout._agent_config import AgentConfig
 from agentrl.rollout.agent import GenerateClient, new_id, request_sampling
 from agentrl.rollout.types import (
@@ -161,7 +161,7 @@ class ProxySession:
         self.last_finish: FinishKind | None = None
         self.context_exceeded = False
         self._unplaced: list[tuple[ErrorKind, str, str]] = []  # errors before the first sequence existed
-        self.parsed: dict[bytes, tuple[Message, dict[str, Any]]] = {}  # the server's parse cache (read-only messages)
+        self.memo = ParseMemo()  # the server's parsing state (read-only messages and tools)
         self._samplings: dict[tuple[Any, ...], SamplingParams] = {}  # per distinct request settings
 
     # -- the owner's side ------------------------------------------------------------------------
@@ -226,7 +226,9 @@ class ProxySession:
             self.metrics["proxy/requests"] += 1
             self.last_request = request
             try:
-                return await self._serve(request, retry)
+                reply = await self._serve(request, retry)
+                self.memo.replied(reply)
+                return reply
             except RequestError as exc:
                 if exc.code != "context_length_exceeded":
                     self.metrics["proxy/bad_requests"] += 1

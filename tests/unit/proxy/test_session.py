@@ -52,11 +52,12 @@ class ScriptEnv(Environment):
 
 async def drive(session: ProxySession, replies: list[list[dict[str, Any]]], *, resend: Any = None) -> list[Any]:
     """A harness: the opening, then after each reply the reply (as the client returned it, or as
-    ``resend`` rewrites it) and the scripted messages; stops after the last reply."""
+    ``resend`` rewrites it) and the scripted messages; stops after the last reply. Parsed as the server
+    parses, with the session's memo."""
     messages: list[dict[str, Any]] = [dict(m) for m in OPENING]
     answers = []
     for turn in range(len(replies) + 1):
-        reply = await session.handle(parse_request({"messages": messages, "tools": [ADD]}))
+        reply = await session.handle(parse_request({"messages": messages, "tools": [ADD]}, session.memo))
         answers.append(reply)
         if turn == len(replies):
             break

@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import agentrl.proxy
 from agentrl.proxy import Reply, RequestError, parse_request
-from agentrl.proxy._wire import completion, stream_events
+from agentrl.proxy._wire import ParseMemo, _message, completion, stream_events
 
 
 def test_public_surface_is_pinned() -> None:
@@ -104,3 +104,81 @@ def test_a_streamed_reply_is_chunks_then_done() -> None:
     assert calls[0][0].function.name == "add"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+
+
+# -- a session's parse memo ------------------------------------------------------------------------
+OPENING = [{"role": "system", "content": "You add."}, {"role": "user", "content": "1+2?"}]
+
+
+def counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the messages ``parse_request`` parses (rather than carries over)."""
+    parsed: list[int] = []
+    original = agentrl.proxy._wire._message
+
+    def message(raw: Any, i: int) -> Any:
+        parsed.append(i)
+        return original(raw, i)
+
+    monkeypatch.setattr(agentrl.proxy._wire, "_message", message)
+    return parsed
+
+
+def follow_up(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    """The harness's next request, decoded afresh as the server decodes every body: the history, the
+    reply as the client got it, a tool result."""
+    sent = orjson.loads(completion(reply))["choices"][0]["message"]
+    return orjson.loads(orjson.dumps({**body, "messages": [*body["messages"], sent, {
+        "role": "tool", "tool_call_id": reply.calls[0][0], "content": "3"}]}))
+
+
+def test_a_resent_history_is_parsed_once_and_comes_back_as_the_same_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed = counting(monkeypatch)
+    memo = ParseMemo()
+    body = {"model": "m", "messages": OPENING, "tools": [ADD]}
+    first = parse_request(orjson.loads(orjson.dumps(body)), memo)
+    memo.replied(REPLY)
+    second_body = follow_up(body, REPLY)
+    second = parse_request(second_body, memo)
+    assert parsed == [0, 1, 3]  # the opening once, then only the tool result: the echoed reply is known
+    assert all(a is b for a, b in zip(first.messages, second.messages[:2], strict=True))
+    assert second.tools is first.tools
+    # the echo stands for what parsing the reply's message gives, as the sequence's history holds it
+    echoed, again = second.messages[2], _message(second_body["messages"][2], 2)[0]
+    assert echoed == again and echoed.tool_calls[0].id == "call_1" and echoed.reasoning_content == "think"
+    third = parse_request(orjson.loads(orjson.dumps(second_body)), memo)  # a retry: the same request again
+    assert parsed == [0, 1, 3] and all(a is b for a, b in zip(second.messages, third.messages, strict=True))
+
+
+def test_a_rewritten_history_is_parsed_anew_and_nothing_stale_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed = counting(monkeypatch)
+    memo = ParseMemo()
+    body = {"messages": OPENING, "tools": [ADD]}
+    parse_request(orjson.loads(orjson.dumps(body)), memo)
+    memo.replied(REPLY)
+    changed = follow_up(body, REPLY)
+    changed["messages"][1]["content"] = "2+2?"  # the harness rewrote the question
+    changed["messages"][2]["content"] = "I will add."  # and the reply it echoes
+    changed["tools"] = [{"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}]
+    req = parse_request(changed, memo)
+    assert [m.content for m in req.messages[:3]] == ["You add.", "2+2?", "I will add."]
+    assert parsed == [0, 1, 1, 2, 3]  # a departing request: each message parsed or found by its JSON (the first)
+    assert req.tools is not None and req.tools[0]["function"]["name"] == "mul"
+    rolled_back = orjson.loads(orjson.dumps(body))  # back to the first request: found by its JSON, not reparsed
+    assert [m.content for m in parse_request(rolled_back, memo).messages] == ["You add.", "1+2?"]
+    assert parsed == [0, 1, 1, 2, 3]
+
+
+@pytest.mark.parametrize("reply", [
+    REPLY,
+    Reply(response_id="r", created=1, model="m", content="3", reasoning=None, calls=(), finish_reason="stop",
+          prompt_tokens=1, completion_tokens=1),
+    Reply(response_id="r", created=1, model="m", content="Let me add.", reasoning="a\nb",
+          calls=(("call_a", "add", {"a": 1, "b": [2, {"c": None}]}), ("call_b", "mul", {})),
+          finish_reason="tool_calls", prompt_tokens=1, completion_tokens=1),
+    Reply(response_id="r", created=1, model="m", content="", reasoning=None, calls=(), finish_reason="length",
+          prompt_tokens=1, completion_tokens=1),
+])
+def test_a_replys_echo_is_exactly_what_parsing_its_message_gives(reply: Reply) -> None:
+    sent, message = reply.echo()
+    assert sent == reply.message()
+    assert (message, sent) == _message(orjson.loads(orjson.dumps(sent)), 0)
