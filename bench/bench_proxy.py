@@ -196,18 +196,24 @@ async def proxied(template: Any, engine: Any, n: int, concurrency: int, config: 
         server._chat = chat  # type: ignore[method-assign]
     await server.start()
     sessions = [server.open(ProxySession(template, engine, config)) for _ in range(n)]
-    urls = Path(tempfile.mkdtemp(prefix="bench-proxy-")) / "urls.json"
-    urls.write_text(json.dumps([server.base_url(s) for s in sessions]))
     started = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--harness", str(urls), "--concurrency",
-                                                str(concurrency), stdout=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
+    run = await run_harness([server.base_url(s) for s in sessions], concurrency)
     wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"the harness process failed ({proc.returncode})")
     episodes = [server.close(s, StopReason.ENV_DONE) for s in sessions]
     await server.stop()
-    return wall, episodes, json.loads(out.decode().strip().splitlines()[-1])
+    return wall, episodes, run
+
+
+async def run_harness(urls: list[str], concurrency: int) -> dict[str, Any]:
+    """Runs the harness process over ``urls`` (one conversation each); returns what it measured."""
+    path = Path(tempfile.mkdtemp(prefix="bench-proxy-")) / "urls.json"
+    path.write_text(json.dumps(urls))
+    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--harness", str(path), "--concurrency",
+                                                str(concurrency), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the harness process failed ({proc.returncode})")
+    return dict(json.loads(out.decode().strip().splitlines()[-1]))
 
 
 async def floor(template: Any, engine: Any, n: int, concurrency: int, config: Any) -> dict[str, float]:
@@ -260,16 +266,13 @@ async def floor(template: Any, engine: Any, n: int, concurrency: int, config: An
 
     server = HttpServer(handler, max_body_bytes=1 << 26)
     port = await server.start("127.0.0.1", 0)
-    urls = Path(tempfile.mkdtemp(prefix="bench-proxy-")) / "urls.json"
-    urls.write_text(json.dumps([f"http://127.0.0.1:{port}/s/{secrets.token_hex(8)}/v1" for _ in range(n)]))
-    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--harness", str(urls), "--concurrency",
-                                                str(concurrency), stdout=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
-    await server.stop()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the harness process failed ({proc.returncode})")
+    try:
+        run = await run_harness([f"http://127.0.0.1:{port}/s/{secrets.token_hex(8)}/v1" for _ in range(n)],
+                                concurrency)
+    finally:
+        await server.stop()
     assert all(len(s[1].messages) == 2 * TURNS for s in states.values()), "the floor's conversations were cut short"
-    return dict(json.loads(out.decode().strip().splitlines()[-1]))
+    return run
 
 
 def per_call(ticks: list[float]) -> list[float]:
