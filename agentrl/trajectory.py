@@ -16,7 +16,14 @@ Invariants, checked on every append and on load:
   mask over its span; only ``model`` segments may be trainable;
 - logprobs are finite and ``<= 0`` (up to float rounding); ids lie within ``vocab_size`` when
   it is known;
-- nothing is appended after a terminal status (completed / truncated / aborted / failed).
+- nothing is appended after a terminal status (completed / truncated / aborted / failed);
+- every per-token channel (:attr:`Trajectory.channels`, :mod:`agentrl.token_data`: MoE routing,
+  teacher logprobs) has exactly one row per token; rows come with the tokens they belong to
+  (``channels=`` of either mutator) or later (:meth:`Trajectory.write_channel`).
+
+A sequence after an episode's first one records why it started in :attr:`Trajectory.fork_reason`
+(:class:`ForkReason`: the template rewrote history, an agent harness's history did not continue it,
+the harness resent a request, a context policy compacted the history).
 
 Errors are values: whatever went wrong in the episode (the engine, the environment, a tool under
 failure policy ``end``, the bridge, the reward) is an :class:`EpisodeError` in
@@ -26,11 +33,12 @@ turn, component, tool call id). Files written before errors were typed keep them
 :meth:`Trajectory.from_dict` reads those into :attr:`Trajectory.errors`.
 
 Each stop reason implies one status (:func:`status_for`): ``no_tool_calls``, ``env_done``,
-``max_turns`` and ``max_tool_calls`` → completed; ``context_budget`` and ``engine_length`` →
-truncated; ``aborted`` → aborted; ``failed`` → failed.
+``max_turns`` and ``max_tool_calls`` → completed; ``context_budget``, ``engine_length`` and
+``max_sampled_tokens`` → truncated; ``aborted`` → aborted; ``failed`` → failed.
 
 A trajectory is a plain dataclass: picklable, and losslessly round-tripped through JSON
-(:meth:`to_dict` / :meth:`from_dict`, :func:`save_jsonl` / :func:`load_jsonl`); the one exception
+(:meth:`to_dict` / :meth:`from_dict`, :func:`save_jsonl` / :func:`load_jsonl`; records carry
+``schema`` 2, and records without it, written before channels and fork reasons, still load); the one exception
 is a lone surrogate in a string (not Unicode: an environment's text decoded with
 ``surrogateescape``), which files hold as U+FFFD.
 
@@ -49,19 +57,23 @@ import gzip
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import numpy as np
 
 from agentrl._enum import NamedEnum
 from agentrl._ids import CheckedIds
 from agentrl._unicode import without_lone_surrogates
 from agentrl.chat.types import Message
+from agentrl.token_data import ChannelError, TokenChannel, default_alignment
 
 __all__ = [
     "CheckedIds",
     "EpisodeError",
     "ErrorKind",
+    "ForkReason",
     "Segment",
     "SegmentKind",
     "Status",
@@ -78,6 +90,9 @@ T = TypeVar("T")
 
 # Engines return logprobs that can exceed 0 by float rounding (log-softmax in bf16/fp32).
 _LOGPROB_TOLERANCE = 1e-3
+# The record layout :meth:`Trajectory.to_dict` writes. 1: no ``schema`` key (files before per-token channels);
+# 2: ``schema``, ``fork_reason`` and ``channels``. Every earlier layout stays readable.
+SCHEMA_VERSION = 2
 # ``info`` key of a message-level trajectory (see Trajectory.from_messages)
 _MESSAGE_LEVEL = "message_level"
 
@@ -128,6 +143,7 @@ class StopReason(NamedEnum):
     MAX_TURNS = "max_turns"
     MAX_TOOL_CALLS = "max_tool_calls"
     CONTEXT_BUDGET = "context_budget"  # the context-token budget is spent
+    MAX_SAMPLED_TOKENS = "max_sampled_tokens"  # the rollout's budget of sampled tokens (all its sequences) is spent
     ENGINE_LENGTH = "engine_length"  # the engine stopped on max_new_tokens / context length
     ABORTED = "aborted"
     FAILED = "failed"
@@ -137,8 +153,18 @@ _STATUS_OF: dict[StopReason, Status] = {
     StopReason.NO_TOOL_CALLS: Status.COMPLETED, StopReason.ENV_DONE: Status.COMPLETED,
     StopReason.MAX_TURNS: Status.COMPLETED, StopReason.MAX_TOOL_CALLS: Status.COMPLETED,
     StopReason.CONTEXT_BUDGET: Status.TRUNCATED, StopReason.ENGINE_LENGTH: Status.TRUNCATED,
+    StopReason.MAX_SAMPLED_TOKENS: Status.TRUNCATED,
     StopReason.ABORTED: Status.ABORTED, StopReason.FAILED: Status.FAILED,
 }
+
+
+class ForkReason(NamedEnum):
+    """Why a sequence after an episode's first one started (:attr:`Trajectory.fork_reason`)."""
+
+    TEMPLATE = "template"  # the chat template rewrote history (not append-only): a fresh full render
+    HARNESS = "harness"  # an agent harness sent a history that does not continue the sequence (proxy)
+    RESAMPLED = "resampled"  # an agent harness sent the same request again (proxy)
+    COMPACTION = "compaction"  # a context policy compacted the history (window, elision, summary)
 
 
 def status_for(reason: StopReason) -> Status:
@@ -278,10 +304,12 @@ class Trajectory:
     sample_id: str | None = None
     session_id: str | None = None
     sequence_index: int = 0  # >0 for a sequence forked from the same rollout (fan-out)
+    fork_reason: ForkReason | None = None  # why this sequence started (None: the episode's first)
     vocab_size: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     errors: list[EpisodeError] = field(default_factory=list)
+    channels: dict[str, TokenChannel] = field(default_factory=dict)  # per-token side data (agentrl.token_data)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -316,11 +344,12 @@ class Trajectory:
     # -- the two mutators --------------------------------------------------------------------
     def append_model(self, token_ids: Iterable[int], logprobs: Iterable[float], *,
                      weight_version: str | None = None, finish_reason: str | None = None,
-                     message_index: int | None = None) -> Segment | None:
+                     message_index: int | None = None, channels: Mapping[str, Any] | None = None) -> Segment | None:
         """Appends sampled ids verbatim with their logprobs (trainable). Returns the new segment.
 
-        An empty turn (the engine returned no tokens, e.g. an immediate abort) appends nothing
-        and returns None.
+        ``channels``: rows of per-token side data for the new ids (``{name: [n, *row_shape]}``); every
+        other channel gets absent rows. An empty turn (the engine returned no tokens, e.g. an immediate
+        abort) appends nothing and returns None.
         """
         ids = list(map(int, token_ids))  # map() in C: half the cost of a comprehension
         lps = list(map(float, logprobs))
@@ -331,6 +360,7 @@ class Trajectory:
         self._check_ids(ids, "append_model token_ids")
         if not ids:
             return None
+        self._extend_channels(len(ids), channels, "append_model")
         seg = Segment(SegmentKind.MODEL, len(self.tokens), len(self.tokens) + len(ids), trainable=True,
                       turn=self.num_model_turns + 1, message_index=message_index,
                       weight_version=weight_version, finish_reason=finish_reason)
@@ -341,9 +371,10 @@ class Trajectory:
         self.status = Status.RUNNING
         return seg
 
-    def append_env(self, token_ids: Iterable[int], *, kind: SegmentKind | str,
-                   message_index: int | None = None) -> Segment | None:
-        """Appends environment ids (tool / user / scaffold): loss mask 0, logprob placeholder 0.0."""
+    def append_env(self, token_ids: Iterable[int], *, kind: SegmentKind | str, message_index: int | None = None,
+                   channels: Mapping[str, Any] | None = None) -> Segment | None:
+        """Appends environment ids (tool / user / scaffold): loss mask 0, logprob placeholder 0.0.
+        ``channels`` as for :meth:`append_model`."""
         ids = list(map(int, token_ids))
         try:
             seg_kind = SegmentKind(kind)
@@ -355,6 +386,7 @@ class Trajectory:
         self._check_ids(ids, "append_env token_ids")
         if not ids:
             return None
+        self._extend_channels(len(ids), channels, "append_env")
         seg = Segment(seg_kind, len(self.tokens), len(self.tokens) + len(ids), trainable=False,
                       turn=self.num_model_turns, message_index=message_index)
         self.tokens.extend(ids)
@@ -363,6 +395,46 @@ class Trajectory:
         self.segments.append(seg)
         self.status = Status.RUNNING
         return seg
+
+    def _extend_channels(self, n: int, rows: Mapping[str, Any] | None, what: str) -> None:
+        """Grows every channel by ``n`` positions (rows from ``rows`` where given), all or nothing."""
+        rows = rows or {}
+        fresh = {name: self._new_channel(name, value, what) for name, value in rows.items()
+                 if name not in self.channels}
+        channels = {**self.channels, **fresh}
+        checked = {}
+        for name, value in rows.items():  # every row checked before any channel grows: all or nothing
+            try:
+                checked[name] = channels[name].check_rows(value, n)
+            except ChannelError as exc:
+                raise TrajectoryError(f"{what}: channels[{name!r}]: {exc}") from exc
+        for name, channel in channels.items():
+            channel.extend(n, checked.get(name))
+        self.channels.update(fresh)
+
+    def _new_channel(self, name: str, rows: Any, what: str) -> TokenChannel:
+        arr = np.asarray(rows)
+        if arr.ndim < 1:
+            raise TrajectoryError(f"{what}: channels[{name!r}]: expected rows [tokens, ...], got a scalar")
+        try:
+            return TokenChannel(arr.dtype, arr.shape[1:], length=len(self.tokens), alignment=default_alignment(name))
+        except ChannelError as exc:
+            raise TrajectoryError(f"{what}: channels[{name!r}]: {exc}") from exc
+
+    def write_channel(self, name: str, start: int, rows: Any) -> int:
+        """Sets rows of channel ``name`` at positions ``[start, start + len(rows))``, all already in
+        ``tokens`` (side data that arrives after its tokens, e.g. routing of a prefilled prompt). Creates
+        the channel (absent everywhere else) when missing. Returns how many rows changed an earlier,
+        different value."""
+        channel = self.channels.get(name)
+        if channel is None:
+            channel = self._new_channel(name, rows, "write_channel")
+        try:
+            changed = channel.write(start, rows)
+        except ChannelError as exc:
+            raise TrajectoryError(f"write_channel({name!r}): {exc}") from exc
+        self.channels.setdefault(name, channel)
+        return changed
 
     def mask_model_segments(self, where: Callable[[Segment], bool]) -> int:
         """Stops training on the model segments ``where`` selects (loss mask 0, ``trainable=False``).
@@ -456,6 +528,10 @@ class Trajectory:
             if m not in (0, 1):
                 raise TrajectoryError(f"loss_mask[{i}] = {m!r}; expected 0 or 1")
         _check_logprobs(self.logprobs, "logprobs")
+        for name, channel in self.channels.items():
+            if len(channel) != len(self.tokens):
+                raise TrajectoryError(f"channels[{name!r}] has {len(channel)} rows for {len(self.tokens)} tokens; "
+                                      "expected one row per token")
 
     def _check_segments(self) -> None:
         if not self.segments or self.segments[0].kind is not SegmentKind.PROMPT or \
@@ -487,11 +563,17 @@ class Trajectory:
             "rollout_id": self.rollout_id, "sample_id": self.sample_id, "session_id": self.session_id,
             "sequence_index": self.sequence_index, "vocab_size": self.vocab_size, "metrics": dict(self.metrics),
             "info": dict(self.info), "errors": [e.to_dict() for e in self.errors],
+            "schema": SCHEMA_VERSION, "fork_reason": self.fork_reason.value if self.fork_reason is not None else None,
+            **({"channels": {k: c.to_dict() for k, c in self.channels.items()}} if self.channels else {}),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         """Rebuilds a trajectory and validates it; a broken record raises :class:`TrajectoryError`."""
+        schema = data.get("schema", 1)
+        if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+            raise TrajectoryError(f"trajectory record: schema {schema!r}; this agentrl reads schema 1 to "
+                                  f"{SCHEMA_VERSION} (a file written by a newer agentrl?)")
         try:
             status = Status(data.get("status", "pending"))
             info = dict(data.get("info") or {})
@@ -508,6 +590,8 @@ class Trajectory:
                 session_id=data.get("session_id"), sequence_index=int(data.get("sequence_index", 0)),
                 vocab_size=data.get("vocab_size"), metrics=dict(data.get("metrics") or {}),
                 info=info, errors=errors,
+                fork_reason=ForkReason(data["fork_reason"]) if data.get("fork_reason") else None,
+                channels={str(k): TokenChannel.from_dict(v) for k, v in (data.get("channels") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, TrajectoryError):

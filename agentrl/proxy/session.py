@@ -70,6 +70,7 @@ from agentrl.rollout.types import (
 from agentrl.trajectory import (
     EpisodeError,
     ErrorKind,
+    ForkReason,
     SegmentKind,
     StopReason,
     Trajectory,
@@ -319,6 +320,7 @@ class ProxySession:
                                       session_id=self.routing_key)
         traj.sequence_index = len(self.sequences)
         if kind != "first":
+            traj.fork_reason = ForkReason(kind)
             traj.info["forked_because"] = f"{kind}: {why}"
             self.metrics["proxy/forks"] += 1
             self.metrics[f"proxy/fork/{kind}"] += 1

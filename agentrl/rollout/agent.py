@@ -110,6 +110,7 @@ from agentrl.rollout.types import (
 )
 from agentrl.trajectory import (
     ErrorKind,
+    ForkReason,
     SegmentKind,
     Status,
     StopReason,
@@ -492,6 +493,7 @@ class EpisodeRunner:
                 group_id=traj.group_id, rollout_id=traj.rollout_id, sample_id=traj.sample_id,
                 session_id=traj.session_id))
             self.traj.sequence_index = len(self.sequences) - 1
+            self.traj.fork_reason = ForkReason.TEMPLATE
             self.traj.info["forked_because"] = bridge.reason
             self.bridge_session = BridgeSession(self.template, self.traj.messages, tools=self.tools, **self.kwargs)
             return None

@@ -23,6 +23,7 @@ import torch
 
 from agentrl.algorithms import AdvantageEstimator, compute_advantages, rollout_denominators
 from agentrl.episode import Episode
+from agentrl.token_data import TokenChannel
 from agentrl.train.config import BatchingConfig
 from agentrl.trajectory import Trajectory
 
@@ -40,6 +41,7 @@ class TrainSequence:
 
     ``denominator`` is the number of trainable tokens of the whole rollout (over all its
     sequences), fixed before any split. ``ref_logprobs``/``old_logprobs`` are filled by a backend.
+    ``channels``: the trajectory's per-token side data (:mod:`agentrl.token_data`), aligned with ``tokens``.
     """
 
     tokens: list[int]
@@ -53,6 +55,7 @@ class TrainSequence:
     sample_id: str | None = None
     ref_logprobs: list[float] | None = None
     old_logprobs: list[float] | None = None
+    channels: dict[str, TokenChannel] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -60,6 +63,9 @@ class TrainSequence:
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise ValueError(f"{name}: expected {n} entries (one per token), got {len(values)}")
+        for name, channel in self.channels.items():
+            if len(channel) != n:
+                raise ValueError(f"channels[{name!r}]: expected {n} rows (one per token), got {len(channel)}")
         if n < 1:
             raise ValueError("tokens: expected at least one token, got an empty sequence")
         if self.loss_mask[0]:
@@ -161,6 +167,6 @@ def build_training_batch(trajectories: Sequence[Trajectory | Episode],
             rollout_logprobs=[0.0] * p + list(traj.logprobs),
             advantages=[0.0] * p + adv[row, :n].tolist(),
             rollout_id=rid, group_id=gid, reward=reward, denominator=denominators[row],
-            sample_id=traj.sample_id,
+            sample_id=traj.sample_id, channels=dict(traj.channels),
         ))
     return TrainingBatch(sequences=sequences, num_rollouts=len(set(rollout_ids)), excluded=excluded)

@@ -16,18 +16,20 @@ depend on the plan (tested: three different packings give the same loss and grad
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
+from agentrl.token_data import Alignment, TokenChannel
 from agentrl.train.batching import TrainSequence
 from agentrl.train.config import PackingConfig
 
 if TYPE_CHECKING:
     from agentrl.train.prefix import PrefixLayout
 
-__all__ = ["MicroBatch", "collate", "pack_indices", "padding_micro_batch", "partition_for_ranks",
+__all__ = ["ChannelRows", "MicroBatch", "collate", "pack_indices", "padding_micro_batch", "partition_for_ranks",
            "plan_micro_batches"]
 
 
@@ -95,6 +97,47 @@ def plan_micro_batches(
 
 
 @dataclass
+class ChannelRows:
+    """One per-token channel of a micro-batch, in its packed layout: ``values`` ``[N, *row_shape]`` and
+    ``present`` ``[N]`` (bool). A ``position`` channel (routing) is taken from each sequence's rows
+    ``[:-1]`` (the inputs), a ``token`` channel (a logprob) from ``[1:]`` (the targets)."""
+
+    values: torch.Tensor
+    present: torch.Tensor
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.present.all())
+
+
+# numpy dtypes torch has no tensor type for, and what they widen to
+_TORCH_WIDEN = {"uint16": "int32"}
+
+
+def _collate_channels(picked: Sequence[TrainSequence], device: torch.device | None) -> dict[str, ChannelRows]:
+    names = sorted({name for s in picked for name in s.channels})
+    out: dict[str, ChannelRows] = {}
+    for name in names:
+        spec = next(s.channels[name] for s in picked if name in s.channels)
+        values, present = [], []
+        for seq in picked:
+            channel = seq.channels.get(name)
+            n = len(seq.tokens) - 1
+            if channel is None:  # this sequence has no such rows: absent throughout
+                channel = TokenChannel(spec.dtype, spec.row_shape, length=len(seq.tokens), alignment=spec.alignment)
+            elif (channel.dtype, channel.row_shape, channel.alignment) != (spec.dtype, spec.row_shape, spec.alignment):
+                raise ValueError(f"channels[{name!r}]: sequences disagree on the channel's layout "
+                                 f"({channel!r} and {spec!r}); expected one dtype, row shape and alignment")
+            lo = 0 if channel.alignment is Alignment.POSITION else 1
+            values.append(channel.values[lo: lo + n])
+            present.append(channel.present[lo: lo + n])
+        stacked = np.concatenate(values).astype(_TORCH_WIDEN.get(spec.dtype, spec.dtype), copy=False)
+        out[name] = ChannelRows(values=torch.from_numpy(np.ascontiguousarray(stacked)).to(device),
+                                present=torch.from_numpy(np.concatenate(present)).to(device))
+    return out
+
+
+@dataclass
 class MicroBatch:
     """One packed row, shifted for next-token scoring; every tensor is 1-D of length ``N``.
 
@@ -108,6 +151,7 @@ class MicroBatch:
     derived from ``sequence_ids`` when empty). ``trainable``: how many positions have loss mask 1
     (``None``: counted from ``loss_mask``). ``padding``: a stand-in row with nothing to train, run
     only so that every rank of a sharded model runs the same collectives (never scored or counted).
+    ``channels``: the sequences' per-token side data in the packed layout (:class:`ChannelRows`).
     """
 
     input_ids: torch.Tensor
@@ -125,6 +169,7 @@ class MicroBatch:
     lengths: tuple[int, ...] = ()
     trainable: int | None = None
     padding: bool = False
+    channels: dict[str, ChannelRows] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -192,6 +237,7 @@ def collate(sequences: Sequence[TrainSequence], indices: Sequence[int], *, dtype
         ref_logprobs=floats("ref_logprobs") if with_ref else None,
         lengths=tuple(len(s.tokens) - 1 for s in picked),
         trainable=sum(1 for s in picked for m in s.loss_mask[1:] if m),
+        channels=_collate_channels(picked, device),
     )
 
 
