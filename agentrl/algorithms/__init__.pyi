@@ -27,6 +27,7 @@ from .kinds import (
     KLKind,
     LossAggregation,
     PolicyLossKind,
+    RoutingReplay,
     default_aggregation,
     policy_loss_for,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "KLKind",
     "LossAggregation",
     "PolicyLossKind",
+    "RoutingReplay",
     "cispo_loss",
     "compute_advantages",
     "default_aggregation",

@@ -1,4 +1,5 @@
-"""The names of the RL math, without torch: estimators, policy losses, loss reductions, KL kinds.
+"""The names of the RL math, without torch: estimators, policy losses, loss reductions, KL kinds,
+MoE routing replay.
 
 Configs validate against these at load time, so a config can be checked (and a typo reported)
 before torch is imported. The functions that use them live beside the tensors they act on.
@@ -17,6 +18,7 @@ __all__ = [
     "KLKind",
     "LossAggregation",
     "PolicyLossKind",
+    "RoutingReplay",
     "default_aggregation",
     "policy_loss_for",
 ]
@@ -50,6 +52,21 @@ class LossAggregation(NamedEnum):
     ROLLOUT_TOKEN_MEAN = "rollout_token_mean"
     TOKEN_MEAN = "token_mean"
     SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
+
+
+class RoutingReplay(NamedEnum):
+    """Which experts a mixture-of-experts training forward sends each token to.
+
+    - ``off``: the trainer's own router picks them (its top-k over its own scores);
+    - ``rollout``: the experts the engine chose while sampling (the trajectory's ``routed_experts``
+      channel) are replayed in every MoE layer of every training forward (policy, old-policy,
+      reference, and the recompute of checkpointed activations); only the top-k index sets are
+      replayed, the gate weights are recomputed from the trainer's own router scores over those
+      experts, so the router still gets gradient. A dense model ignores the setting.
+    """
+
+    OFF = "off"
+    ROLLOUT = "rollout"
 
 
 def policy_loss_for(estimator: AdvantageEstimator | str) -> PolicyLossKind:

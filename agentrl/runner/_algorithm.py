@@ -31,6 +31,7 @@ from agentrl.algorithms import (
     KLKind,
     LossAggregation,
     PolicyLossKind,
+    RoutingReplay,
     default_aggregation,
 )
 from agentrl.train.config import BatchingConfig, LossConfig
@@ -72,6 +73,10 @@ class AlgorithmSection(Section):
     - ``correction``: train/inference mismatch weights, ``tis`` (truncated, ``tis_clip_low..tis_clip``)
       or ``mis`` (masked outside ``mis_low..mis_high``).
     - ``old_logprobs``: the ratio's denominator: ``recompute``, the engine's (``rollout``), ``detached``.
+    - ``routing_replay``: for a mixture-of-experts model, ``rollout`` trains every token through the
+      experts the engine routed it to while sampling (rollout routing replay; the engines are asked
+      for their routing); ``off`` (default) lets the trainer's router choose
+      (:class:`~agentrl.algorithms.RoutingReplay`, docs/training.md "MoE").
     """
 
     estimator: AdvantageEstimator = AdvantageEstimator.GRPO
@@ -93,6 +98,7 @@ class AlgorithmSection(Section):
     mis_high: float = Field(default=2.0, gt=0.0)
     opsm_delta: float | None = Field(default=None, ge=0.0)
     old_logprobs: Literal["recompute", "rollout", "detached"] = "recompute"
+    routing_replay: RoutingReplay = RoutingReplay.OFF
 
     @property
     def resolved_policy_loss(self) -> PolicyLossKind:
@@ -126,6 +132,7 @@ class AlgorithmSection(Section):
             entropy_coef=self.entropy_coef, correction=self.correction, tis_clip=self.tis_clip,
             tis_clip_low=self.tis_clip_low, mis_low=self.mis_low, mis_high=self.mis_high,
             opsm_delta=self.opsm_delta, temperature=temperature, old_logprobs=self.old_logprobs,
+            routing_replay=self.routing_replay,
         )
 
     @model_validator(mode="after")

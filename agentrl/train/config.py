@@ -19,6 +19,7 @@ from agentrl.algorithms.kinds import (
     KLKind,
     LossAggregation,
     PolicyLossKind,
+    RoutingReplay,
 )
 from agentrl.trajectory import Status
 
@@ -36,6 +37,13 @@ def _torch_dtype(name: str) -> torch.dtype:
 
     dtype: torch.dtype = getattr(torch, name)
     return dtype
+
+
+def _enum_field(name: str, kind: type[RoutingReplay], value: object) -> RoutingReplay:
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected one of {[m.value for m in kind]}, got {value!r}") from None
 
 
 def _require(ok: bool, name: str, value: object, expected: str) -> None:
@@ -95,6 +103,8 @@ class LossConfig:
     step), ``"rollout"`` (use the engine's), or ``"detached"`` (``sg[ℓθ]``: ratio 1, one forward
     saved; valid for one optimiser step per rollout). ``opsm_delta``: mask sequences with negative
     advantage whose policy drifted by more than this (off-policy sequence mask); None disables it.
+    ``routing_replay``: ``"rollout"`` replays the engine's expert choices in every MoE forward of the
+    step (:class:`~agentrl.algorithms.RoutingReplay`); ``"off"`` lets the trainer route.
     """
 
     policy_loss: PolicyLossKind = PolicyLossKind.PPO
@@ -114,9 +124,11 @@ class LossConfig:
     opsm_delta: float | None = None
     temperature: float = 1.0
     old_logprobs: Literal["recompute", "rollout", "detached"] = "recompute"
+    routing_replay: RoutingReplay = RoutingReplay.OFF
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy_loss", PolicyLossKind(self.policy_loss))
+        object.__setattr__(self, "routing_replay", _enum_field("routing_replay", RoutingReplay, self.routing_replay))
         object.__setattr__(self, "aggregation", LossAggregation(self.aggregation))
         _require(self.temperature > 0, "temperature", self.temperature, "a positive number")
         _require(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "a non-negative number")

@@ -26,7 +26,7 @@ REQUIRED: dict[str, set[str]] = {
                                "check_transformer_config", "transformer_config", "vocab_parallel_logprobs",
                                "load_hf_weights", "iter_hf_weights", "shard_for_rank", "merge_shards"},
     "agentrl.rewards": {"math_answer_reward", "drop_uniform_rewards", "FilterResult"},
-    "agentrl.testing": {"build_tokenizer", "build_tiny_model"},
+    "agentrl.testing": {"build_tokenizer", "build_tiny_model", "build_tiny_moe_model"},
     "agentrl.tools": {"Tool", "ToolResult", "tool", "PythonTool", "calculator"},
     "agentrl.tools.sandbox": {"create_sandbox", "Sandbox", "ExecResult"},
     "agentrl.environments": {"Environment", "StepResult", "make_group", "check_environment", "ToyArithmeticEnv",

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agentrl.algorithms import AdvantageEstimator, LossAggregation, PolicyLossKind, policy_loss_for
+from agentrl.algorithms import (
+    AdvantageEstimator,
+    LossAggregation,
+    PolicyLossKind,
+    RoutingReplay,
+    policy_loss_for,
+)
 from agentrl.data import DataConfig
 from agentrl.rollout import EvalConfig, SamplingParams, SchedulerConfig
 from agentrl.runner import ESTIMATOR_LOSSES, LOSS_CLIP_DEFAULTS, RunConfig
@@ -56,7 +62,7 @@ FULL: dict[str, Any] = {
                               "max_staleness": 2, "over_sampling": 0.5},
                 "agent": {"one_call_per_turn": True, "template_kwargs": {"enable_thinking": False}}},
     "algorithm": {"estimator": "reinforce_pp", "policy_loss": "cispo", "kl_coef": 0.01, "kl_kind": "k3",
-                  "correction": "tis", "tis_clip": 3.0},
+                  "correction": "tis", "tis_clip": 3.0, "routing_replay": "rollout"},
     "train": {"backend": "megatron", "steps": 100, "data_parallel_size": 2, "tensor_parallel_size": 2,
               "optimizer": {"lr": 2e-6, "schedule": "cosine", "warmup_steps": 10, "min_lr_ratio": 0.1}},
     "cluster": {"ray_address": "ray://head:10001", "placement": "disaggregated", "accelerator": "gpu",
@@ -114,6 +120,7 @@ def test_full_config_converts_to_each_runtime_object() -> None:
     assert loss.policy_loss is PolicyLossKind.CISPO and loss.temperature == 0.8
     assert (loss.eps_clip, loss.eps_clip_high) == LOSS_CLIP_DEFAULTS[PolicyLossKind.CISPO]
     assert loss.kl_loss_type == "k3" and loss.correction == "tis" and loss.tis_clip == 3.0
+    assert loss.routing_replay is RoutingReplay.ROLLOUT and make().loss_config().routing_replay is RoutingReplay.OFF
     with pytest.raises(ValueError, match="backend='megatron'"):
         cfg.torch_backend_config()
 
@@ -233,6 +240,8 @@ def test_missing_required_fields_and_bad_values_are_named() -> None:
     assert "rollout.scheduler.group_size" in error_of(rollout={"scheduler": {"group_size": 0}})
     assert "model.template" in error_of(model={"template": "llama"})
     assert "'qwen3_coder'" in error_of(model={"template": "llama"})
+    assert "algorithm.routing_replay" in error_of(algorithm={"routing_replay": "on"})
+    assert "'rollout'" in error_of(algorithm={"routing_replay": "on"})
     # checks of the runtime objects still apply through the section (SamplingParams.top_k)
     assert "top_k" in error_of(rollout={"sampling": {"top_k": 0}})
 
