@@ -1,11 +1,14 @@
-"""Two probes of ``agentrl env check`` (:mod:`agentrl.environments.conformance`), kept apart from the
-episode driver: what a tool's function returned, and whether a reward function gives a number.
+"""Probes of ``agentrl env check`` (:mod:`agentrl.environments.conformance`), kept apart from the
+episode driver: what a tool's function returned, whether a reward function gives a number, and
+whether a built episode would train.
 
 - :class:`ReturnWatch` stands in for one of an episode's tools and notes each call whose function
   returned ``None``: the model is shown ``""`` (``@tool``) or ``"None"`` (a hand-written tool), which
   is almost always a forgotten ``return``.
 - :func:`reward_problem` calls a reward function ``(trajectory, task) -> float`` once and says what
   is wrong with the outcome (raised, too slow, ``None``, not a number, not finite), or ``None``.
+- :func:`training_problem` says why an episode (token trajectories, as an agent's proxy builds them)
+  would not enter a training batch, or ``None``: the one place the checks reach the trainer's batching.
 
 Example::
 
@@ -23,7 +26,7 @@ from typing import Any
 from agentrl.rewards.types import Reward
 from agentrl.tools.base import Tool, ToolResult
 
-__all__ = ["ReturnWatch", "reward_problem"]
+__all__ = ["ReturnWatch", "reward_problem", "training_problem"]
 
 
 class ReturnWatch:
@@ -62,4 +65,17 @@ async def reward_problem(fn: Callable[..., Any], trajectory: Any, task: Any, *, 
         return f"returned {type(value).__name__} {value!r:.80}; expected a float or Reward"
     if not math.isfinite(number):
         return f"returned {number!r}; expected a finite number"
+    return None
+
+
+def training_problem(episode: Any) -> str | None:
+    """Why ``episode`` (an :class:`~agentrl.episode.Episode`) would not enter a training batch, in
+    words (it does not validate, or :func:`~agentrl.train.build_training_batch` refuses it), or ``None``."""
+    from agentrl.train.batching import build_training_batch  # the trainer's own rule; torch on first use
+
+    try:
+        episode.validate()
+        build_training_batch([episode])
+    except (ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
     return None

@@ -57,13 +57,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
-from agentrl.environments._check_probes import ReturnWatch, reward_problem
+from agentrl.environments._check_probes import ReturnWatch, reward_problem, training_problem
 from agentrl.environments.base import Environment, EpisodeDoneError, StepResult
 from agentrl.rewards.pool import shared_pool
 from agentrl.rewards.types import as_reward, score
 from agentrl.trajectory import Trajectory
 
-__all__ = ["CheckReport", "Violation", "check_environment", "example_arguments"]
+__all__ = ["CheckReport", "Violation", "check_environment", "example_arguments", "training_problem"]
 
 _FINAL_ANSWER = "The answer is \\boxed{0}."
 _REWARD_TIMEOUT_S = 60.0

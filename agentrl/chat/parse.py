@@ -48,7 +48,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from agentrl.chat._attempts import Attempt, json_attempts
-from agentrl.chat._scan import FUNCTION_OPEN, Finder, Region, scan, turn_end
+from agentrl.chat._scan import CALL_OPEN, FUNCTION_OPEN, JSON_OPEN, Finder, Region, scan, turn_end
 from agentrl.chat._values import conversion_properties, normalize_schema_types, xml_value
 from agentrl.chat._xml import block_attempts, dropped_attempt, fallback_attempts
 from agentrl.chat.schema import tool_name, usable_schema, validate_arguments
@@ -316,8 +316,24 @@ def parse_tool_calls(text: str, format: CallFormat = "json", tools: Iterable[Any
     failures.sort(key=lambda f: f.span[0])
     text = "".join(content).strip()
     written = _content_as_written(turn, regions, calls)
+    outside = _outside_reasoning(turn, regions)
+    cut = outside.find(CALL_OPEN if xml else JSON_OPEN)  # where SGLang's parser says a call starts
+    served = outside if cut < 0 else outside[:cut].strip()
     return ParsedReply(content=text, reasoning="\n\n".join(reasoning) if reasoning else None,
-                       calls=calls, failures=failures, message_content=None if written == text else written)
+                       calls=calls, failures=failures, message_content=None if written == text else written,
+                       text=None if outside == text else outside, served=None if served == text else served)
+
+
+def _outside_reasoning(turn: str, regions: list[Region]) -> str:
+    """The turn without its reasoning blocks, stripped (what SGLang's reasoning parser leaves)."""
+    pieces: list[str] = []
+    pos = 0
+    for region in regions:
+        if region.kind == "think":
+            pieces.append(turn[pos:region.start])
+            pos = region.end
+    pieces.append(turn[pos:])
+    return "".join(pieces).strip()
 
 
 def _content_as_written(turn: str, regions: list[Region], calls: list[ToolCall]) -> str:

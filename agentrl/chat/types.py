@@ -188,10 +188,25 @@ class ParsedReply:
     calls: list[ToolCall] = field(default_factory=list)
     failures: list[ToolCallFailure] = field(default_factory=list)
     message_content: str | None = None
+    # The turn's text outside reasoning, call blocks included, and the part of it SGLang serves as
+    # content with its tool parser on; stripped (None: equals ``content``). See :meth:`served_content`.
+    text: str | None = field(default=None, compare=False)
+    served: str | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    def served_content(self, tool_parser: bool = True) -> str:
+        """The ``content`` SGLang's OpenAI server answers for this turn (docs/chat.md, "Serving parity").
+
+        With its tool-call parser on (the request lists tools and ``tool_choice`` is not ``none``): the
+        text before the format's first call marker (``<tool_call>\\n`` for JSON, ``<tool_call>`` for
+        XML); what follows a call, or a call that does not parse, is not served. With the parser off:
+        the whole text outside reasoning, call blocks included. Stripped at its ends, as ``content``."""
+        if tool_parser:
+            return self.content if self.served is None else self.served
+        return self.content if self.text is None else self.text
 
     def to_message(self) -> Message:
         """The assistant message the model wrote: accepted calls as ``tool_calls``, every other piece of

@@ -2,15 +2,21 @@
 
 Harnesses rarely send the history back byte for byte: they drop ``reasoning_content``,
 re-serialise tool-call JSON, trim stop strings, or (smolagents) turn the calls into text. An
-assistant message of a request is recognised as one of the proxy's replies (:class:`Issued`) when:
+assistant message of a request is recognised as one of the proxy's replies (:class:`Issued`) when
+it names the reply and says what the reply said:
 
-1. it carries the reply's response id (a non-standard ``id`` key some clients keep), or
-2. its ``tool_calls`` ids are exactly the call ids the proxy issued for that reply (unguessable,
-   so no other message carries them), or
-3. every call id the proxy issued for the reply appears in its text (the calls re-serialised as
-   text), or
-4. its content equals the reply's content (stripped; a ``<think>`` block written into the content
-   is left out) and its calls are the reply's calls by name and arguments.
+1. it carries the reply's response id (a non-standard ``id`` key some clients keep), or its
+   ``tool_calls`` ids are exactly the call ids the proxy issued for that reply (unguessable, so no
+   other message carries them), *and* it is the reply as served (:func:`as_served`): the same
+   content (stripped; a ``<think>`` block written into the content is left out), the same calls
+   by name and arguments (compared decoded, so any JSON spelling), and the same reasoning unless
+   it was dropped; or
+2. every call id the proxy issued for the reply appears in its text (the calls re-serialised as
+   text), with each call's name and the reply's content; or
+3. without ids, it is the reply as served (:func:`as_served`).
+
+A message that carries a reply's ids but not what the reply said was edited by the harness: it is
+not the reply, so the request matches no sequence and forks (the engine then sees the edit).
 
 A recognised reply stands for its sampled ids: nothing of it is re-tokenised. Every other message
 must equal what the sequence holds (role, content, calls by name and arguments, ``tool_call_id``,
@@ -26,7 +32,7 @@ from typing import Any, Literal
 from agentrl.chat.types import Message
 from agentrl.proxy._wire import ChatRequest, Reply, same_calls
 
-__all__ = ["Issued", "Match", "match", "recognised_by"]
+__all__ = ["Issued", "Match", "as_served", "carries_ids", "match", "recognised_by"]
 
 
 @dataclass
@@ -68,21 +74,48 @@ def _visible(text: str) -> str:
     return text.strip()
 
 
-def recognised_by(raw: dict[str, Any], message: Message, issued: Issued) -> str | None:
-    """How the request message (``raw`` as sent, ``message`` parsed) is recognised as ``issued``
-    (``response_id``, ``call_ids``, ``call_ids_in_text``, ``content``), or None."""
+def as_served(message: Message, reply: Reply) -> bool:
+    """Whether the assistant ``message`` says what ``reply`` said: its content (stripped, a ``<think>``
+    block written into it left out), its calls by name and arguments, its reasoning unless dropped."""
+    if _visible(_text(message.content)) != reply.content.strip():
+        return False
+    if message.reasoning_content and message.reasoning_content.strip() != (reply.reasoning or "").strip():
+        return False
+    calls = message.tool_calls
+    if len(calls) != len(reply.calls):
+        return False
+    return all(c.name == name and c.arguments == args for c, (_, name, args) in zip(calls, reply.calls, strict=True))
+
+
+def carries_ids(raw: dict[str, Any], message: Message, issued: Issued) -> str | None:
+    """How the request message names ``issued`` by the ids the proxy issued: ``response_id``, ``call_ids``,
+    ``call_ids_in_text``; or None."""
     if message.role != "assistant":
         return None
     if raw.get("id") == issued.reply.response_id:
         return "response_id"
-    sent_ids = [c.id for c in message.tool_calls]
-    if issued.call_ids and sorted(i for i in sent_ids if i) == sorted(issued.call_ids) and None not in sent_ids:
-        return "call_ids"
-    text = _text(message.content)
-    if issued.call_ids and all(cid in text for cid in issued.call_ids):
-        return "call_ids_in_text"
-    if _visible(text) == issued.reply.content.strip() and same_calls(message.tool_calls, issued.message.tool_calls):
-        return "content"
+    if issued.call_ids:
+        sent_ids = [c.id for c in message.tool_calls]
+        if None not in sent_ids and sorted(i for i in sent_ids if i) == sorted(issued.call_ids):
+            return "call_ids"
+        text = _text(message.content)
+        if all(cid in text for cid in issued.call_ids):
+            return "call_ids_in_text"
+    return None
+
+
+def recognised_by(raw: dict[str, Any], message: Message, issued: Issued) -> str | None:
+    """How the request message (``raw`` as sent, ``message`` parsed) is recognised as ``issued``
+    (``response_id``, ``call_ids``, ``call_ids_in_text``, ``content``: see the module doc), or None."""
+    if message.role != "assistant":
+        return None
+    named = carries_ids(raw, message, issued)
+    if named == "call_ids_in_text":
+        text, reply = _text(message.content), issued.reply
+        said = reply.content.strip() in text and all(name in text for _, name, _ in reply.calls)
+        return named if said else None
+    if as_served(message, issued.reply):
+        return named or "content"
     return None
 
 
@@ -128,6 +161,10 @@ def match(history: list[Message], owners: list[Issued | None], tools: list[dict[
         if owner is not None:
             by = owner.recognise(request.raw[i], sent[i])
             if by is None:
+                if carries_ids(request.raw[i], sent[i], owner) is not None:
+                    return Match("none", reason=f"messages[{i}] carries the ids of the proxy's reply "
+                                                f"{owner.reply.response_id} but not what it said (content, "
+                                                "reasoning or calls edited)")
                 return Match("none", reason=f"messages[{i}] is not the proxy's reply {owner.reply.response_id} "
                                             "(no issued id, other content or calls)")
             how.append(by)

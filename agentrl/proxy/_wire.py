@@ -10,7 +10,9 @@ them for string-content templates), ``tools`` (functions), ``tool_choice`` (``au
 and keys that change nothing here (``model``, ``user``, ``metadata``, ``store``,
 ``parallel_tool_calls``, ``service_tier``, ``seed``). A key that would change the answer in a
 way the proxy cannot honour (``logprobs``, ``response_format`` other than text, ``logit_bias``,
-penalties, ``n`` > 1, images, legacy ``functions``) is a 400, never silently ignored.
+penalties, ``n`` > 1, images, legacy ``functions``) is a 400, never silently ignored; so is what
+OpenAI refuses itself: a tool whose ``parameters`` is not an object, and tool turns out of order
+(:func:`check_tool_turns`).
 
 :func:`completion` and :func:`stream_events` build the answer from a :class:`Reply`.
 """
@@ -27,7 +29,8 @@ import orjson
 
 from agentrl.chat.types import Message, ToolCall
 
-__all__ = ["ChatRequest", "ParseMemo", "Reply", "RequestError", "completion", "error_body", "parse_request", "stream_events"]
+__all__ = ["ChatRequest", "ParseMemo", "Reply", "RequestError", "check_tool_turns", "completion", "error_body",
+           "parse_request", "stream_events"]
 
 # json.dumps builds a new encoder for every call whose options differ from the defaults: one for the
 # arguments string of every call the proxy returns, with json.dumps's spelling ({"a": 1}).
@@ -175,11 +178,49 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RequestError(f"tools[{i}]: got {tool!r:.120}; expected {{\"type\": \"function\", \"function\": "
                                "{\"name\": ..., \"parameters\": {...}}}", param=f"tools[{i}]")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, Mapping):
+            raise RequestError(f"tools[{i}].function.parameters: got {type(params).__name__} {params!r:.80}; expected "
+                               "a JSON-schema object (or left out)", param=f"tools[{i}].function.parameters")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     names = [str(t["function"]["name"]) for t in out]
     if len(set(names)) != len(names):
         raise RequestError(f"tools: names {names} repeat; expected unique tool names", param="tools")
     return out or None
+
+
+def check_tool_turns(messages: Sequence[Message]) -> None:
+    """OpenAI's rules for tool turns, which it answers with a 400: a ``tool`` message answers a call of
+    the assistant message before it (directly or after other tool messages; by ``tool_call_id`` when
+    both carry ids), and every call of an assistant message is answered before a message of another
+    role follows. (An assistant message with calls may end the request.)"""
+    asked = -1  # the assistant message whose calls are open
+    unanswered: list[str | None] = []
+    for i, message in enumerate(messages):
+        if message.role != "tool":
+            if unanswered:
+                named = [c for c in unanswered if c is not None]
+                raise RequestError(f"messages[{i}]: the assistant message messages[{asked}] has 'tool_calls' that no "
+                                   f"'tool' message answers before this {message.role!r} message"
+                                   + (f" (tool_call_ids {named})" if named else ""), param=f"messages[{i}].role")
+            calls = message.tool_calls
+            asked = i if calls and message.role == "assistant" else -1
+            if asked >= 0:
+                unanswered = [c.id for c in calls]
+            continue
+        if asked < 0:
+            raise RequestError(f"messages[{i}]: a 'tool' message must answer a preceding assistant message with "
+                               "'tool_calls'; none is open here", param=f"messages[{i}].role")
+        cid = message.tool_call_id
+        if cid in unanswered:
+            unanswered.remove(cid)
+            continue
+        ids = sorted(c.id for c in messages[asked].tool_calls if c.id is not None)
+        if cid is not None and ids and cid not in ids:
+            raise RequestError(f"messages[{i}].tool_call_id: got {cid!r:.80}; expected one of the ids of "
+                               f"messages[{asked}].tool_calls {ids}", param=f"messages[{i}].tool_call_id")
+        if unanswered:
+            unanswered.pop(0)
 
 
 def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> tuple[str, bool]:
@@ -303,6 +344,7 @@ def parse_request(body: Any, memo: ParseMemo | None = None) -> ChatRequest:
     if not isinstance(raw_messages, list) or not raw_messages:
         raise RequestError("messages: expected a non-empty list of messages", param="messages")
     messages, kept = _messages(raw_messages, memo)
+    check_tool_turns(messages)
     if memo is None:
         tools = _tools(body)
     else:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.chat.template import ChatTemplate
-from agentrl.environments.conformance import CheckReport, Violation, example_arguments
+from agentrl.environments.conformance import CheckReport, Violation, example_arguments, training_problem
 from agentrl.proxy.adapter import Agent, AgentRunner
 from agentrl.rollout._agent_config import AgentConfig
 from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
@@ -97,8 +97,6 @@ def _reward_problem(episode: Any) -> str | None:
 async def _one(agent: Agent, row: Any, template: ChatTemplate, config: AgentConfig,
                reward: Callable[..., Any] | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(violations, warnings) of one episode, as (check, message) pairs."""
-    from agentrl.train.batching import build_training_batch
-
     bad: list[tuple[str, str]] = []
     warn: list[tuple[str, str]] = []
     try:
@@ -130,11 +128,9 @@ async def _one(agent: Agent, row: Any, template: ChatTemplate, config: AgentConf
     if problem is not None:
         bad.append(("reward_fn", problem))
     else:
-        try:
-            episode.validate()
-            build_training_batch([episode])
-        except (ValueError, TypeError) as exc:
-            bad.append(("episode", f"{type(exc).__name__}: {exc}"))
+        trains = training_problem(episode)
+        if trains is not None:
+            bad.append(("episode", trains))
     forks = int(episode.trajectory.metrics.get("proxy/fork/harness", 0))
     if forks:
         why = next((s.info.get("forked_because") for s in episode.sequences if "harness" in

@@ -4,6 +4,8 @@ Routes (``BASE`` = ``http://host:port``):
 
 - ``POST BASE/s/<session>/v1/chat/completions``: served by that :class:`ProxySession` (streaming
   and not); ``GET BASE/s/<session>/v1/models`` and ``GET BASE/v1/models`` list the one model.
+- a request body must be sent as ``Content-Type: application/json`` (a charset parameter is fine):
+  anything else is a 400 ``unsupported_content_type``, as OpenAI answers it;
 - an unknown session is a 404 that names nothing else; a session whose episode ended answers 410
   (and the call is recorded on its episode as an ``agent_late_call`` error); with
   ``ProxyConfig.api_key`` set, a request without ``Authorization: Bearer <key>`` is a 401.
@@ -176,6 +178,13 @@ class ProxyServer:
         session = self._sessions.get(sid)
         if session is None:
             return self._unknown(sid)
+        media = request.headers.get("content-type", "")
+        if media.partition(";")[0].strip().lower() != "application/json":
+            message = (f"Content-Type: got {media!r:.80}; this endpoint only accepts 'application/json' request "
+                       "bodies")
+            session.metrics["proxy/bad_requests"] += 1
+            session.record(ErrorKind.AGENT_REQUEST, message, "request")
+            return _error(400, message, code="unsupported_content_type")
         try:
             chat = parse_request(orjson.loads(request.body), session.memo)
         except orjson.JSONDecodeError as exc:

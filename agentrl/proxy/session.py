@@ -19,8 +19,9 @@ placed against the session's sequences (:mod:`agentrl.proxy._history`):
 
 Then the turn is generated token-in/token-out through the inference client (the router's, with the
 session's routing key), appended verbatim with its logprobs and weight version, parsed by the
-template's parser (the calls SGLang's parser serves) and returned in OpenAI's shape with ids the
-proxy issues (``chatcmpl-…``, ``call_…``: random, so only this session's harness can quote them).
+template's parser (the calls SGLang's parser serves, and as content the text SGLang's server answers:
+before the first call; no parser runs without tools or under ``tool_choice="none"``) and returned
+in OpenAI's shape with ids the proxy issues (``chatcmpl-…``, ``call_…``: random, so only this session's harness can quote them).
 
 Sampling: ``AgentConfig.sampling`` is the base; a request's ``max_tokens`` lowers the per-turn cap,
 its ``stop`` strings are added; with ``ProxyConfig.pin_sampling`` (default) its ``temperature`` and
@@ -202,6 +203,7 @@ class ProxySession:
             last.metrics.update({k: float(v) for k, v in self.metrics.items()})
             last.metrics.update(self.timings)
             last.metrics["sequences"] = float(len(self.sequences))
+            last.metrics["proxy/forks"] = float(self.metrics["proxy/forks"])  # 0 too: every episode carries it
             follow_ups = max(self.metrics["proxy/requests"] - 1, 0)
             last.metrics["proxy/fork_rate"] = self.metrics["proxy/forks"] / follow_ups if follow_ups else 0.0
         return self.episode()
@@ -456,10 +458,18 @@ class ProxySession:
 
     def _reply(self, seq: _Sequence, request: ChatRequest, turn_ids: tuple[int, ...], finish: FinishKind,
                matched: object, cached: int) -> Reply:
+        """The turn as SGLang's server answers it: its tool-call parser runs only when the request lists
+        tools and ``tool_choice`` is not ``none``; content is what that server returns
+        (:meth:`~agentrl.chat.types.ParsedReply.served_content`: with the parser on, the text before the
+        first call). The sequence keeps the whole turn as the model wrote it."""
         tools = request.render_tools
+        parser_on = tools is not None
         parsed = self.template.parse(turn_ids, tools, strict=self.agent.strict_parsing,
                                      max_calls=self.agent.max_calls_per_turn)
-        message = parsed.to_message()
+        if parser_on:
+            message = parsed.to_message()
+        else:  # no parser runs: the calls stay text, as served
+            message = Message("assistant", parsed.served_content(False), reasoning_content=parsed.reasoning)
         call_ids = [f"call_{secrets.token_hex(12)}" for _ in message.tool_calls]
         message.tool_calls = [ToolCall(c.name, c.arguments, cid) for c, cid in zip(message.tool_calls, call_ids,
                                                                                      strict=True)]
@@ -468,12 +478,12 @@ class ProxySession:
             text = self.template.decode(turn_ids)
             shown = self.template.parse(text[:text.find(matched)] if matched in text else text, tools,
                                         strict=self.agent.strict_parsing, max_calls=self.agent.max_calls_per_turn)
-        calls = tuple((cid, c.name, c.arguments) for cid, c in zip(call_ids, shown.calls, strict=False))
-        content = shown.content
-        if request.tool_choice == "none" and shown.calls:  # no parser runs: the calls stay text, as served
-            content, calls = (shown.message_content or shown.content), ()
-        for failure in parsed.failures:
-            self.metrics[f"{'tolerated' if failure.tolerated else 'failures'}/{failure.kind.value}"] += 1
+        calls = tuple((cid, c.name, c.arguments) for cid, c in zip(call_ids, shown.calls, strict=False)) \
+            if parser_on else ()
+        content = shown.served_content(parser_on)
+        if parser_on:
+            for failure in parsed.failures:
+                self.metrics[f"{'tolerated' if failure.tolerated else 'failures'}/{failure.kind.value}"] += 1
         reply = Reply(response_id=f"chatcmpl-{secrets.token_hex(16)}", created=int(time.time()),
                       model=request.model or self.config.model_name, content=content, reasoning=shown.reasoning,
                       calls=calls, finish_reason="tool_calls" if calls else ("length" if finish is FinishKind.LENGTH

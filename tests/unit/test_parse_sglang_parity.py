@@ -103,8 +103,8 @@ class OracleRaised(Exception):
     """SGLang's parser failed on the turn (it then serves the turn with no call)."""
 
 
-def served_calls(text: str, fmt: CallFormat) -> list[tuple[str, Any]]:
-    """The calls SGLang serves for ``text`` that a validating tool runner would run."""
+def served(text: str, fmt: CallFormat) -> tuple[str, list[tuple[str, Any]]]:
+    """The content SGLang serves for ``text`` (stripped), and the calls a validating tool runner would run."""
     try:
         normal, items = PARSERS[fmt].parse_non_stream(text)
     except Exception as exc:  # qwen25 lets AttributeError/ValueError/TypeError out of detect_and_parse
@@ -117,7 +117,12 @@ def served_calls(text: str, fmt: CallFormat) -> list[tuple[str, Any]]:
         validator = VALIDATORS.get(item.name)
         if validator is not None and isinstance(args, dict) and validator.is_valid(args):
             runnable.append((item.name, args))
-    return runnable
+    return normal.strip(), runnable
+
+
+def served_calls(text: str, fmt: CallFormat) -> list[tuple[str, Any]]:
+    """The calls SGLang serves for ``text`` that a validating tool runner would run."""
+    return served(text, fmt)[1]
 
 
 def _non_finite(value: Any) -> bool:
@@ -145,19 +150,22 @@ def compare(text: str, fmt: CallFormat, group: str | None = None) -> list[tuple[
 
     count("examples")
     try:
-        expected = served_calls(text, fmt)
+        content, expected = served(text, fmt)
     except OracleRaised:
         count("deliberate/sglang_raises")
         return None
     if any(_non_finite(args) for _, args in expected):
         count("deliberate/non_finite")
         return None
-    got = [(c.name, c.arguments) for c in parse_tool_calls(text, fmt, ALL_TOOLS).calls]
+    reply = parse_tool_calls(text, fmt, ALL_TOOLS)
+    got = [(c.name, c.arguments) for c in reply.calls]
     count("compared")
     count("with_calls", bool(expected))
     count("calls_agree", [n for n, _ in got] == [n for n, _ in expected])
     count("arguments_agree", got == expected)
+    count("content_agrees", reply.served_content() == content)
     assert got == expected, f"{fmt}: agentrl {got!r} != SGLang {expected!r} on {text!r}"
+    assert reply.served_content() == content, f"{fmt}: content {reply.served_content()!r} != SGLang {content!r} on {text!r}"
     return got
 
 

@@ -113,3 +113,24 @@ async def test_sessions_see_nothing_of_each_other(template: ChatTemplate) -> Non
     # a reply of session 0 quoted to session 1 is just text there: not recognised, the request forks
     a, b = episodes[0].trajectory, episodes[1].trajectory
     assert {c.id for m in a.messages for c in m.tool_calls}.isdisjoint({c.id for m in b.messages for c in m.tool_calls})
+
+
+@pytest.mark.parametrize("media", ["text/plain", None, "application/x-www-form-urlencoded"])
+async def test_a_body_not_sent_as_json_is_refused_as_openai_refuses_it(template: ChatTemplate,
+                                                                        media: str | None) -> None:
+    import httpx
+
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+    async with ProxyServer() as server:
+        session = server.open(ProxySession(template, FakePolicyClient(template.tokenizer, call_then_answer), CONFIG))
+        url = server.base_url(session) + "/chat/completions"
+        async with httpx.AsyncClient() as http:
+            headers = {"Content-Type": media} if media else {}
+            refused = await http.post(url, content=body, headers=headers)
+            served = await http.post(url, content=body, headers={"Content-Type": "application/json; charset=utf-8"})
+        episode = server.close(session, StopReason.ENV_DONE)
+    assert refused.status_code == 400 and served.status_code == 200
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "unsupported_content_type", None)
+    assert "application/json" in error["message"] and repr(media or "") in error["message"]
+    assert [e.kind for e in episode.trajectory.errors] == [ErrorKind.AGENT_REQUEST]

@@ -17,7 +17,7 @@ from agentrl.proxy import ProxyConfig, ProxySession, RequestError, SessionError,
 from agentrl.rollout import AgentConfig, SamplingParams, run_episode
 from agentrl.testing.policy import FakePolicyClient
 from agentrl.testing.scripted import ScriptedClient
-from agentrl.trajectory import SegmentKind, StopReason, Trajectory
+from agentrl.trajectory import ForkReason, SegmentKind, StopReason, Trajectory
 
 CONFIG = AgentConfig(sampling=SamplingParams(max_new_tokens=64), reward_pool=False)
 OPENING = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "1+2?"}]
@@ -61,10 +61,14 @@ async def drive(session: ProxySession, replies: list[list[dict[str, Any]]], *, r
         answers.append(reply)
         if turn == len(replies):
             break
-        sent = reply.message()
-        messages.append(resend(sent) if resend is not None else sent)
-        for m in replies[turn]:
-            messages.append(dict(m, tool_call_id=reply.calls[0][0]) if m["role"] == "tool" else dict(m))
+        sent = resend(reply.message()) if resend is not None else reply.message()
+        messages.append(sent)
+        call_id = sent["tool_calls"][0]["id"] if sent.get("tool_calls") else reply.calls[0][0] if reply.calls else None
+        for m in replies[turn]:  # a tool result answers the call id the harness holds
+            if m["role"] == "tool" and not sent.get("tool_calls"):  # calls sent back as text: results as text too
+                messages.append({"role": "user", "content": f"Observation:\n{m['content']}"})
+            else:
+                messages.append(dict(m, tool_call_id=call_id) if m["role"] == "tool" else dict(m))
     return answers
 
 
@@ -117,7 +121,7 @@ def without_ids(sent: dict[str, Any]) -> dict[str, Any]:
 
 
 def as_text(sent: dict[str, Any]) -> dict[str, Any]:
-    """smolagents: the calls re-serialised into the content, no tool_calls."""
+    """smolagents: the calls re-serialised into the content, no tool_calls (and the results as user turns)."""
     return {"role": "assistant", "content": f"Calling tools:\n{sent.get('tool_calls')}"}
 
 
@@ -273,3 +277,86 @@ async def test_a_closed_session_refuses_with_410(template: ChatTemplate) -> None
     with pytest.raises(SessionError) as info:
         await session.handle(parse_request({"messages": OPENING}))
     assert info.value.status == 410
+
+
+def edit_content(sent: dict[str, Any]) -> dict[str, Any]:
+    return {**sent, "content": "I will add 1 and 5."}
+
+
+def edit_arguments(sent: dict[str, Any]) -> dict[str, Any]:
+    return {**sent, "tool_calls": [{**c, "function": {**c["function"], "arguments": '{"a":1,"b":5}'}}
+                                   for c in sent["tool_calls"]]}
+
+
+def edit_reasoning(sent: dict[str, Any]) -> dict[str, Any]:
+    return {**sent, "reasoning_content": "I add 1 and 5."}
+
+
+@pytest.mark.parametrize(("edit", "seen"), [(edit_content, "I will add 1 and 5."), (edit_arguments, '"b": 5'),
+                                            (edit_reasoning, "I add 1 and 5.")])
+@pytest.mark.parametrize("by", ["call_ids", "response_id"])
+async def test_an_edited_reply_that_keeps_its_ids_forks_and_the_engine_sees_the_edit(
+        template: ChatTemplate, edit: Any, seen: str, by: str) -> None:
+    client = ScriptedClient(template.tokenizer, [THINK_CALL, ANSWER])
+    session = ProxySession(template, client, CONFIG)
+    first = await session.handle(parse_request({"messages": OPENING, "tools": [ADD]}, session.memo))
+    sent = edit(first.message())
+    if by == "response_id":  # a client that keeps the response id and regenerates the call ids
+        sent = {**sent, "id": first.response_id, "tool_calls": [{**c, "id": "mine"} for c in sent["tool_calls"]]}
+    messages = [*OPENING, sent, {"role": "tool", "tool_call_id": sent["tool_calls"][0]["id"], "content": "6"}]
+    await session.handle(parse_request({"messages": messages, "tools": [ADD]}, session.memo))
+    episode = session.finish(StopReason.ENV_DONE)
+    assert len(episode.sequences) == 2 and session.metrics["proxy/fork/harness"] == 1
+    fork = episode.sequences[1]
+    assert fork.fork_reason is ForkReason.HARNESS and "edited" in fork.info["forked_because"]
+    # the engine was asked with the conversation as the harness sent it: the edit is in its prompt
+    prompt = list(client.requests[1].input_ids)
+    assert prompt == template.encode([Message.from_dict(m) for m in messages], [ADD], add_generation_prompt=True)
+    assert seen in template.decode(prompt) and prompt == fork.tokens[:fork.prompt_length]
+    turn = episode.sequences[0].segments_of(SegmentKind.MODEL)[0]  # the first sequence keeps what was sampled
+    assert episode.sequences[0].tokens[turn.start:turn.end] == list(template.tokenize(THINK_CALL))
+    assert seen not in template.decode(episode.sequences[0].tokens)
+
+
+@pytest.mark.parametrize("resend", [harness_style, lambda s: {**s, "content": ""}, lambda s: {**s, "content": None}])
+async def test_what_common_clients_do_to_a_reply_is_still_the_reply(template: ChatTemplate, resend: Any) -> None:
+    """Compact JSON arguments, reasoning dropped, content None or "": recognised by the ids, no fork."""
+    client = ScriptedClient(template.tokenizer, [THINK_CALL, ANSWER])
+    session = ProxySession(template, client, CONFIG)
+    first = await session.handle(parse_request({"messages": OPENING, "tools": [ADD]}, session.memo))
+    sent = resend(first.message())
+    await session.handle(parse_request({"messages": [*OPENING, sent, {
+        "role": "tool", "tool_call_id": first.calls[0][0], "content": "3"}], "tools": [ADD]}, session.memo))
+    episode = session.finish(StopReason.ENV_DONE)
+    assert len(episode.sequences) == 1 and session.metrics["proxy/recognised/call_ids"] == 1
+    assert episode.trajectory.metrics["proxy/forks"] == 0.0  # carried as 0, not left out
+
+
+async def test_content_after_a_call_is_served_as_sglang_serves_it(template: ChatTemplate) -> None:
+    """SGLang's server answers only the text before the first call; the sequence keeps the whole turn."""
+    after = CALL.replace("<|im_end|>", "\nDone now.<|im_end|>")
+    client = ScriptedClient(template.tokenizer, ["Let me add.\n" + after, ANSWER])
+    session = ProxySession(template, client, CONFIG)
+    first = await session.handle(parse_request({"messages": OPENING, "tools": [ADD]}, session.memo))
+    assert first.content == "Let me add." and [c[1] for c in first.calls] == ["add"]
+    assert session.sequences[0].messages[-1].content == "Let me add.\n\nDone now."  # what the model wrote
+    await session.handle(parse_request({"messages": [*OPENING, first.message(), {
+        "role": "tool", "tool_call_id": first.calls[0][0], "content": "3"}], "tools": [ADD]}, session.memo))
+    # the echo (without the text after the call) is the reply: no harness fork (the template's own
+    # re-render of a turn with text after its call forks, as in the agent loop)
+    assert session.metrics["proxy/recognised/call_ids"] == 1 and session.metrics["proxy/fork/harness"] == 0
+    assert "Done now." in template.decode(session.sequences[0].tokens)
+
+
+@pytest.mark.parametrize("body", [{"tools": [ADD], "tool_choice": "none"}, {}])
+async def test_without_a_tool_parser_a_call_is_served_as_text_and_echoes_without_a_fork(
+        template: ChatTemplate, body: dict[str, Any]) -> None:
+    """``tool_choice: none`` or no tools: SGLang runs no tool parser, so the call's text is the content."""
+    client = ScriptedClient(template.tokenizer, [CALL, ANSWER])
+    session = ProxySession(template, client, CONFIG)
+    first = await session.handle(parse_request({"messages": OPENING, **body}, session.memo))
+    assert first.calls == () and first.finish_reason == "stop"
+    assert first.content == CALL.removesuffix("<|im_end|>")
+    await session.handle(parse_request({"messages": [*OPENING, first.message(), FOLLOW_UP], **body}, session.memo))
+    assert len(session.sequences) == 1 and session.metrics["proxy/recognised/content"] == 1
+    assert session.metrics["tool_calls"] == 0 and not session.sequences[0].messages[2].tool_calls

@@ -41,6 +41,19 @@ def test_a_request_with_everything_the_proxy_serves() -> None:
     assert req.stream and req.include_usage and req.render_tools == [ADD] and not req.forced
 
 
+def test_tool_turns_as_openai_allows_them() -> None:
+    """Several calls answered in any order, a result without an id, a request ending on a call."""
+    two = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "add", "arguments": "{}"}},
+        {"id": "b", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}
+    user = {"role": "user", "content": "x"}
+    for tail in ([{"role": "tool", "tool_call_id": "b", "content": "1"}, {"role": "tool", "tool_call_id": "a", "content": "2"},
+                  user], [{"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}, user], []):
+        assert len(parse_request({"messages": [user, two, *tail]}).messages) == 2 + len(tail)
+    with pytest.raises(RequestError, match=r"tool_call_ids \['b'\]"):  # one of two answered
+        parse_request({"messages": [user, two, {"role": "tool", "tool_call_id": "a", "content": "1"}, user]})
+
+
 def test_tool_choice_none_renders_no_tools_and_a_named_choice_renders_only_that_tool() -> None:
     other = {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}
     base: dict[str, Any] = {"messages": [{"role": "user", "content": "x"}], "tools": [ADD, other]}
@@ -48,6 +61,10 @@ def test_tool_choice_none_renders_no_tools_and_a_named_choice_renders_only_that_
     named = parse_request({**base, "tool_choice": {"type": "function", "function": {"name": "mul"}}})
     assert named.forced and named.named and named.render_tools == [other]
     assert parse_request({**base, "tool_choice": "required"}).forced
+
+
+CALLED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}
 
 
 @pytest.mark.parametrize(("body", "param", "says"), [
@@ -71,6 +88,17 @@ def test_tool_choice_none_renders_no_tools_and_a_named_choice_renders_only_that_
       "tool_choice": {"type": "function", "function": {"name": "mul"}}}, "tool_choice", "not in tools"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}, "tools[0]", "function"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [ADD, ADD]}, "tools", "unique"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "add", "parameters": '{"type": "object"}'}}]}, "tools[0].function.parameters", "JSON-schema object"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c1", "content": "3"}]},
+     "messages[1].role", "must answer a preceding assistant message with 'tool_calls'"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "I add."},
+                   {"role": "tool", "tool_call_id": "c1", "content": "3"}]},
+     "messages[2].role", "must answer a preceding assistant message"),
+    ({"messages": [{"role": "user", "content": "x"}, CALLED, {"role": "user", "content": "well?"}]},
+     "messages[2].role", "no 'tool' message answers before this 'user' message (tool_call_ids ['c1'])"),
+    ({"messages": [{"role": "user", "content": "x"}, CALLED, {"role": "tool", "tool_call_id": "c9", "content": "3"}]},
+     "messages[2].tool_call_id", "expected one of the ids of messages[1].tool_calls ['c1']"),
 ])
 def test_a_request_the_proxy_cannot_honour_is_a_400_naming_the_field(body: dict[str, Any], param: str,
                                                                       says: str) -> None:
