@@ -16,7 +16,10 @@ Checkpointing is non-reentrant (``torch.utils.checkpoint``, ``use_reentrant=Fals
 module's ``forward`` in place (the module tree and parameter names are unchanged, so it composes
 with FSDP, applied after it). Without autograd (scoring), or with a key/value cache (which the
 forward updates, so it cannot run twice), the forward runs plain. Recomputation
-runs the same operations on the same inputs, so gradients equal those without checkpointing.
+runs the same operations on the same inputs, so gradients equal those without checkpointing: a
+mixture-of-experts forward that replays the engine's routing (:mod:`agentrl.train.moe`) replays the
+same routing when it is recomputed (the routing bound at forward time is restored around the
+recompute).
 
 Example::
 
@@ -25,11 +28,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from agentrl.train.moe import recompute_binding
 
 __all__ = ["CHECKPOINTING_MODES", "apply_activation_checkpointing", "decoder_layers"]
 
@@ -47,12 +53,18 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def _contexts() -> tuple[contextlib.AbstractContextManager[object], contextlib.AbstractContextManager[object]]:
+    """Called as a checkpointed forward starts: nothing around it, and around its recompute the
+    state it ran with (the MoE routing binding)."""
+    return contextlib.nullcontext(), recompute_binding()
+
+
 def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> object:
         # A key/value cache is updated by the forward: recomputing it would append twice.
         if not torch.is_grad_enabled() or kwargs.get("past_key_values") is not None:
             return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
 
     run.agentrl_checkpointed = True  # type: ignore[attr-defined]
     return run

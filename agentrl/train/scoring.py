@@ -29,9 +29,11 @@ from typing import Any, Literal
 import torch
 
 from agentrl.algorithms import entropy_from_logits, logprobs_from_logits, scores_from_hidden
+from agentrl.token_data import ROUTED_EXPERTS
 from agentrl.train.attention import Documents
 from agentrl.train.config import TorchBackendConfig
 from agentrl.train.lm_head import HeadSwitch, Scored, ScoreRequest
+from agentrl.train.moe import MoeRouting, shared_prefix_routing
 from agentrl.train.packing import MicroBatch
 from agentrl.train.prefix import PrefixLayout, shared_prefix_layout
 
@@ -51,6 +53,7 @@ class TokenScorer:
         self.device = device
         self.attention = attention
         self._heads: dict[int, HeadSwitch] = {}
+        self._routing: dict[int, MoeRouting] = {}
 
     def register(self, model: torch.nn.Module, head: HeadSwitch | None) -> None:
         """Score ``model`` through ``head`` (the fused path), or through its logits when None."""
@@ -58,6 +61,25 @@ class TokenScorer:
             self._heads.pop(id(model), None)
         else:
             self._heads[id(model)] = head
+
+    def register_routing(self, model: torch.nn.Module, routing: MoeRouting | None) -> None:
+        """Bind the engine's routing (a micro-batch's ``routed_experts`` channel) to every forward of
+        ``model`` (a mixture of experts; :mod:`agentrl.train.moe`)."""
+        if routing is None:
+            self._routing.pop(id(model), None)
+        else:
+            self._routing[id(model)] = routing
+
+    def routing(self, model: torch.nn.Module) -> MoeRouting | None:
+        return self._routing.get(id(model))
+
+    def _bound(self, model: torch.nn.Module, experts: torch.Tensor | None, present: torch.Tensor | None, *,
+               real: torch.Tensor | None = None, record: bool = True) -> contextlib.AbstractContextManager[object]:
+        routing = self._routing.get(id(model))
+        if routing is None:
+            return contextlib.nullcontext()
+        # only forwards that train are counted in the routing figures (scoring runs the same weights again)
+        return routing.bind(experts, present, real=real, record=record and torch.is_grad_enabled())
 
     def head(self, model: torch.nn.Module) -> HeadSwitch | None:
         """The head switch ``model`` is scored through (None: the logits path)."""
@@ -83,8 +105,18 @@ class TokenScorer:
         empty-micro-batch guard ``loss + 0 * anchor.sum()``. ``entropy="grad"`` keeps the entropy
         differentiable. A micro-batch with a :class:`~agentrl.train.prefix.PrefixLayout` runs its
         shared prefix once; the results are in the packed layout either way."""
-        if mb.prefix is not None:
-            source, extra = self._shared_forward(model, mb.prefix)
+        channel = mb.channels.get(ROUTED_EXPERTS)
+        experts, present = (channel.values, channel.present) if channel is not None else (None, None)
+        passes: tuple[Any, Any] = (None, None)
+        if mb.prefix is not None and experts is not None and present is not None and self.routing(model) is not None:
+            split = shared_prefix_routing(experts, present, mb.document_lengths, mb.prefix.prefix_len,
+                                          int(mb.prefix.suffix_ids.shape[1]))
+            passes = split if split is not None else passes
+            use_prefix = split is not None  # sequences routed differently over the prefix: one row each
+        else:
+            use_prefix = mb.prefix is not None
+        if mb.prefix is not None and use_prefix:
+            source, extra = self._shared_forward(model, mb.prefix, passes, record=not mb.padding)
             lp_src, ent_src = self._score_rows(model, source, mb.prefix.source_targets, entropy)
             lp_first, _ = self._score_rows(model, extra, mb.prefix.first_targets, "none")
             gather = mb.prefix.gather
@@ -96,7 +128,7 @@ class TokenScorer:
         inputs = {"input_ids": mb.input_ids[None], "position_ids": mb.position_ids[None], "use_cache": False,
                   **self.documents(mb.document_lengths)}
         head = self.head(model)
-        with self.autocast():
+        with self.autocast(), self._bound(model, experts, present, record=not mb.padding):
             if head is not None:
                 request = ScoreRequest(mb.target_ids, self.config.loss.temperature, self.config.logprob_chunk_size,
                                        entropy)
@@ -131,15 +163,20 @@ class TokenScorer:
                 return lp, entropy_from_logits(rows.detach(), temperature=temp, chunk_size=chunk)
         return lp, None
 
-    def _shared_forward(self, model: torch.nn.Module, layout: PrefixLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    def _shared_forward(self, model: torch.nn.Module, layout: PrefixLayout, routing: tuple[Any, Any] = (None, None),
+                        *, record: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The two passes of a shared-prefix micro-batch: ``(source [P + k·L, D], last prefix row
         expanded [k, D])``. The prefix's keys and values are expanded (not copied) over the ``k``
-        suffix rows, so backward sums every suffix's gradient into the one prefix computation."""
+        suffix rows, so backward sums every suffix's gradient into the one prefix computation.
+        ``routing``: each pass's engine routing (:func:`~agentrl.train.moe.shared_prefix_routing`)."""
         p, k, width = layout.prefix_len, layout.num_sequences, int(layout.suffix_ids.shape[1])
+        (prefix_experts, prefix_present), (suffix_experts, suffix_present) = (
+            pair if pair is not None else (None, None) for pair in routing)
         with self.autocast():
-            prefix_out, cache = self._forward(
-                model, input_ids=layout.prefix_ids[None], position_ids=torch.arange(p, device=self.device)[None],
-                use_cache=True)
+            with self._bound(model, prefix_experts, prefix_present, record=record):
+                prefix_out, cache = self._forward(
+                    model, input_ids=layout.prefix_ids[None], position_ids=torch.arange(p, device=self.device)[None],
+                    use_cache=True)
             layers = getattr(cache, "layers", None)
             if not layers:
                 raise ValueError("shared_prefix: the model returned no per-layer key/value cache from a prefix pass; "
@@ -149,8 +186,10 @@ class TokenScorer:
                 layer.values = layer.values.expand(k, -1, -1, -1)
             mask = torch.cat([torch.ones(k, p, dtype=torch.long, device=self.device), layout.suffix_mask], dim=1)
             positions = torch.arange(p, p + width, device=self.device)[None].expand(k, -1)
-            suffix_out, _ = self._forward(model, input_ids=layout.suffix_ids, position_ids=positions,
-                                          attention_mask=mask, past_key_values=cache, use_cache=True)
+            with self._bound(model, suffix_experts, suffix_present, real=layout.suffix_mask.reshape(-1).bool(),
+                             record=record):
+                suffix_out, _ = self._forward(model, input_ids=layout.suffix_ids, position_ids=positions,
+                                              attention_mask=mask, past_key_values=cache, use_cache=True)
         prefix_rows = prefix_out[0]
         source = torch.cat([prefix_rows, suffix_out.reshape(k * width, -1)])
         return source, prefix_rows[p - 1].expand(k, -1)

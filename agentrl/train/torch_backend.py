@@ -38,6 +38,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from agentrl.algorithms.kinds import RoutingReplay
 from agentrl.model_folder import check_model_folder, has_tokenizer
 from agentrl.train import torch_state
 from agentrl.train.batching import TrainingBatch
@@ -45,6 +46,7 @@ from agentrl.train.config import TorchBackendConfig
 from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
 from agentrl.train.lora import LoraAdapter
+from agentrl.train.moe import MoeRouting, check_moe_lora, fit_experts_kernel
 from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
 from agentrl.train.packing import MicroBatch, collate, padding_micro_batch, plan_micro_batches
 from agentrl.train.prefix import plan_shared_prefix_micro_batches, shared_prefix_layout
@@ -55,6 +57,7 @@ from agentrl.train.torch_model import prepare_model, update_parameters
 __all__ = ["NonFiniteLossError", "TorchTrainBackend"]
 
 Objective = Literal["policy", "sft"]
+_ROUTING_COUNTS = ["moe_routed", "moe_used_differs", "moe_router_differs", "moe_unrouted"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -106,16 +109,26 @@ class TorchTrainBackend:
         if ref_model is not None and cfg.lora is not None:
             raise ValueError("ref_model: a LoRA backend's reference is its own base model (the adapter disabled); "
                              "expected ref_model=None")
+        # mixture of experts: the routers replay (or compare with) the engine's routing; installed on the
+        # Hugging Face model before it is wrapped (LoRA, checkpointing, FSDP keep the modules)
+        check_moe_lora(getattr(model, "config", None), cfg.lora)
+        for held in (model, ref_model):
+            if held is not None:
+                fit_experts_kernel(held, cfg.torch_dtype)
+        self.routing = MoeRouting.install(model, replay=cfg.loss.routing_replay)
+        ref_routing = MoeRouting.install(ref_model, replay=cfg.loss.routing_replay) if ref_model is not None else None
         prepared = prepare_model(model, cfg, self.device, sharded=self.sharded, trainable=True)
         self.model, self.attention = prepared.model, prepared.attention
         self.adapter = prepared.adapter  # LoRA: the adapter that trains (None: the model itself)
         self.ref_model: torch.nn.Module | None = None
         self.scorer = TokenScorer(cfg, self.device, attention=self.attention)
         self.scorer.register(self.model, prepared.head)
+        self.scorer.register_routing(self.model, self.routing)
         if ref_model is not None:
             ref = prepare_model(ref_model, cfg, self.device, sharded=self.sharded, trainable=False)
             self.ref_model = ref.model
             self.scorer.register(ref.model, ref.head)
+            self.scorer.register_routing(ref.model, ref_routing)
         params, self.masters = update_parameters(self.model, cfg, sharded=self.sharded)
         self.update_params = params  # what the optimizer steps (and clipping and the all-reduce read)
         opt = cfg.optimizer
@@ -337,6 +350,13 @@ class TorchTrainBackend:
             names = ["loss"]
         elif self.config.loss.kl_loss_coef > 0:
             names.append("kl")
+        if self.routing is not None:  # counts of this rank's training forwards (see agentrl.train.moe)
+            stats, self.routing.stats = self.routing.stats, type(self.routing.stats)()
+            if objective == "policy":
+                sums.update({name: torch.tensor(float(v), dtype=torch.float64) for name, v in zip(
+                    _ROUTING_COUNTS, (stats.routed, stats.used_differs, stats.router_differs, stats.unrouted),
+                    strict=True)})
+                names += _ROUTING_COUNTS
         vec = torch.stack([sums.get(n, torch.zeros((), dtype=torch.float64)) for n in names]
                           + [torch.tensor(float(bad is not None), dtype=torch.float64),
                              torch.tensor(float(n_mbs), dtype=torch.float64),
@@ -350,10 +370,25 @@ class TorchTrainBackend:
                 bad or {"step": self.step, "rank": self.dist.rank, "where": "another rank"},
             )
         metrics = {name: float(vec[i]) for i, name in enumerate(names)}
+        if _ROUTING_COUNTS[0] in metrics:
+            metrics.update(self._routing_metrics(*(metrics.pop(n) for n in _ROUTING_COUNTS)))
         metrics["micro_batches"] = float(vec[len(names) + 1])
         metrics["packed_tokens"] = float(vec[len(names) + 2])
         metrics["forward_tokens"] = float(vec[len(names) + 3])  # fewer than packed_tokens with shared prefixes
         return metrics
+
+    def _routing_metrics(self, routed: float, used: float, router: float, unrouted: float) -> dict[str, float]:
+        """The step's routing figures (summed over ranks); with replay on, no routed token may have
+        used experts other than the engine's."""
+        assert self.routing is not None
+        if self.config.loss.routing_replay is RoutingReplay.ROLLOUT and used > 0:
+            self._zero_grad()
+            raise RuntimeError(f"routing replay: {int(used)} of {int(routed)} tokens were trained through experts "
+                               "other than the engine's; the step was not applied")
+        n = max(routed, 1.0)
+        return {"moe/routing_differs": used / n, "moe/router_disagrees": router / n, "moe/routed_tokens": routed,
+                "moe/unrouted_tokens": unrouted,
+                "moe/replay": float(self.config.loss.routing_replay is RoutingReplay.ROLLOUT)}
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
