@@ -183,6 +183,7 @@ class ErrorKind(NamedEnum):
     TOOL = "tool"  # failure policy ``end`` on a tool that raised or timed out
     SANDBOX = "sandbox"  # failure policy ``end`` on a sandbox failure
     BRIDGE = "bridge"  # the chat template rejected the conversation
+    CONTEXT = "context"  # a context policy raised or returned a conversation that cannot start a sequence
     REWARD = "reward"  # the reward function raised or returned no number
     REWARD_TIMEOUT = "reward_timeout"  # the reward function ran past its deadline
     # an agent harness behind the proxy (agentrl.proxy): its run() raised, ran past its deadline, sent a

@@ -54,7 +54,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -65,6 +65,9 @@ from agentrl.rewards.types import RewardValue
 from agentrl.tools.base import Tool, ToolResult, short_error, tool_schema
 from agentrl.tools.workspace import WorkspaceSession, WorkspaceSpec, answers_from_record, workspace_tools
 from agentrl.trajectory import EpisodeError, ErrorKind, StopReason, Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.rollout.context import ContextPolicy
 
 __all__ = ["Environment", "EpisodeDoneError", "StepResult", "ToolLike", "tool_spec"]
 
@@ -158,13 +161,17 @@ class Environment(ABC):
     reward_range: tuple[float, float] = (0.0, 1.0)  # an instance may narrow or widen it (e.g. shaping)
     default_limits: ClassVar[EnvLimits] = EnvLimits()
     default_failure_policy: ClassVar[FailurePolicy] = FailurePolicy()
+    default_context_policy: ClassVar[ContextPolicy | None] = None
     workspace: ClassVar[WorkspaceSpec | None] = None
 
     def __init__(self, task: Mapping[str, Any] | BaseModel, *, limits: EnvLimits | None = None,
-                 failure_policy: FailurePolicy | None = None) -> None:
+                 failure_policy: FailurePolicy | None = None, context_policy: ContextPolicy | None = None) -> None:
         self.task: Any = self._coerce_task(task)
         self.limits = limits if limits is not None else type(self).default_limits
         self.failure_policy = failure_policy if failure_policy is not None else type(self).default_failure_policy
+        # what the agent loop does when the next request would not fit (agentrl.rollout.context); None: end
+        # the episode (context_budget). ``env.context_policy = None`` turns a class default off.
+        self.context_policy = context_policy if context_policy is not None else type(self).default_context_policy
         self._tools: dict[str, Tool] = {}
         for t in type(self).tools:
             self.register_tool(t)

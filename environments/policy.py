@@ -78,20 +78,28 @@ class FailurePolicy:
 
 @dataclass(frozen=True)
 class EnvLimits:
-    """Per-episode limits.
+    """Per-episode limits: the budgets of a rollout, each ending it with its own stop reason.
 
-    - ``max_turns``: model turns (assistant replies) per episode; the episode ends after that many.
+    - ``max_turns``: model turns the environment answers (assistant replies passed to ``step``; a
+      summary a context policy asks for is not one), over all of the rollout's sequences; the episode
+      ends after that many (``max_turns``).
     - ``max_tool_calls``: tool calls *executed* per episode. A turn that asks for more than what is
       left runs the calls that fit and ends the episode (``max_tool_calls``); reaching the cap
       exactly still lets the model answer on its next turn.
-    - ``max_context_tokens``: the whole episode's token budget (prompt + every turn), enforced by
-      the agent loop, which never asks the engine for more new tokens than the budget leaves.
-      (The per-turn generation cap is a sampling setting of the agent, not an environment limit.)
+    - ``max_context_tokens``: the context of one request: its prompt plus the reply it asks for. The
+      agent loop never asks the engine for more new tokens than it leaves (the engine's own
+      ``context_length`` bounds it too: the smaller wins). Without a context policy an episode is one
+      sequence, so this bounds the whole episode (``context_budget`` when spent); with one
+      (:mod:`agentrl.rollout.context`) each sequence of the rollout gets it anew.
+    - ``max_sampled_tokens``: the tokens the model may sample in the whole rollout, summed over all
+      its sequences and turns (``max_sampled_tokens`` when spent; ``None``: no cap). The per-turn
+      cap is the agent's sampling ``max_new_tokens``, not an environment limit.
     """
 
     max_turns: int = 16
     max_tool_calls: int = 16
     max_context_tokens: int | None = None
+    max_sampled_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tool_calls"):
@@ -101,3 +109,6 @@ class EnvLimits:
         ctx = self.max_context_tokens
         if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 2):
             raise ValueError(f"EnvLimits.max_context_tokens: got {ctx!r}; expected None or an integer >= 2")
+        sampled = self.max_sampled_tokens
+        if sampled is not None and (isinstance(sampled, bool) or not isinstance(sampled, int) or sampled < 1):
+            raise ValueError(f"EnvLimits.max_sampled_tokens: got {sampled!r}; expected None or an integer >= 1")

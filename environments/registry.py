@@ -2,7 +2,7 @@
 
 Three sources, in this order:
 
-1. **built-ins** by short name: environments ``toy_arithmetic`` and ``retool_math``; the group
+1. **built-ins** by short name: environments ``toy_arithmetic``, ``retool_math`` and ``long_recall``; the group
    filter ``drop_uniform_rewards``;
 2. **installed packages**, through the entry-point groups ``agentrl.environments``,
    ``agentrl.rewards`` and ``agentrl.group_filters``. A package makes its environment nameable with::
@@ -59,6 +59,12 @@ def _retool() -> Any:
     return RetoolMathEnv
 
 
+def _long_recall() -> Any:
+    from agentrl.environments.long_recall import LongRecallEnv
+
+    return LongRecallEnv
+
+
 def _uniform() -> Any:
     from agentrl.rewards.filters import drop_uniform_rewards
 
@@ -66,7 +72,7 @@ def _uniform() -> Any:
 
 
 _BUILTINS: dict[Kind, dict[str, Callable[[], Any]]] = {
-    "environment": {"toy_arithmetic": _toy, "retool_math": _retool},
+    "environment": {"toy_arithmetic": _toy, "retool_math": _retool, "long_recall": _long_recall},
     "reward": {},
     "group_filter": {"drop_uniform_rewards": _uniform},
 }

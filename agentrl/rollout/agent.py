@@ -82,6 +82,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import os
 import time
@@ -97,6 +98,7 @@ from agentrl.episode import Episode
 from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import Reward, score
 from agentrl.rollout._agent_config import AgentConfig, env_hook
+from agentrl.rollout._compaction import Compactor
 from agentrl.rollout._env_steps import record_step, reward_total
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
@@ -222,6 +224,11 @@ class EpisodeRunner:
         self.stops = tuple(dict.fromkeys((*own, *config.sampling.stop_token_ids)))  # the template's, plus the user's
         limits = [c for c in (config.context_length, env.limits.max_context_tokens) if c is not None]
         self.context = min(limits) if limits else None
+        self.max_sampled = env.limits.max_sampled_tokens
+        self._bound_by_sampled = False
+        policy = getattr(env, "context_policy", None)  # raises here when its trigger needs a context there is not
+        self.compactor = Compactor(policy, template, self.context, self.kwargs) if policy is not None else None
+        self.opening_size = 0  # messages of the episode's opening (reset()): what every compaction keeps
         self.sequences: list[Trajectory] = []
         self.metrics: Counter[str] = Counter()
         self.timings: dict[str, float] = {"time/generate_s": 0.0, "time/env_s": 0.0, "time/reward_s": 0.0}
@@ -319,6 +326,7 @@ class EpisodeRunner:
         else:
             self.bridge_session = BridgeSession(self.template, opening, tools=self.tools, **self.kwargs)
         prompt_ids = self.bridge_session.prompt_ids
+        self.opening_size = len(opening)
         group_id = self.group_id
         session = group_id if self.config.routing == "group" and group_id else new_id()
         self.sequences.append(Trajectory.from_prompt(prompt_ids, messages=list(opening), vocab_size=self.vocab_size,
@@ -329,10 +337,17 @@ class EpisodeRunner:
         while True:
             if self.should_abort():
                 return StopReason.ABORTED
-            budget = self._budget()
+            if self.compactor is not None and self.compactor.summarizing:
+                stop = await self.compactor.finish_summary(self)  # the summary turn (resumed after an abort)
+                if stop is not None:
+                    return stop
+                continue
+            budget = self.budget()
             if budget <= 0:
                 if self._turn_ids and len(self._turn_ids) >= self.config.sampling.max_new_tokens:
                     return self._end_partial_turn()  # a resumed turn that had used its whole budget
+                if self._bound_by_sampled:
+                    return StopReason.MAX_SAMPLED_TOKENS
                 if self._nothing_sampled():
                     return self._prompt_too_long(f"the context holds {self.context}")
                 return StopReason.CONTEXT_BUDGET
@@ -351,14 +366,45 @@ class EpisodeRunner:
             if reason is not None:
                 return reason
 
-    def _budget(self) -> int:
-        per_turn = self.config.sampling.max_new_tokens
+    def budget(self, per_turn: int | None = None) -> int:
+        """What the next request of the current turn may ask for: what is left of the turn's budget
+        (``per_turn``, default the sampling's ``max_new_tokens``), of the context and of the rollout's
+        sampled tokens (``max_sampled_tokens``; ``_bound_by_sampled`` says when that was the least)."""
+        per_turn = self.config.sampling.max_new_tokens if per_turn is None else per_turn
         if self.context is None:
-            return max(0, per_turn - len(self._turn_ids))
-        return continuation_budget(per_turn, len(self._turn_ids), len(self.traj.tokens), self.context)
+            budget = max(0, per_turn - len(self._turn_ids))
+        else:
+            budget = continuation_budget(per_turn, len(self._turn_ids), len(self.traj.tokens), self.context)
+        left = None if self.max_sampled is None else self.max_sampled - self.metrics["generated_tokens"]
+        self._bound_by_sampled = left is not None and left < budget
+        return max(0, left) if left is not None and left < budget else budget
+
 
     async def _generate(self, budget: int) -> StopReason | Message:
         """One model turn: request, append verbatim, parse. Returns the parsed message or a stop reason."""
+        outcome = await self.request(budget)
+        if isinstance(outcome, StopReason):
+            return outcome
+        turn_ids, finish = outcome
+        traj = self.traj
+        self._last_ids = turn_ids
+        self.metrics["turns"] += 1
+        parsed = self.template.parse(turn_ids, self.tools, strict=self.config.strict_parsing,
+                                     max_calls=self.config.max_calls_per_turn)
+        message = parsed.to_message()
+        traj.messages.append(message)
+        if finish is FinishKind.LENGTH:
+            traj.info["last_message_partial"] = True
+            if len(turn_ids) < self.config.sampling.max_new_tokens:
+                return StopReason.MAX_SAMPLED_TOKENS if self._bound_by_sampled else StopReason.CONTEXT_BUDGET
+            return StopReason.ENGINE_LENGTH
+        self._pending_failures = parsed.failures
+        return message
+
+    async def request(self, budget: int) -> StopReason | tuple[tuple[int, ...], FinishKind]:
+        """Sends one request for the current turn and appends the sampled ids verbatim. Returns the whole
+        turn's ids (with what earlier, aborted requests of it sampled) and how it finished, or a stop
+        reason (``aborted``: suspended, the partial turn kept for the next request)."""
         traj, rid = self.traj, new_id()
         sampling = request_sampling(self.config.sampling, budget, self.stops)
         try:
@@ -405,18 +451,7 @@ class EpisodeRunner:
             return StopReason.ABORTED
         turn_ids = (*self._turn_ids, *result.output_ids)
         self._turn_ids = []
-        self._last_ids = turn_ids
-        self.metrics["turns"] += 1
-        parsed = self.template.parse(turn_ids, self.tools, strict=self.config.strict_parsing,
-                                     max_calls=self.config.max_calls_per_turn)
-        message = parsed.to_message()
-        traj.messages.append(message)
-        if result.finish_reason.kind is FinishKind.LENGTH:
-            traj.info["last_message_partial"] = True
-            cut_by_context = len(turn_ids) < self.config.sampling.max_new_tokens
-            return StopReason.CONTEXT_BUDGET if cut_by_context else StopReason.ENGINE_LENGTH
-        self._pending_failures = parsed.failures
-        return message
+        return turn_ids, result.finish_reason.kind
 
     def _nothing_sampled(self) -> bool:
         """Nothing was generated in this episode yet: the only tokens are the opening prompt's."""
@@ -464,10 +499,22 @@ class EpisodeRunner:
         except ValueError as exc:  # ChatTemplateError included: the template rejected the conversation
             traj.add_error(ErrorKind.BRIDGE, str(exc), component="bridge")
             return StopReason.FAILED
+        if self.compactor is not None and self.compactor.due(self.next_prompt_tokens(bridge)):
+            return await self.compactor.compact(self, step.messages, bridge)
         return self._append(bridge, step.messages)
+
+    def next_prompt_tokens(self, bridge: BridgeResult) -> int:
+        """The next request's prompt length once ``bridge`` is applied (a fork's full render, else the
+        sequence plus the bridged pieces)."""
+        if bridge.outcome is BridgeOutcome.NOT_APPEND_ONLY:
+            assert bridge.full_render_ids is not None
+            return len(bridge.full_render_ids)
+        return len(self.traj.tokens) + sum(len(p.ids) for p in bridge.pieces)
 
     def _bridge(self, message: Message, new: list[Message]) -> BridgeResult:
         if self.bridge_session is not None:
+            if self.compactor is not None:  # a summary bridges the turn again, with its instruction
+                self.compactor.session_before = copy.copy(self.bridge_session)
             result = self.bridge_session.step(self._last_ids, message, new)
             if result.outcome is not BridgeOutcome.APPEND:
                 self.bridge_session = None  # the session ends here; later turns use the stateless bridge
@@ -488,14 +535,8 @@ class EpisodeRunner:
                 traj.info["unsent_messages"] = [m.to_dict() for m in new]
                 return StopReason.CONTEXT_BUDGET
             self.metrics["bridge/fork"] += 1
-            self.sequences.append(Trajectory.from_prompt(
-                bridge.full_render_ids, messages=[*traj.messages, *new], vocab_size=self.vocab_size,
-                group_id=traj.group_id, rollout_id=traj.rollout_id, sample_id=traj.sample_id,
-                session_id=traj.session_id))
-            self.traj.sequence_index = len(self.sequences) - 1
-            self.traj.fork_reason = ForkReason.TEMPLATE
-            self.traj.info["forked_because"] = bridge.reason
-            self.bridge_session = BridgeSession(self.template, self.traj.messages, tools=self.tools, **self.kwargs)
+            self.open_sequence(bridge.full_render_ids, [*traj.messages, *new], ForkReason.TEMPLATE,
+                               {"forked_because": bridge.reason})
             return None
         if self.context is not None and len(traj.tokens) + len(bridge.ids) >= self.context:
             traj.info["unsent_messages"] = [m.to_dict() for m in new]
@@ -508,6 +549,21 @@ class EpisodeRunner:
             self.metrics[f"{kind.value}_tokens"] += len(piece.ids)
         traj.messages.extend(new)
         return None
+
+    def open_sequence(self, prompt_ids: Sequence[int], messages: list[Message], reason: ForkReason,
+                      info: dict[str, Any], bridge: BridgeSession | None = None) -> Trajectory:
+        """Starts the episode's next sequence (same ids, ``fork_reason``) from ``prompt_ids``, the render of
+        ``messages``; later turns bridge on ``bridge`` (a new session over ``messages`` when None)."""
+        last = self.traj
+        seq = Trajectory.from_prompt(prompt_ids, messages=messages, vocab_size=self.vocab_size,
+                                     group_id=last.group_id, rollout_id=last.rollout_id, sample_id=last.sample_id,
+                                     session_id=last.session_id)
+        seq.sequence_index = len(self.sequences)
+        seq.fork_reason = reason
+        seq.info.update(info)
+        self.sequences.append(seq)
+        self.bridge_session = bridge or BridgeSession(self.template, messages, tools=self.tools, **self.kwargs)
+        return seq
 
     def _finish(self, reason: StopReason) -> None:
         status = status_for(reason)

@@ -128,10 +128,55 @@ class DataSection(Section):
 
 
 class EnvironmentSection(Section):
-    """The environment by name (resolved by the runner or the CLI's registry) and its options."""
+    """The environment by name (resolved by the runner or the CLI's registry) and its options.
+
+    ``limits``: budgets that replace the environment's own (:class:`~agentrl.environments.EnvLimits`
+    fields: ``max_turns``, ``max_tool_calls``, ``max_context_tokens`` (the context of one request),
+    ``max_sampled_tokens`` (sampled tokens over the whole rollout); unset ones keep the environment's).
+    ``context``: the context policy, ``policy`` (``none``, ``window``, ``elide_tool_output``,
+    ``summarize``) and that policy's settings (``trigger``, ``target``, ``keep_turns``, ``instruction``,
+    ``max_tokens``, ``prefix``, ``train_summary``: :mod:`agentrl.rollout.context`); empty: the
+    environment's own (none unless its class sets one).
+    """
 
     name: str = Field(min_length=1)
     options: dict[str, JsonValue] = Field(default_factory=dict)
+    limits: dict[str, int | None] = Field(default_factory=dict)
+    context: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _budgets(self) -> EnvironmentSection:
+        import dataclasses
+
+        from agentrl.environments.policy import EnvLimits
+
+        known = [f.name for f in dataclasses.fields(EnvLimits)]
+        unknown = sorted(set(self.limits) - set(known))
+        if unknown:
+            raise ValueError(f"limits: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(known)}")
+        try:
+            EnvLimits(**self.limits)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ValueError(f"limits: {exc}") from None
+        self.context_policy()
+        return self
+
+    def context_policy(self) -> Any:
+        """The :class:`~agentrl.rollout.context.ContextPolicy` that ``context`` names (``None``: ``none``,
+        or no ``context`` given: check :attr:`context` to tell them apart)."""
+        from agentrl.rollout.context import context_policy
+
+        if not self.context:
+            return None
+        settings = dict(self.context)
+        name = settings.pop("policy", None)
+        if not isinstance(name, str):
+            raise ValueError(f"context.policy: got {name!r}; expected one of 'none', 'window', 'elide_tool_output', "
+                             "'summarize'")
+        try:
+            return context_policy(name, **settings)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"context: {exc}") from None
 
 
 class TrainSection(Section):

@@ -4,13 +4,15 @@ package's by name, see :mod:`agentrl.environments.registry`, or the class the ca
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from agentrl.environments.base import Environment
     from agentrl.proxy.adapter import AgentEpisode
     from agentrl.rewards.types import RewardValue
+    from agentrl.rollout.context import ContextPolicy
     from agentrl.runner.config import RunConfig
     from agentrl.trajectory import Trajectory
 
@@ -28,7 +30,7 @@ rollout layer (scheduler, evaluation) takes it."""
 RewardOverride = Callable[["Trajectory", Any], "RewardValue | Awaitable[RewardValue]"]
 """``reward(trajectory, task)``, replacing the environment's own reward."""
 
-BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("toy_arithmetic", "retool_math")
+BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("toy_arithmetic", "retool_math", "long_recall")
 """Environment names a config can use without passing ``environment=``."""
 
 
@@ -37,14 +39,22 @@ class EnvFactory:
     replacing the environment's own. Picklable (it crosses into the rollout actor) when its parts are;
     ``task_type`` is the environment's, so the data source checks rows against it."""
 
-    def __init__(self, cls: EnvironmentClass, options: dict[str, Any], reward: RewardOverride | None = None) -> None:
+    def __init__(self, cls: EnvironmentClass, options: dict[str, Any], reward: RewardOverride | None = None, *,
+                 limits: Mapping[str, Any] | None = None, context: tuple[bool, ContextPolicy | None] = (False, None),
+                 ) -> None:
         self.cls, self.options, self.reward = cls, options, reward
         self.task_type = getattr(cls, "task_type", None)
+        self.limits = dict(limits or {})
+        self.context = context  # (whether the config names a policy, the policy: None is "none")
 
     def __call__(self, row: dict[str, Any]) -> Environment:
         env = self.cls(row, **self.options)
         if self.reward is not None:  # on this instance only: the class keeps its own
             env.reward = _Reward(self.reward, env.task)  # type: ignore[method-assign]
+        if self.limits and hasattr(env, "limits"):  # an agent's episode has none: its proxy session is its context
+            env.limits = dataclasses.replace(env.limits, **self.limits)
+        if self.context[0]:
+            env.context_policy = self.context[1]  # type: ignore[union-attr]  # an agent's episode passes it on
         # an agent's episode is driven where an environment is (it brings its own runner: runner_for)
         return cast("Environment", env)
 
@@ -72,4 +82,6 @@ def environment_factory(config: RunConfig, environment: EnvironmentClass | None 
     if not callable(cls):
         raise TypeError(f"environment: expected an Environment subclass or a callable row -> environment, "
                         f"got {type(cls).__name__}")
-    return EnvFactory(cls, dict(config.environment.options), reward)
+    section = config.environment
+    return EnvFactory(cls, dict(section.options), reward, limits=section.limits,
+                      context=(bool(section.context), section.context_policy()))
