@@ -346,6 +346,7 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
     env = plan.environment
     env_name = getattr(env, "__name__", type(env).__name__) if env is not None else "?"
     plan.add("environment", f"{cfg.environment.name} -> {env_name}")
+    _context_lines(plan, cfg)
     if cl.accelerator == "cpu":
         where = f"CPU, {eng.count} engine(s) and the trainer on {len(os.sched_getaffinity(0))} cores"
     else:
@@ -385,6 +386,31 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
     if isinstance(ctx, int):
         budget += f", context {ctx}: at most {ctx * sched.samples_per_step:,} tokens per step"
     plan.add("token budget", budget + f"; micro-batches of {train.max_tokens_per_micro_batch} tokens")
+
+
+def _context_lines(plan: Any, cfg: RunConfig) -> None:
+    """The environment's budgets and context policy, as the config sets them."""
+    env = cfg.environment
+    if env.limits:
+        plan.add("budgets", ", ".join(f"{k} {v if v is not None else 'none'}" for k, v in env.limits.items()))
+    if not env.context:
+        return
+    policy = env.context_policy()
+    if policy is None:
+        plan.add("context", "policy none: an episode ends context_budget at the first request that does not fit")
+        return
+    ctx = cfg.rollout.context_length
+    try:
+        trigger, target = policy.thresholds(ctx)
+        when = f"compacts when a request would pass {trigger} tokens"
+        if policy.name == "summarize":
+            trained = "trained" if getattr(policy, "train_summary", True) else "masked out of the loss"
+            when += f" into a summary the model writes ({trained})"
+        else:
+            when += f" (to ~{target} tokens: hysteresis)"
+    except ValueError as exc:
+        when = f"problem: {exc}"
+    plan.add("context", f"policy {policy.name}, {when}; each compaction starts a new sequence of the rollout")
 
 
 def _algorithm_line(cfg: RunConfig) -> str:

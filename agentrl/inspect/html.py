@@ -239,9 +239,30 @@ def _sequence_html(uid: str, traj: Trajectory, n_sequences: int, decoder: TokenD
         if "forked_because" in traj.info:
             nav += (f'<div class="note">forked from sequence {k - 1} (a fresh render of the conversation): '
                     f'{_esc(traj.info["forked_because"])}</div>')
+        nav += _compaction_note(traj)
     title = f"sequence {k} of {n_sequences}" if n_sequences > 1 else "trajectory"
     return (f'<section id="{uid}-seq{k}"><h3>{title}</h3>{nav}{_kv(_outcome_rows(traj))}'
             + "".join(segs) + "</section>")
+
+
+def _compaction_note(traj: Trajectory) -> str:
+    """Where a context policy compacted the episode: the policy, the prompt before and after, the summary."""
+    out = ""
+    record = traj.info.get("compaction")
+    if isinstance(record, dict):
+        what = (f'compaction ({_esc(str(record.get("policy")))}) of sequence {_esc(str(record.get("from_sequence")))}: '
+                f'the next request would have held {_esc(str(record.get("tokens_before")))} tokens; this sequence starts '
+                f'from {_esc(str(record.get("tokens_after")))}')
+        if record.get("summary") is not None:
+            trained = "" if record.get("summary_trained", True) else " (not trained)"
+            what += f'; summary{trained}: <b>{_esc(_clip(str(record["summary"]), _MAX_NOTE_CHARS))}</b>'
+        out += f'<div class="note">{what}</div>'
+    turn = traj.info.get("summary_turn")
+    if isinstance(turn, dict):
+        out += (f'<div class="note">this sequence ends with the summary the policy wrote (message '
+                f'{_esc(str(turn.get("message_index")))}, {_esc(str(turn.get("tokens")))} tokens, '
+                f'{"trained" if turn.get("trained") else "masked out of the loss"})</div>')
+    return out
 
 
 def _legend() -> str:

@@ -41,6 +41,9 @@ CURVES: tuple[Curve, ...] = (
           ("mismatch/mean", "mismatch/p90", "mismatch/max")),
     Curve("throughput", "Rollout throughput", "tokens / s", ("report/metrics/tokens_per_s",)),
     Curve("staleness", "Staleness", "policy versions behind", ("rollout/staleness_max",)),
+    Curve("context", "Sequences and compactions per episode", "per episode",
+          ("report/metrics/sequences_per_episode", "report/metrics/context/compactions_per_episode",
+           "report/metrics/context/summaries_per_episode")),
 )
 
 

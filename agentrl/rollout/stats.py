@@ -55,6 +55,9 @@ class StepStats:
     engine_requests_after_abort: int = 0
     restored: int = 0
     restore_problems: list[str] = field(default_factory=list)
+    sequences: float = 0.0
+    compactions: float = 0.0
+    summary_turns: float = 0.0
 
     def start(self) -> None:
         self.wall_start, self.cpu_start = time.perf_counter(), time.process_time()
@@ -70,6 +73,9 @@ class StepStats:
         self.cached_tokens += m.get("cached_tokens", 0.0)
         self.turns += m.get("turns", 0.0)
         self.tool_calls += m.get("tool_calls", 0.0)
+        self.sequences += len(episode.sequences)
+        self.compactions += m.get("context/compactions", 0.0)
+        self.summary_turns += m.get("context/summary_turns", 0.0)
         self.time_generate_s += m.get("time/generate_s", 0.0)
         self.time_env_s += m.get("time/env_s", 0.0)
         self.time_reward_s += m.get("time/reward_s", 0.0)
@@ -117,6 +123,9 @@ class StepStats:
             "time/reward_s": self.time_reward_s,
             "turns_per_episode": self.turns / n,
             "tool_calls_per_episode": self.tool_calls / n,
+            "sequences_per_episode": self.sequences / n,
+            "context/compactions_per_episode": self.compactions / n,
+            "context/summaries_per_episode": self.summary_turns / n,
             "truncation_rate": self.truncated / n,
             "failure_rate": self.failed / n,
             "abort_rate": self.suspended / max(self.episodes + self.suspended, 1),

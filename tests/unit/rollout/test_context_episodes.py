@@ -261,3 +261,14 @@ async def test_a_summary_cut_short_by_an_abort_resumes_as_the_same_turn(qwen3: C
     parts = [s for s in first.segments if s.message_index == index]
     assert [s.kind for s in parts] == [SegmentKind.MODEL, SegmentKind.MODEL] and parts[0].length == 5
     assert episode.sequences[1].info["compaction"]["summary"] == first.messages[-1].content
+
+
+async def test_the_viewer_shows_each_compaction_and_its_summary(qwen3: ChatTemplate) -> None:
+    from agentrl.inspect import episode_html
+
+    ep = await _play(qwen3, Summarize(trigger=1100, instruction=INSTRUCTION, train_summary=False))
+    page = episode_html(ep)
+    summary = ep.sequences[1].info["compaction"]["summary"]
+    assert "compaction (summarize) of sequence 0" in page and "compaction (summarize) of sequence 1" in page
+    assert f"summary (not trained): <b>{summary}</b>" in page
+    assert "ends with the summary the policy wrote" in page and "masked out of the loss" in page
