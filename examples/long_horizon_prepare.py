@@ -2,7 +2,7 @@
 ``long_recall`` task played under the ``summarize`` context policy, and the RL and held-out rows.
 
     python examples/long_horizon_prepare.py                  # models/long-tiny, data/long_horizon/
-    agentrl sft examples/long_horizon_sft.toml               # the warm-up, once: models/long-tiny-warm
+    agentrl sft examples/sft_long_horizon.toml               # the warm-up, once: models/long-tiny-warm
     agentrl train examples/long_horizon_cpu.toml             # GRPO under summarize (docs/environments.md)
 
 The task (:mod:`agentrl.environments.long_recall`): read 20 pages one ``read`` call at a time, then answer

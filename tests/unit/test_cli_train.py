@@ -103,7 +103,7 @@ CASES: list[tuple[str, Any, str]] = [
      r"rollout\.scheduler\.group_size = 0 \(set by override\): expected a value >= 1"),
     ("unknown environment", lambda f: [str(f["config"]), "environment.name=toy_arithmetc", "--dry-run"],
      r"environment\.name: unknown environment 'toy_arithmetc'; did you mean 'toy_arithmetic'\?; expected one of: "
-     r"retool_math \(built-in\), toy_arithmetic \(built-in\)"),
+     r"long_recall \(built-in\), retool_math \(built-in\), toy_arithmetic \(built-in\)"),
     ("missing data file", lambda f: [str(f["config"]), "data.train.path=nowhere.jsonl"],
      r"data\.train\.path='nowhere\.jsonl': no such file or folder"),
     ("bad data row", _bad_row,
