@@ -13,6 +13,11 @@ from .correction import (
     sequence_tis_weights,
     tis_weights,
 )
+from .distill import (
+    distillation_advantages,
+    distillation_metrics,
+    mix_advantages,
+)
 from .estimators import (
     compute_advantages,
 )
@@ -61,6 +66,8 @@ __all__ = [
     "cispo_loss",
     "compute_advantages",
     "default_aggregation",
+    "distillation_advantages",
+    "distillation_metrics",
     "entropy_from_hidden",
     "entropy_from_logits",
     "gae_advantages",
@@ -72,6 +79,7 @@ __all__ = [
     "masked_whiten",
     "mis_weights",
     "mismatch_metrics",
+    "mix_advantages",
     "opsm_mask",
     "policy_loss_for",
     "ppo_clip_loss",

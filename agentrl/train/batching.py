@@ -19,11 +19,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from agentrl.algorithms import AdvantageEstimator, compute_advantages, rollout_denominators
+from agentrl.algorithms import (
+    AdvantageEstimator,
+    compute_advantages,
+    distillation_advantages,
+    distillation_metrics,
+    mix_advantages,
+    rollout_denominators,
+)
 from agentrl.episode import Episode
-from agentrl.token_data import TokenChannel
+from agentrl.token_data import TEACHER_LOGPROBS, TokenChannel
 from agentrl.train.config import BatchingConfig
 from agentrl.trajectory import Trajectory
 
@@ -81,12 +89,15 @@ class TrainingBatch:
     """The sequences of one optimiser step and the counts the reducer needs.
 
     ``num_rollouts`` is B (distinct rollout ids, including rollouts without trainable tokens);
-    ``excluded`` lists ``(rollout id, status)`` of trajectories left out by status.
+    ``excluded`` lists ``(rollout id, status)`` of trajectories left out by status; ``metrics``:
+    figures of how the advantages were made (``distill/*`` with a teacher, see
+    :func:`~agentrl.algorithms.distillation_metrics`).
     """
 
     sequences: list[TrainSequence]
     num_rollouts: int
     excluded: list[tuple[str, str]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_trainable_tokens(self) -> int:
@@ -157,6 +168,9 @@ def build_training_batch(trajectories: Sequence[Trajectory | Episode],
     adv = compute_advantages(
         estimator, [r for *_, r in kept], [g for _, _, g, _ in kept], mask, rollout_ids=rollout_ids, eps=cfg.eps,
     )
+    metrics: dict[str, float] = {}
+    if cfg.teacher_coef > 0:
+        adv, metrics = _distill(adv, mask, [t for t, *_ in kept], cfg)
     denominators = rollout_denominators([t.loss_mask for t, *_ in kept], rollout_ids)
     sequences = []
     for row, (traj, rid, gid, reward) in enumerate(kept):
@@ -169,4 +183,33 @@ def build_training_batch(trajectories: Sequence[Trajectory | Episode],
             rollout_id=rid, group_id=gid, reward=reward, denominator=denominators[row],
             sample_id=traj.sample_id, channels=dict(traj.channels),
         ))
-    return TrainingBatch(sequences=sequences, num_rollouts=len(set(rollout_ids)), excluded=excluded)
+    return TrainingBatch(sequences=sequences, num_rollouts=len(set(rollout_ids)), excluded=excluded, metrics=metrics)
+
+
+def _distill(task_adv: torch.Tensor, mask: torch.Tensor, trajectories: list[Trajectory],
+             cfg: BatchingConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """The estimator's advantages mixed with the teacher's (:mod:`agentrl.algorithms.distill`), and the
+    step's ``distill/*`` figures. Every trainable token needs its teacher row."""
+    teacher = torch.zeros(mask.shape, dtype=torch.float64)
+    behaviour = torch.zeros(mask.shape, dtype=torch.float64)
+    for row, traj in enumerate(trajectories):
+        p, n = traj.prompt_length, traj.response_length
+        channel = traj.channels.get(TEACHER_LOGPROBS)
+        trainable = mask[row, :n].bool().numpy()
+        present = channel.present[p:] if channel is not None else np.zeros(n, dtype=bool)
+        missing = int((trainable & ~present).sum())
+        if missing:
+            why = next((str(e) for e in traj.errors if e.component == "teacher"), None)
+            raise ValueError(
+                f"trajectories[{row}].channels[{TEACHER_LOGPROBS!r}]: rollout {traj.rollout_id or traj.sample_id!r} "
+                f"lacks the teacher's logprob on {missing} of its {int(trainable.sum())} trainable tokens; distillation "
+                f"(teacher_coef={cfg.teacher_coef:g}) needs every sampled token scored"
+                + (f" ({why})" if why else " (was the batch scored by the teacher?)"))
+        if channel is not None:
+            teacher[row, :n] = torch.from_numpy(channel.values[p:].astype(np.float64))
+        behaviour[row, :n] = torch.tensor(traj.logprobs, dtype=torch.float64)
+    a_kl = distillation_advantages(teacher, behaviour, mask)
+    mixed = mix_advantages(task_adv, a_kl, coef=cfg.teacher_coef, task=cfg.task_reward)
+    figures = distillation_metrics(teacher, behaviour, mask, task_adv, a_kl, coef=cfg.teacher_coef,
+                                   task=cfg.task_reward)
+    return mixed, {f"distill/{k}": v for k, v in figures.items()}

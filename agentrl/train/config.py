@@ -60,6 +60,10 @@ class BatchingConfig:
     silently). ``max_sequence_length``: longer sequences raise instead of being truncated.
     ``std_normalize=False`` drops the std division of ``grpo`` (making it ``dr_grpo``'s advantage);
     the other estimators fix their own normalisation, so it is rejected for them.
+    ``teacher_coef`` (β > 0: on-policy distillation) adds ``β · (log π_T − log μ)`` to each sampled
+    token's advantage, from the trajectories' ``teacher_logprobs`` channel
+    (:mod:`agentrl.algorithms.distill`); ``task_reward=False`` drops the estimator's advantage
+    (distillation alone).
     """
 
     estimator: AdvantageEstimator = AdvantageEstimator.GRPO
@@ -67,6 +71,8 @@ class BatchingConfig:
     eps: float = 1e-6
     exclude_statuses: tuple[Status, ...] = (Status.ABORTED, Status.FAILED)
     max_sequence_length: int | None = None
+    teacher_coef: float = 0.0
+    task_reward: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "estimator", AdvantageEstimator(self.estimator))
@@ -79,6 +85,11 @@ class BatchingConfig:
         _require(self.eps >= 0, "eps", self.eps, "a non-negative number")
         _require(self.max_sequence_length is None or self.max_sequence_length > 1, "max_sequence_length",
                  self.max_sequence_length, "None or an integer > 1")
+        _require(isinstance(self.teacher_coef, (int, float)) and not isinstance(self.teacher_coef, bool)
+                 and math.isfinite(self.teacher_coef) and self.teacher_coef >= 0, "teacher_coef", self.teacher_coef,
+                 "a finite number >= 0 (β, the teacher's weight; 0: no distillation)")
+        _require(self.task_reward or self.teacher_coef > 0, "task_reward", self.task_reward,
+                 "True unless teacher_coef > 0 (without the task reward and without a teacher nothing is learned)")
 
 
 @dataclass(frozen=True)
