@@ -181,10 +181,14 @@ def _machine(cfg: RunConfig, plan: Plan) -> None:
     cluster, engines = cfg.cluster, cfg.rollout.engines
     if cluster.accelerator == "cpu":
         cores = len(os.sched_getaffinity(0))
-        if engines.count + 1 > cores:
-            plan.machine.append(f"rollout.engines.count={engines.count} CPU engines need a core each and the "
-                                f"trainer one more ({engines.count + 1}), but this machine gives {cores} cores: "
-                                f"expected rollout.engines.count <= {max(cores - 1, 1)}")
+        launched = cfg.engines_launched  # a distillation teacher's own engines need cores too
+        if launched + 1 > cores:
+            what = (f"rollout.engines.count={engines.count} CPU engines" if launched == engines.count else
+                    f"rollout.engines.count={engines.count} and teacher.engines.count={launched - engines.count}: "
+                    f"{launched} CPU engines")
+            plan.machine.append(f"{what} need a core each and the trainer one more ({launched + 1}), but this machine "
+                                f"gives {cores} cores: expected rollout.engines.count"
+                                f"{' + teacher.engines.count' if launched > engines.count else ''} <= {max(cores - 1, 1)}")
         return
     _device_map(cfg, plan)
     if cluster.placement == "colocated" and engines.enable_memory_saver is not False \
@@ -437,4 +441,26 @@ def preflight(cfg: RunConfig, *, environment: Any = None) -> Plan:
     _sinks(cfg, plan)
     _shape(cfg, plan, meta, rows)
     _warmup(cfg, plan)
+    _teacher(cfg, plan)
     return plan
+
+
+def _teacher(cfg: RunConfig, plan: Plan) -> None:
+    """The distillation teacher: where it runs, its weight, and (before anything starts) that it shares the
+    student's tokenizer and chat template."""
+    from agentrl.runner.teacher_check import teacher_problem
+
+    teacher = cfg.teacher
+    if teacher is None:
+        return
+    where = {"model": f"{teacher.path} on the trainer",
+             "engines": f"{teacher.path} on {teacher.engines.count} SGLang engine(s) of its own "
+                        f"(tp={teacher.engines.tp_size})",
+             "endpoint": f"{', '.join(teacher.urls)} (scoring token ids by prefill)",
+             "self": f"the student given a privileged {teacher.privileged_role} message {teacher.privileged!r}"}
+    mix = "A_task + " if teacher.task_reward else ""
+    plan.add("teacher", f"{teacher.kind}: {where[teacher.kind]}; advantage {mix}{teacher.coef:g} x (log p_teacher - "
+                        "log p_student) on sampled tokens")
+    problem = teacher_problem(cfg)
+    if problem is not None:
+        plan.problems.append(problem)

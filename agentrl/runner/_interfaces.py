@@ -73,6 +73,7 @@ class TrainSide(Protocol):
     async def train(self, batch: TrainingBatch, step: int) -> dict[str, float]: ...
     async def export(self, folder: str) -> str: ...
     async def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
+    async def score_teacher(self, sequences: list[list[int]]) -> list[list[float]]: ...
     async def probe_adapter(self, folder: str, sequences: list[list[int]], seed: int) -> dict[str, Any]: ...
     async def export_merged(self, folder: str) -> str: ...
     async def save(self, folder: str) -> str: ...
@@ -106,6 +107,23 @@ class RunSummary:
     @property
     def weights_changed(self) -> bool:
         return self.steps > self.skipped_steps
+
+    def running_state(self, wall_s: float) -> dict[str, Any]:
+        """The running counts a checkpoint keeps (``wall_s``: the run's wall time so far), so that a resumed
+        run's summary covers the whole run."""
+        return {"prompts_trained": self.prompts_trained, "wall_s": wall_s, "failed_groups": dict(self.failed_groups),
+                "failure_examples": dict(self.failure_examples), "bad_rows": self.bad_rows,
+                "skipped_steps": self.skipped_steps, "warmup": dict(self.warmup)}
+
+    def restore_running(self, state: dict[str, Any]) -> float:
+        """Takes back the counts of :meth:`running_state`; returns the wall time of the run before it."""
+        self.prompts_trained = int(state.get("prompts_trained", self.prompts_trained))
+        self.failed_groups = dict(state.get("failed_groups", {}))
+        self.failure_examples = dict(state.get("failure_examples", {}))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.bad_rows = max(self.bad_rows, int(state.get("bad_rows", 0)))
+        self.warmup = dict(state.get("warmup") or self.warmup)
+        return float(state.get("wall_s", 0.0))
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "policy_version": self.policy_version, "resumed_from": self.resumed_from,

@@ -48,7 +48,8 @@ def row_validator(env_factory: object) -> Callable[[dict[str, Any]], object] | N
 async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_factory: RowFactory,
                          *, group_filter: GroupFilter | None = None, cpu: CpuPlan | None = None,
                          starters: Sequence[EngineStarter] | None = None,
-                         engine_fraction: float | None = None) -> RolloutService:
+                         engine_fraction: float | None = None,
+                         teacher_starters: Sequence[EngineStarter] | None = None) -> RolloutService:
     run_dir = config.run_dir()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -79,10 +80,66 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
             for i, engine in enumerate(group.engines):
                 if engine.process is not None:
                     cpu.pin(i, engine.process.pid)
-        return _assemble(cls, config, env_factory, group, group_filter)
+        service = _assemble(cls, config, env_factory, group, group_filter)
     except BaseException:
         await group.shutdown()
         raise
+    if config.teacher is not None and not config.teacher.on_trainer:
+        try:
+            await _attach_teacher(service, config, teacher_starters, cpu)
+        except BaseException:
+            await service.shutdown()
+            raise
+    return service
+
+
+async def _attach_teacher(service: RolloutService, config: RunConfig, starters: Sequence[EngineStarter] | None,
+                          cpu: CpuPlan | None) -> None:
+    """The rollout side's distillation teacher: its own engines (started here, stopped with the service),
+    an endpoint's servers, or the run's own engines (self-distillation)."""
+    from agentrl.rollout.client import ClientConfig, InferenceClient
+    from agentrl.rollout.engine import SGLangEngine
+    from agentrl.rollout.teacher import EngineTeacher, RolloutTeacher
+
+    teacher = config.teacher
+    assert teacher is not None
+    if teacher.kind == "self":
+        assert service.scoring is not None
+        template = service.scheduler.template
+        service.teacher = RolloutTeacher(EngineTeacher([service.scoring]), template=template,
+                                         privileged=teacher.privileged, role=teacher.privileged_role)
+        return
+    engines: list[SGLangEngine] = []
+    urls = list(teacher.urls)
+    if teacher.kind == "engines":
+        assert teacher.path is not None
+        base = teacher.engines.to_config(teacher.path, dtype=config.model.dtype,
+                                         device=config.engine_config().device)
+        first = config.rollout.engines.count  # CPU cores: the teacher's engines after the rollout's
+        for i in range(teacher.engines.count):
+            env = {**(cpu.engine_env(first + i) if cpu is not None else {}), **base.env}
+            engine_cfg = dataclasses.replace(base, log_dir=config.run_dir() / "logs" / f"teacher-{i}", env=env)
+            starter = starters[i] if starters is not None else None
+            engines.append(await SGLangEngine.launch(engine_cfg, starter))
+            if cpu is not None and starter is None and engines[-1].process is not None:
+                cpu.pin(first + i, engines[-1].process.pid)
+        urls = [e.url for e in engines]
+    clients = [InferenceClient(ClientConfig(base_url=url, unavailable_wait_s=60.0)) for url in urls]
+    service.teacher = RolloutTeacher(EngineTeacher(clients))
+    stop_rollout = service._on_shutdown
+
+    async def stop() -> None:
+        try:
+            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+            for engine in engines:
+                engine.stop()
+        finally:
+            if stop_rollout is not None:
+                result = stop_rollout()
+                if asyncio.iscoroutine(result):
+                    await result
+
+    service._on_shutdown = stop
 
 
 def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: RowFactory,

@@ -57,7 +57,7 @@ def plan_run(config: RunConfig, env_factory: RowFactory, run_dir: RunDirectory, 
                                    config_hash=config.hash())
     resume = resume if resume is not None else config.checkpoint.resume
     settings = LoopSettings.from_config(config, rollout_only=rollout_only, probe_sequences=probe_sequences)
-    cpu = plan_cpu(engines=config.rollout.engines.count) if config.cluster.accelerator == "cpu" else None
+    cpu = plan_cpu(engines=config.engines_launched) if config.cluster.accelerator == "cpu" else None
     warm = config.warmup is not None and resume is None and not rollout_only
     return RunPlan(config, env_factory, run_dir, checkpointer, settings, group_filter=group_filter,
                    callbacks=tuple(callbacks), resume=resume, cpu=cpu,

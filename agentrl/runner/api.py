@@ -63,7 +63,11 @@ async def run_async(config: RunConfig, *, environment: EnvironmentClass | None =
     """:func:`run` for a running event loop. The metric sinks ``config.logging`` asks for
     (TensorBoard, W&B) are added to ``callbacks`` and closed when the run ends, however it ends."""
     from agentrl.runner.logging_sinks import sinks_from_config
+    from agentrl.runner.teacher_check import TeacherMismatch, teacher_problem
 
+    problem = teacher_problem(config)  # before anything starts
+    if problem is not None:
+        raise TeacherMismatch(problem)
     factory = environment_factory(config, environment, reward)
     run_dir = RunDirectory(config.run_dir(), config_hash=config.hash())
     run_dir.write_config(config.to_dict())

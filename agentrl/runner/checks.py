@@ -150,8 +150,25 @@ def _eval(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _teacher(cfg: RunConfig) -> list[str]:
+    teacher = cfg.teacher
+    if teacher is None:
+        return []
+    out: list[str] = []
+    if teacher.template is not None and teacher.template != cfg.model.template:
+        out.append(f"teacher.template={teacher.template!r} differs from model.template={cfg.model.template!r}: the "
+                   "teacher must read the conversation as the student renders it; expected the same template")
+    if teacher.kind == "model" and cfg.train.backend != "torch":
+        out.append(f"teacher.kind='model' with train.backend={cfg.train.backend!r}: the trainer-side teacher runs on "
+                   "the torch backend; expected kind='engines' (its own SGLang engines) or train.backend='torch'")
+    if teacher.kind == "self" and cfg.train.lora is not None:
+        out.append("teacher.kind='self' with train.lora: the engines serve the adapter by name per request, which the "
+                   "teacher's scoring requests do not carry; expected no LoRA")
+    return out
+
+
 _CHECKS: tuple[Callable[[RunConfig], list[str]], ...] = (
-    _loop_mode, _batch, _devices, _train_numerics, _lora, _eval)
+    _loop_mode, _batch, _devices, _train_numerics, _lora, _eval, _teacher)
 
 
 def run_checks(cfg: RunConfig) -> list[str]:

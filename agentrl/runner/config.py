@@ -9,6 +9,7 @@ Sections (each a frozen pydantic model that refuses unknown keys):
 - ``train``: backend, steps, optimiser and schedule, packing, parallelism;
 - ``cluster``: Ray address, placement, accelerators; ``logging``; ``checkpoint``;
 - ``sync``: weight sync to the engines and the post-sync logprob probe;
+- ``teacher``: on-policy distillation's teacher (``None``: none);
 - ``mode``: ``sync``, ``one_step_off`` or ``bounded_staleness``.
 
 Only ``model.path``, ``data.train.path`` and ``environment.name`` are required. Each component
@@ -33,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,6 +58,7 @@ from agentrl.runner._sections import (
     TrainSection,
 )
 from agentrl.runner._sync_section import RUN_SYNC
+from agentrl.runner._teacher_section import TeacherSection
 from agentrl.runner._warmup_section import WarmupSection
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.weights import WeightSyncConfig
@@ -87,6 +90,7 @@ class RunConfig(Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     sync: Annotated[WeightSyncConfig, RUN_SYNC] = Field(default_factory=RUN_SYNC.default)
     warmup: WarmupSection | None = None
+    teacher: TeacherSection | None = None
     mode: LoopMode = "sync"
 
     @model_validator(mode="after")
@@ -145,6 +149,8 @@ class RunConfig(Section):
         engines = data["rollout"]["engines"]
         engines["boot_path"] = absolute(engines["boot_path"])
         data["checkpoint"]["resume"] = absolute(data["checkpoint"]["resume"])
+        if data.get("teacher") is not None and data["teacher"].get("path") is not None:
+            data["teacher"]["path"] = absolute(data["teacher"]["path"])
         if data.get("warmup") is not None:
             data["warmup"]["data"] = absolute(data["warmup"]["data"])
             if data["warmup"].get("check") is not None:
@@ -160,6 +166,14 @@ class RunConfig(Section):
         release = self.cluster.placement == "colocated" and self.cluster.accelerator != "cpu"
         return self.rollout.engines.to_config(self.model.path, dtype=self.model.dtype, device=device,
                                               release_memory=release, lora=self.engine_lora())
+
+    @property
+    def engines_launched(self) -> int:
+        """The SGLang engines the run starts on its machines: the rollout's (at least one is planned even
+        when attached to ``rollout.engines.urls``) and a distillation teacher's own (``teacher.kind = "engines"``)."""
+        teacher = self.teacher
+        own = teacher.engines.count if teacher is not None and teacher.kind == "engines" else 0
+        return self.rollout.engines.count + own
 
     def sync_method(self) -> str:
         """How weights (or a LoRA run's adapter) reach the engines: ``sync.method`` with ``auto`` decided."""
@@ -179,7 +193,11 @@ class RunConfig(Section):
         return self.rollout.to_agent_config()
 
     def batching_config(self) -> BatchingConfig:
-        return self.algorithm.to_batching_config(max_sequence_length=self.train.max_sequence_length)
+        """The advantages: the algorithm's estimator, and the teacher's term when there is a ``teacher``."""
+        batching = self.algorithm.to_batching_config(max_sequence_length=self.train.max_sequence_length)
+        if self.teacher is None:
+            return batching
+        return dataclasses.replace(batching, teacher_coef=self.teacher.coef, task_reward=self.teacher.task_reward)
 
     def loss_config(self) -> LossConfig:
         """The objective at the rollout sampling temperature (engine logprobs are reported after it)."""

@@ -3,7 +3,7 @@
 Each step of training is made of named parts, each a method, so a mode is a short arrangement of
 them and a test (or a subclass) can drive or replace one part:
 
-``collect_rollouts`` → ``compute_advantages`` → ``train_step`` → ``sync_weights`` →
+``collect_rollouts`` → (``score_teacher``) → ``compute_advantages`` → ``train_step`` → ``sync_weights`` →
 ``evaluate`` → ``checkpoint`` (and ``record``: ledger, ``metrics.jsonl``, trajectories).
 
 Modes (``RunConfig.mode``):
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.rollout.groups import RolloutGroup
 from agentrl.rollout.scheduler import StepBatch
+from agentrl.rollout.teacher import score_episodes
 from agentrl.runner._interfaces import RolloutSide, RunCallback, RunSummary, TrainSide, overriding
 from agentrl.runner._metrics import failures_text, step_metrics
 from agentrl.runner.checkpoint import RunCheckpointer
@@ -87,6 +88,7 @@ class LoopSettings:
     progress_interval_s: float = 0.5
     lora: bool = False
     probe_seed: int = 0
+    teacher_on_trainer: bool = False
 
     @classmethod
     def from_config(cls, config: RunConfig, *, probe_sequences: Sequence[Sequence[int]] = (),
@@ -103,7 +105,8 @@ class LoopSettings:
                    sync_at_start=config.rollout.engines.boot_path is not None or bool(config.rollout.engines.urls),
                    release_engine_memory=config.cluster.placement == "colocated" and config.cluster.accelerator != "cpu",
                    sync_method=config.sync_method(), lora=config.train.lora is not None,
-                   probe_seed=config.sync.probe_seed)
+                   probe_seed=config.sync.probe_seed,
+                   teacher_on_trainer=config.teacher is not None and config.teacher.on_trainer)
 
 
 class Runner:
@@ -171,6 +174,20 @@ class Runner:
             if not collecting.done():
                 collecting.cancel()
                 await asyncio.gather(collecting, return_exceptions=True)
+
+    async def score_teacher(self, batch: StepBatch) -> dict[str, float]:
+        """The distillation teacher's logprob of every sampled token, written on the batch's trajectories:
+        by the trainer's teacher (``teacher.kind = "model"``), else already done on the rollout side
+        (its ``teacher/*`` figures are in the batch's report)."""
+        if not self.settings.teacher_on_trainer or self.trainer is None:
+            return {k: v for k, v in batch.report.metrics.items() if k.startswith("teacher/")}
+        self._phase("score_teacher")
+        trainer = self.trainer
+
+        async def score(sequences: list[list[int]], _firsts: list[int]) -> list[list[float]]:
+            return await trainer.score_teacher(sequences)
+
+        return await score_episodes(batch.episodes(), score)
 
     def compute_advantages(self, batch: StepBatch) -> TrainingBatch | None:
         """The training batch (advantages by the configured estimator); ``None`` if nothing to train."""
@@ -267,7 +284,7 @@ class Runner:
             "step": self.step, "policy_version": self.version, "ledger": self.ledger.state_dict(),
             "scheduler": await self.rollout.state_dict(),
             "pending": [batch_to_state(b) for b in self.pending],
-            "summary": self._summary_state(),
+            "summary": self.summary.running_state(self._wall_before + time.perf_counter() - self._started),
         }
         trainer = self.trainer
         loop = asyncio.get_running_loop()
@@ -291,22 +308,6 @@ class Runner:
             result = cb.on_step_end(self.step, metrics)
             if asyncio.iscoroutine(result):  # a callback may be async (e.g. to query the engines)
                 await result
-
-    def _summary_state(self) -> dict[str, Any]:
-        """The summary's running counts, so that a resumed run's summary covers the whole run."""
-        s = self.summary
-        return {"prompts_trained": s.prompts_trained, "wall_s": self._wall_before + time.perf_counter() - self._started,
-                "failed_groups": dict(s.failed_groups), "failure_examples": dict(s.failure_examples),
-                "bad_rows": s.bad_rows, "skipped_steps": s.skipped_steps, "warmup": dict(s.warmup)}
-
-    def _restore_summary(self, state: dict[str, Any]) -> None:
-        s = self.summary
-        s.prompts_trained = int(state.get("prompts_trained", s.prompts_trained))
-        s.failed_groups, s.failure_examples = dict(state.get("failed_groups", {})), dict(state.get("failure_examples", {}))
-        s.skipped_steps = int(state.get("skipped_steps", 0))
-        s.bad_rows = max(s.bad_rows, int(state.get("bad_rows", 0)))
-        s.warmup = dict(state.get("warmup") or s.warmup)
-        self._wall_before = float(state.get("wall_s", 0.0))
 
     def _phase(self, phase: str, step: int | None = None) -> None:
         for cb in self.callbacks:
@@ -345,7 +346,8 @@ class Runner:
         self.ledger.load_state_dict(state["ledger"])
         await self.rollout.load_state_dict(state["scheduler"])
         self.pending = [batch_from_state(b) for b in state.get("pending", [])]
-        self._restore_summary(state.get("summary") or {"prompts_trained": self.ledger.trained_count()})
+        self._wall_before = self.summary.restore_running(state.get("summary") or
+                                                         {"prompts_trained": self.ledger.trained_count()})
         self.summary.resumed_from = str(loaded.path)
         self.run_dir.rewind(self.step)
         await self.sync_weights()
@@ -420,10 +422,11 @@ class Runner:
 
     async def _train(self, batch: StepBatch, timing: dict[str, float]) -> dict[str, Any]:
         self._check_staleness(batch)
+        teacher = await self.score_teacher(batch)
         t0 = time.perf_counter()
         tb = self.compute_advantages(batch)
         t1 = time.perf_counter()
-        metrics: dict[str, Any] = dict(await self.train_step(tb))
+        metrics: dict[str, Any] = {**teacher, **(tb.metrics if tb is not None else {}), **await self.train_step(tb)}
         t2 = time.perf_counter()
         self.step += 1
         self.version += 1

@@ -3,7 +3,8 @@
 A plain asyncio object (the runner calls it in-process, or through a Ray actor that wraps it, with
 the same methods):
 
-- :meth:`collect`: one step's batch from the scheduler;
+- :meth:`collect`: one step's batch from the scheduler (scored by a distillation teacher that runs on
+  this side: teacher engines, an endpoint, or the run's own engines for self-distillation);
 - :meth:`weights_folder` / :meth:`sync_weights`: where the trainer exports version *v*, then every
   engine loads it and reports it (the engines' weight loader, :class:`WeightLoader`), and the
   scheduler's policy version moves to *v*;
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from agentrl.rollout.eval import EvalConfig
     from agentrl.rollout.groups import GroupFilter
     from agentrl.rollout.health import EngineGroup
+    from agentrl.rollout.teacher import RolloutTeacher
     from agentrl.runner.config import RunConfig
     from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.envs import RowFactory
@@ -68,6 +70,7 @@ class RolloutService:
         self.eval_sets = eval_sets or {}
         self._on_shutdown = on_shutdown
         self.group: EngineGroup | None = None
+        self.teacher: RolloutTeacher | None = None  # a distillation teacher scored on this side (engines, endpoint, self)
         self.collecting = False
         self._released: set[str] = set()
         self._events_seen = 0
@@ -91,12 +94,16 @@ class RolloutService:
 
     # -- the step ------------------------------------------------------------------------------
     async def collect(self) -> StepBatch:
-        """One step's batch; its report counts the engines' health events since the last step."""
+        """One step's batch; its report counts the engines' health events since the last step. With a
+        rollout-side teacher (:attr:`teacher`), every sampled token is scored before the batch is handed
+        over (the ``teacher/*`` figures go to the report's metrics)."""
         self.collecting = True
         try:
             batch = await self.scheduler.collect()
         finally:
             self.collecting = False
+        if self.teacher is not None and batch.groups:
+            batch.report.metrics.update(await self.teacher.score_groups(batch.groups))
         if self.group is not None:
             events, self._events_seen = self.group.events[self._events_seen:], len(self.group.events)
             batch.report.add_counts("engine_events", Counter(e.kind for e in events))

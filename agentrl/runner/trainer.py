@@ -8,7 +8,8 @@ It adds to the backend what a training *loop* needs around one optimiser step:
 - a batch whose advantages are all zero is not run forward/backward at all (it would only move
   the optimiser's moments through weight decay), and is counted;
 - export to a Hugging Face folder for the engines, scoring for the post-sync probe, checkpoints,
-  and a digest of the weights (tests compare runs bitwise with it).
+  and a digest of the weights (tests compare runs bitwise with it);
+- a distillation teacher held by the trainer (``teacher.kind = "model"``): :meth:`score_teacher`.
 
 It works in-process (the runner calls it through a thread) or inside a Ray actor, one per
 data-parallel rank (:mod:`agentrl.runner.cluster`); it never knows which.
@@ -37,6 +38,7 @@ from agentrl.runner.weight_transports import adapter_name
 from agentrl.train.base import TrainBackend
 from agentrl.train.batching import TrainingBatch, TrainSequence
 from agentrl.train.megatron.backend import MegatronTrainBackend
+from agentrl.train.teacher import TeacherModel
 from agentrl.train.torch_backend import TorchTrainBackend
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ class TrainService:
         self.push_bucket_bytes = 512 << 20
         self._pusher: WeightPusher | None = None
         self._pushed: tuple[int, int] | None = None  # (version, backend step) of the last push
+        self.teacher: TeacherModel | None = None  # on-policy distillation's teacher, when the trainer holds it
 
     @classmethod
     def from_config(cls, config: RunConfig, *, threads: int | None = None) -> TrainService:
@@ -89,6 +92,9 @@ class TrainService:
         service.warmup_section, service.model_section = config.warmup, config.model
         service.push_method = config.sync_method()
         service.push_bucket_bytes = config.sync.bucket_mb << 20
+        if config.teacher is not None and config.teacher.on_trainer:
+            assert config.teacher.path is not None
+            service.teacher = TeacherModel.from_pretrained(config.teacher.path, config.torch_backend_config())
         return service
 
     # -- warm-up -------------------------------------------------------------------------------
@@ -242,6 +248,13 @@ class TrainService:
                               advantages=[0.0] * len(s), rollout_id=f"probe-{i}", group_id="probe", reward=0.0,
                               denominator=1.0) for i, s in enumerate(sequences)]
         return self.backend.compute_logprobs(TrainingBatch.from_sequences(fake), reference=reference)
+
+    def score_teacher(self, sequences: list[list[int]]) -> list[list[float]]:
+        """The teacher's logprob of every token of each sequence given the ones before (entry 0: 0.0), at
+        temperature 1 (:class:`~agentrl.train.TeacherModel`); every rank calls it with the same sequences."""
+        if self.teacher is None:
+            raise ValueError("score_teacher: this trainer holds no teacher (teacher.kind is not 'model')")
+        return self.teacher.score(sequences)
 
     def digest(self) -> str:
         """SHA-256 over every weight's bytes, in name order: equal iff the weights are bitwise equal

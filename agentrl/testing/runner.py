@@ -83,9 +83,11 @@ def index_reward(trajectory: Any, task: Any) -> float:
 def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 12, groups_per_step: int = 2,
                     group_size: int = 2, checkpoint_every: int | None = 1, partial_rollout: bool = False,
                     max_staleness: int | None = None, epochs: int | None = 1,
-                    over_sampling: float = 0.0, lora: dict[str, Any] | None = None) -> Any:
+                    over_sampling: float = 0.0, lora: dict[str, Any] | None = None,
+                    teacher: dict[str, Any] | None = None) -> Any:
     """A :class:`~agentrl.runner.RunConfig` for the tiny model and a JSONL of arithmetic rows under ``root``
-    (``lora``: the ``train.lora`` section, trained at the same learning rate as the full model)."""
+    (``lora``: the ``train.lora`` section, trained at the same learning rate as the full model;
+    ``teacher``: the ``teacher`` section)."""
     import orjson
 
     from agentrl.environments import make_arithmetic_rows
@@ -109,6 +111,7 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
         "logging": {"run_dir": str(root / "run")},
         "checkpoint": {"every_steps": checkpoint_every, "keep_last": 2},
         "mode": mode,
+        "teacher": teacher,
     })
 
 

@@ -46,6 +46,9 @@ from .prefix import (
     plan_shared_prefix_micro_batches,
     shared_prefix_layout,
 )
+from .teacher import (
+    TeacherModel,
+)
 from .torch_backend import (
     NonFiniteLossError,
     TorchTrainBackend,
@@ -63,6 +66,7 @@ __all__ = [
     "PackingConfig",
     "PrefixLayout",
     "StepCounts",
+    "TeacherModel",
     "TorchBackendConfig",
     "TorchTrainBackend",
     "TrainBackend",

@@ -22,7 +22,7 @@ from agentrl.runner.sides import LocalTrainer
 from agentrl.testing.runner import fake_run_config
 
 TRAIN = ("digest", "export", "export_merged", "load", "offload", "onload", "probe_adapter", "save", "score",
-         "train", "warmup")
+         "score_teacher", "train", "warmup")
 
 
 class RecordingService:
