@@ -338,7 +338,9 @@ def _accelerators_needed(cfg: RunConfig) -> int:
     per_engine = cluster.accelerators_per_engine or engines.accelerators_per_engine
     trainer = cluster.trainer_accelerators or cfg.train.world_size
     total = engines.count * per_engine
-    return total + trainer if cluster.placement == "disaggregated" else max(total, trainer)
+    teacher = cfg.teacher.engines if cfg.teacher is not None and cfg.teacher.kind == "engines" else None
+    own = teacher.count * teacher.accelerators_per_engine if teacher is not None else 0  # never shared
+    return own + (total + trainer if cluster.placement == "disaggregated" else max(total, trainer))
 
 
 def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -> None:

@@ -65,8 +65,22 @@ def _model_shape(config: RunConfig) -> ModelShape:
     return ModelShape.from_config(meta)
 
 
+def _teacher_shape(config: RunConfig) -> ModelShape | None:
+    """The shape of a distillation teacher with a folder of its own (``None``: none; unreadable raises
+    :class:`UnmodelledModel`)."""
+    teacher = config.teacher
+    if teacher is None or teacher.path is None:
+        return None
+    try:
+        meta = json.loads((Path(teacher.path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UnmodelledModel(f"teacher.path={teacher.path!r}: no readable config.json ({type(exc).__name__})") from None
+    return ModelShape.from_config(meta)
+
+
 def trainer_setup(config: RunConfig) -> TrainerSetup:
-    """What the planner needs of the run's train section (and the KL loss's reference model)."""
+    """What the planner needs of the run's train section (and the KL loss's reference model, and a
+    distillation teacher the trainer holds)."""
     train, accel = config.train, config.cluster.accelerator
     # a LoRA run replicates its frozen base: ``sharding="auto"`` means no sharding then
     sharded = train.backend == "torch" and train.lora is None and (
@@ -81,7 +95,15 @@ def trainer_setup(config: RunConfig) -> TrainerSetup:
         kernel_copies_output=accel == "cpu", fused_lm_head=train.fused_lm_head is not False,
         logprob_chunk_size=train.logprob_chunk_size,
         reference_model=config.algorithm.kl_coef > 0 and train.lora is None,  # LoRA: the base, adapter disabled
-        fused_optimizer=accel == "gpu" and not sharded, lora=train.lora)
+        fused_optimizer=accel == "gpu" and not sharded, lora=train.lora,
+        teacher_params=_teacher_params(config))
+
+
+def _teacher_params(config: RunConfig) -> int:
+    if config.teacher is None or not config.teacher.on_trainer:
+        return 0
+    shape = _teacher_shape(config)
+    return shape.params if shape is not None else 0
 
 
 def trainer_resident_bytes(config: RunConfig) -> int | None:
@@ -190,6 +212,8 @@ class MemoryPlan:
     engine_adapters: int = 0
     engine_kv_tokens: int | None = None
     engine_fraction: float | None = None
+    teacher_weights: int | None = None  # a distillation teacher's own engines: one rank's weights
+    teacher_kv_tokens: int | None = None
     unmodelled: str | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -215,7 +239,8 @@ class MemoryPlan:
         lines = [f"trainer rank ({train.backend}, {precision}{shard}): weights {weights}, gradients "
                  f"{g['gradients']:.1f}, master weights {g['master weights']:.1f}, optimizer state "
                  f"{g['optimizer state']:.1f}" + (f", reference {g['reference weights']:.1f}"
-                                                  if t.terms["reference weights"] else ""),
+                                                  if t.terms["reference weights"] else "")
+                 + (f", teacher {g['teacher weights']:.1f}" if t.terms["teacher weights"] else ""),
                  f"  activations at {train.max_tokens_per_micro_batch} tokens {g['activations']:.1f} GiB "
                  f"(checkpointing {train.activation_checkpointing}; full {acts['full'] / GIB:.1f}, selective "
                  f"{acts['selective'] / GIB:.1f}, none {acts['none'] / GIB:.1f}), recomputed layer "
@@ -231,6 +256,13 @@ class MemoryPlan:
                      f"{lora.max_rank})" if lora is not None else "")
             lines.append(f"engine rank (tp={engines.tp_size}, {self.config.model.dtype}): weights "
                          f"{self.engine_weights / GIB:.1f} GiB{slots}, {kv}")
+        teacher = self.config.teacher
+        if self.teacher_weights is not None and teacher is not None:
+            kv = (f"KV cache {self.teacher_kv_tokens:,} tokens at mem_fraction_static "
+                  f"{teacher.engines.mem_fraction_static:g}" if self.teacher_kv_tokens is not None
+                  else "KV cache: the rest of SGLang's static pool")
+            lines.append(f"teacher engine rank (tp={teacher.engines.tp_size}, {self.config.model.dtype}): weights "
+                         f"{self.teacher_weights / GIB:.1f} GiB, {kv}; on devices of its own")
         return lines
 
 
@@ -244,6 +276,7 @@ _ADVICE = {
     "logits working set": "train.fused_lm_head=true, or a smaller train.logprob_chunk_size",
     "attention scores": "train.attention='auto' (packed attention per document, no [S, S] scores)",
     "reference weights": "algorithm.kl_coef=0 (no reference model), or more ranks to shard it",
+    "teacher weights": "teacher.kind='engines' (the teacher on SGLang engines of its own)",
 }
 _MEGATRON_ADVICE = {
     "optimizer state": "a larger train.data_parallel_size (the distributed optimizer shards it) or "
@@ -289,6 +322,7 @@ def memory_plan(config: RunConfig, capacity: int | None, *, engine_fraction: flo
         plan.engine_kv_tokens = engine_kv_tokens(shape, capacity_bytes=capacity, mem_fraction=plan.engine_fraction,
                                                  tensor_parallel=engines.tp_size, dtype_bytes=dtype_bytes,
                                                  adapter_bytes=adapters)
+    _plan_teacher_engines(config, plan, capacity, dtype_bytes)
     if config.cluster.accelerator != "cpu" and trainer.terms["attention scores"] > DENSE_SCORES_LIMIT:
         plan.problems.append(
             f"train.attention={config.train.attention!r}: dense attention at train.max_tokens_per_micro_batch="
@@ -311,3 +345,28 @@ def memory_plan(config: RunConfig, capacity: int | None, *, engine_fraction: flo
                 f"(rollout.engines.mem_fraction_static={plan.engine_fraction} of {capacity / GIB:.1f} GiB); expected "
                 "a larger mem_fraction_static or rollout.engines.tp_size")
     return plan
+
+
+def _plan_teacher_engines(config: RunConfig, plan: MemoryPlan, capacity: int | None, dtype_bytes: int) -> None:
+    """A distillation teacher's own engines (``teacher.kind = "engines"``): one rank's weights and KV cache,
+    and the problem when the weights fill the static pool."""
+    teacher = config.teacher
+    if teacher is None or teacher.kind != "engines":
+        return
+    try:
+        shape = _teacher_shape(config)
+    except UnmodelledModel as exc:
+        plan.problems.append(str(exc))
+        return
+    if shape is None:
+        return
+    tp, fraction = teacher.engines.tp_size, teacher.engines.mem_fraction_static
+    plan.teacher_weights = engine_weight_bytes(shape, dtype_bytes, tp)
+    if capacity and fraction:
+        plan.teacher_kv_tokens = engine_kv_tokens(shape, capacity_bytes=capacity, mem_fraction=fraction,
+                                                  tensor_parallel=tp, dtype_bytes=dtype_bytes)
+        if plan.teacher_kv_tokens == 0 and config.cluster.accelerator != "cpu":
+            plan.problems.append(
+                f"memory: a teacher engine rank's weights ({plan.teacher_weights / GIB:.1f} GiB) fill its static pool "
+                f"(teacher.engines.mem_fraction_static={fraction} of {capacity / GIB:.1f} GiB); expected a larger "
+                "mem_fraction_static or teacher.engines.tp_size")

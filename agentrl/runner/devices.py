@@ -159,26 +159,31 @@ class DeviceMap:
     planned: bool = False
     engine_fraction: float | None = None
     nodes: tuple[str, ...] = field(default=())
+    teachers: tuple[EnginePlace, ...] = ()  # a distillation teacher's own engines (never shared)
 
     # -- building ------------------------------------------------------------------------------------
     @classmethod
     def from_assignments(cls, plan: PlacementPlan, engines: Sequence[tuple[str, Sequence[str]]],
                          ranks: Sequence[tuple[str, str | None]], *, memory: MemoryShares | None = None,
-                         engine_fraction: float | None = None) -> DeviceMap:
-        """The map of a launched run: per engine its host's ``(node, devices)``, per trainer rank its
-        ``(node, device)`` as Ray assigned them. Raises :class:`PlacementMapError` when they break a rule."""
-        if len(engines) != plan.engines or len(ranks) != plan.trainer_ranks:
-            raise PlacementMapError(f"device map: {len(engines)} engine(s) and {len(ranks)} rank(s) reported for a "
-                                    f"plan of {plan.engines} and {plan.trainer_ranks}")
+                         engine_fraction: float | None = None,
+                         teachers: Sequence[tuple[str, Sequence[str]]] = ()) -> DeviceMap:
+        """The map of a launched run: per engine (and teacher engine) its host's ``(node, devices)``, per
+        trainer rank its ``(node, device)`` as Ray assigned them. Raises :class:`PlacementMapError` when
+        they break a rule."""
+        if len(engines) != plan.engines or len(ranks) != plan.trainer_ranks or len(teachers) != plan.teacher_engines:
+            raise PlacementMapError(f"device map: {len(engines)} engine(s), {len(ranks)} rank(s) and {len(teachers)} "
+                                    f"teacher engine(s) reported for a plan of {plan.engines}, {plan.trainer_ranks} "
+                                    f"and {plan.teacher_engines}")
         places = tuple(EnginePlace(e, node, tuple(devices)) for e, (node, devices) in enumerate(engines))
+        teacher_places = tuple(EnginePlace(t, node, tuple(devices)) for t, (node, devices) in enumerate(teachers))
         rank_places = []
         for r, (node, device) in enumerate(ranks):
             shared = plan.trainer_slots[r].colocated_with
             rank_places.append(RankPlace(r, node, device, *(shared or (None, None))))
         out = cls(plan.accelerator, plan.placement, places, tuple(rank_places), memory=memory,
                   engine_fraction=engine_fraction if memory is None else memory.engine_fraction,
-                  nodes=_node_order(places, rank_places))
-        out.check(plan.accelerators_per_engine)
+                  nodes=_node_order(places, rank_places, teacher_places), teachers=teacher_places)
+        out.check(plan.accelerators_per_engine, plan.accelerators_per_teacher)
         return out
 
     @classmethod
@@ -193,7 +198,8 @@ class DeviceMap:
             where = nodes[0].node if nodes else "local"
             return cls(plan.accelerator, plan.placement, tuple(EnginePlace(e, where, ()) for e in range(plan.engines)),
                        tuple(RankPlace(r, where, None) for r in range(plan.trainer_ranks)), planned=True,
-                       nodes=tuple(n.node for n in nodes[:1]))
+                       nodes=tuple(n.node for n in nodes[:1]),
+                       teachers=tuple(EnginePlace(t, where, ()) for t in range(plan.teacher_engines)))
         free = {n.node: list(n.devices) for n in nodes}
         largest = max((len(n.devices) for n in nodes), default=0)
         have = sum(len(n.devices) for n in nodes)
@@ -233,6 +239,8 @@ class DeviceMap:
                 ranks.append(RankPlace(r, node, devices[j], e, j))
             else:
                 ranks.append(RankPlace(r, node, devices[0]))
+        teachers = tuple(EnginePlace(t, *_node_devices(taken[(slot.group, slot.bundle)]))
+                         for t, slot in enumerate(plan.teacher_slots))
         memory = None
         capacity = min((n.memory_bytes for n in nodes if n.memory_bytes), default=None)
         shared = plan.placement == "colocated" and any(r.engine is not None for r in ranks)
@@ -240,28 +248,31 @@ class DeviceMap:
             memory = colocated_shares(capacity, trainer_resident_bytes, engine_fraction=engine_fraction)
         out = cls(plan.accelerator, plan.placement, tuple(engines), tuple(ranks), memory=memory, planned=True,
                   engine_fraction=engine_fraction if memory is None else memory.engine_fraction,
-                  nodes=_node_order(engines, ranks))
-        out.check(plan.accelerators_per_engine)
+                  nodes=_node_order(engines, ranks, teachers), teachers=teachers)
+        out.check(plan.accelerators_per_engine, plan.accelerators_per_teacher)
         return out
 
     # -- rules ---------------------------------------------------------------------------------------
-    def check(self, per_engine: int) -> None:
+    def check(self, per_engine: int, per_teacher: int = 0) -> None:
         """Raises :class:`PlacementMapError` unless: each engine holds ``per_engine`` distinct devices of
-        one node; no device is held by two engines; trainer ranks hold distinct devices; a device is
-        shared by an engine and a rank only when colocated, and then as the plan says."""
+        one node (each teacher engine ``per_teacher``); no device is held by two engines; trainer ranks
+        hold distinct devices; a device is shared by an engine and a rank only when colocated, and then
+        as the plan says; a teacher engine shares its devices with nothing."""
         if self.accelerator == "cpu":
             return
         owners: dict[tuple[str, str], str] = {}
-        for place in self.engines:
-            if len(place.devices) != per_engine or len(set(place.devices)) != per_engine:
-                raise PlacementMapError(f"engine {place.engine} holds devices {list(place.devices)} on node "
-                                        f"{place.node}; expected {per_engine} distinct devices of one node")
+        places = [(f"engine {p.engine}", p, per_engine) for p in self.engines]
+        places += [(f"teacher engine {p.engine}", p, per_teacher) for p in self.teachers]
+        for name, place, count in places:
+            if len(place.devices) != count or len(set(place.devices)) != count:
+                raise PlacementMapError(f"{name} holds devices {list(place.devices)} on node "
+                                        f"{place.node}; expected {count} distinct devices of one node")
             for device in place.devices:
                 key = (place.node, device)
                 if key in owners:
                     raise PlacementMapError(f"device {device} of node {place.node} is held by {owners[key]} and "
-                                            f"engine {place.engine}; expected one engine per device")
-                owners[key] = f"engine {place.engine}"
+                                            f"{name}; expected one engine per device")
+                owners[key] = name
         seen: dict[tuple[str, str], int] = {}
         for rank in self.ranks:
             if rank.device is None:
@@ -272,7 +283,7 @@ class DeviceMap:
                                         f"{seen[key]} and {rank.rank}; expected one device per rank")
             seen[key] = rank.rank
             holder = owners.get(key)
-            if rank.engine is None and holder is not None:
+            if holder is not None and (rank.engine is None or holder.startswith("teacher")):
                 raise PlacementMapError(f"device {rank.device} of node {rank.node} is held by {holder} and trainer "
                                         f"rank {rank.rank} with placement={self.placement!r}; expected a device "
                                         "shared only when colocated")
@@ -289,10 +300,11 @@ class DeviceMap:
     def holders(self) -> dict[str, dict[str, list[str]]]:
         """Per node, per device: who holds it (``engine 0 (tp 1)``, ``trainer rank 3``)."""
         out: dict[str, dict[str, list[str]]] = {}
-        for place in self.engines:
-            for j, device in enumerate(place.devices):
-                tp = f" (tp {j})" if len(place.devices) > 1 else ""
-                out.setdefault(place.node, {}).setdefault(device, []).append(f"engine {place.engine}{tp}")
+        for prefix, places in (("engine", self.engines), ("teacher engine", self.teachers)):
+            for place in places:
+                for j, device in enumerate(place.devices):
+                    tp = f" (tp {j})" if len(place.devices) > 1 else ""
+                    out.setdefault(place.node, {}).setdefault(device, []).append(f"{prefix} {place.engine}{tp}")
         for rank in self.ranks:
             if rank.device is not None:
                 out.setdefault(rank.node, {}).setdefault(rank.device, []).append(f"trainer rank {rank.rank}")
@@ -301,7 +313,9 @@ class DeviceMap:
     def format(self) -> list[str]:
         """The map as lines: one per device, grouped by node, with the memory shares."""
         if self.accelerator == "cpu":
-            return [f"cpu: {len(self.engines)} engine(s) and {len(self.ranks)} trainer rank(s) on the CPU cores"]
+            teachers = f", {len(self.teachers)} teacher engine(s)" if self.teachers else ""
+            return [f"cpu: {len(self.engines)} engine(s){teachers} and {len(self.ranks)} trainer rank(s) on the CPU "
+                    "cores"]
         kind = {"gpu": "GPU", "npu": "NPU"}.get(self.accelerator, self.accelerator)
         label = {node: f"node {i}" + ("" if self.planned else f" ({node[:12]})")
                  for i, node in enumerate(self.nodes)}
@@ -330,6 +344,7 @@ class DeviceMap:
             "ranks": [{"rank": r.rank, "node": r.node, "device": r.device, "engine": r.engine,
                        "engine_rank": r.engine_rank} for r in self.ranks],
             "engine_fraction": self.engine_fraction,
+            "teachers": [{"engine": p.engine, "node": p.node, "devices": list(p.devices)} for p in self.teachers],
             "memory": None if self.memory is None else {
                 "capacity_bytes": self.memory.capacity_bytes, "engine_fraction": self.memory.engine_fraction,
                 "trainer_resident_bytes": self.memory.trainer_resident_bytes,
@@ -341,11 +356,17 @@ def _device_key(device: str) -> tuple[int, str]:
     return (int(device), device) if device.isdigit() else (1 << 30, device)
 
 
-def _node_order(engines: Sequence[EnginePlace], ranks: Sequence[RankPlace]) -> tuple[str, ...]:
+def _node_order(engines: Sequence[EnginePlace], ranks: Sequence[RankPlace],
+                teachers: Sequence[EnginePlace] = ()) -> tuple[str, ...]:
     order: dict[str, None] = {}
-    for node in (*(p.node for p in engines), *(r.node for r in ranks)):
+    for node in (*(p.node for p in engines), *(r.node for r in ranks), *(p.node for p in teachers)):
         order.setdefault(node, None)
     return tuple(order)
+
+
+def _node_devices(taken: tuple[str, list[str]]) -> tuple[str, tuple[str, ...]]:
+    node, devices = taken
+    return node, tuple(devices)
 
 
 def nodes_from_resources(per_node: Mapping[str, Mapping[str, float]], resource: str | None,

@@ -20,6 +20,9 @@ then holds is the run's :class:`~agentrl.runner.devices.DeviceMap`.
   carries (e.g. ``host_a``) so each group lands on its own host.
 - **The rollout actor** (scheduler and router, CPUs only) gets a group ``"rollout"`` of its own,
   on the engines' node resource.
+- **A distillation teacher's engines** (``teacher.kind = "engines"``) get a group ``"teacher"`` of
+  their own, one bundle of ``tp × dp`` accelerators each, on the engines' node resource, in either
+  placement: they score while the trainer trains, so they never share its devices.
 
 Example::
 
@@ -116,6 +119,8 @@ class PlacementPlan:
     engine_slots: tuple[ActorPlacement, ...]
     trainer_slots: tuple[ActorPlacement, ...]
     rollout_slot: ActorPlacement = ActorPlacement("rollout", 0, {"CPU": CPUS_PER_ROLLOUT})
+    teacher_slots: tuple[ActorPlacement, ...] = ()
+    accelerators_per_teacher: int = 0
 
     @classmethod
     def for_run(cls, config: RunConfig, *, node_resource_engines: str | None = None,
@@ -126,11 +131,14 @@ class PlacementPlan:
         engines, on_cpu = config.rollout.engines, config.cluster.accelerator == "cpu"
         # on an accelerator an actor's CPUs are bookkeeping (its engine or rank is bound by its devices)
         cpus = 0.25 if on_cpu else CPUS_PER_ACCELERATOR_ACTOR
+        teacher = config.teacher.engines if config.teacher is not None and config.teacher.kind == "engines" else None
         return cls.build(config.cluster, engines=0 if engines.urls else engines.count,
                          trainer_ranks=config.train.world_size,
                          accelerators_per_engine=None if on_cpu else engines.accelerators_per_engine,
                          cpus_per_engine=cpus, cpus_per_rank=cpus, cpus_rollout=0.25 if on_cpu else 0.1,
-                         node_resource_engines=node_resource_engines, node_resource_trainer=node_resource_trainer)
+                         node_resource_engines=node_resource_engines, node_resource_trainer=node_resource_trainer,
+                         teacher_engines=teacher.count if teacher is not None else 0,
+                         accelerators_per_teacher=None if on_cpu or teacher is None else teacher.accelerators_per_engine)
 
     @classmethod
     def build(
@@ -146,8 +154,12 @@ class PlacementPlan:
         node_resource_engines: str | None = None,
         node_resource_trainer: str | None = None,
         strategy: Strategy = "PACK",
+        teacher_engines: int = 0,
+        accelerators_per_teacher: int | None = None,
     ) -> PlacementPlan:
-        """Plan the bundles; ``accelerators_per_engine`` ``None``: the section's value, else 1.
+        """Plan the bundles; ``accelerators_per_engine`` ``None``: the section's value, else 1;
+        ``teacher_engines`` a distillation teacher's own engines of ``accelerators_per_teacher`` each
+        (``None``: 1).
 
         Raises ``ValueError`` naming the field when a count is invalid, the trainer does not have one
         accelerator per rank, or the section's ``num_accelerators`` cannot hold the plan.
@@ -179,18 +191,33 @@ class PlacementPlan:
             groups, engine_slots, trainer_slots = _disaggregated(
                 engines, per_engine, trainer_ranks, resource, cpus_per_engine, cpus_per_rank,
                 node_resource_engines, node_resource_trainer, strategy)
+        _check_count("teacher_engines", teacher_engines, 0)
+        per_teacher = 0 if resource is None else (accelerators_per_teacher or 1)
+        teacher_slots = tuple(ActorPlacement("teacher", t, _bundle(cpus_per_engine, resource, per_teacher, None))
+                              for t in range(teacher_engines))
+        if teacher_engines:
+            groups = (*groups, BundleGroup("teacher", tuple(_bundle(cpus_per_engine, resource, per_teacher,
+                                                                    node_resource_engines)
+                                                            for _ in range(teacher_engines)), strategy))
         rollout = BundleGroup("rollout", (_bundle(cpus_rollout, None, 0, node_resource_engines),), strategy)
         plan = cls(placement=cluster.placement, accelerator=cluster.accelerator, engines=engines,
                    accelerators_per_engine=per_engine, trainer_ranks=trainer_ranks, groups=(*groups, rollout),
                    engine_slots=engine_slots, trainer_slots=trainer_slots,
-                   rollout_slot=ActorPlacement("rollout", 0, {"CPU": round(cpus_rollout, 4)}))
+                   rollout_slot=ActorPlacement("rollout", 0, {"CPU": round(cpus_rollout, 4)}),
+                   teacher_slots=teacher_slots, accelerators_per_teacher=per_teacher)
         needed = plan.accelerators_needed
         if cluster.num_accelerators is not None and needed > cluster.num_accelerators:
+            teachers = f" + {teacher_engines} teacher engine(s) x {per_teacher}" if teacher_engines else ""
             raise ValueError(
                 f"cluster.num_accelerators={cluster.num_accelerators}: the {cluster.placement} plan needs "
                 f"{needed} ({engines} engine(s) x {per_engine} + {trainer_ranks} trainer rank(s)"
-                f"{', shared' if cluster.placement == 'colocated' else ''}); expected at least {needed}")
+                f"{', shared' if cluster.placement == 'colocated' else ''}{teachers}); expected at least {needed}")
         return plan
+
+    @property
+    def teacher_engines(self) -> int:
+        """A distillation teacher's own engines (``teacher.kind = "engines"``)."""
+        return len(self.teacher_slots)
 
     @property
     def resource(self) -> str | None:
@@ -292,6 +319,11 @@ class PlacedGroups:
 
     def trainers(self) -> list[ActorPlacement]:
         return [self.trainer(r) for r in range(self.plan.trainer_ranks)]
+
+    def teacher(self, engine: int) -> ActorPlacement:
+        """The placement of teacher engine ``engine``'s host actor, bound to its placement group."""
+        _check_index("teacher engine", engine, self.plan.teacher_engines)
+        return self._bind(self.plan.teacher_slots[engine])
 
     def rollout(self) -> ActorPlacement:
         """The placement of the rollout actor (scheduler and router; CPUs only)."""

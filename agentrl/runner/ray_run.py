@@ -72,13 +72,16 @@ class RolloutActor:
         self.env_factory, self.group_filter, self.cpu = env_factory, group_filter, cpu
         self.service: RolloutService | None = None
 
-    async def setup(self, starters: list[EngineStarter] | None = None, engine_fraction: float | None = None) -> int:
-        """Starts the router and the engines (each through its host's ``starter`` when given) and
-        builds the service; returns this actor's pid."""
+    async def setup(self, starters: list[EngineStarter] | None = None, engine_fraction: float | None = None,
+                    teacher_starters: list[EngineStarter] | None = None) -> int:
+        """Starts the router and the engines (each through its host's ``starter`` when given; a
+        distillation teacher's own engines through ``teacher_starters``) and builds the service;
+        returns this actor's pid."""
         from agentrl.runner.rollout_service import RolloutService
 
         self.service = await RolloutService.launch(self.config, self.env_factory, group_filter=self.group_filter,
-                                                   cpu=self.cpu, starters=starters, engine_fraction=engine_fraction)
+                                                   cpu=self.cpu, starters=starters, engine_fraction=engine_fraction,
+                                                   teacher_starters=teacher_starters)
         import os
 
         return os.getpid()
@@ -194,6 +197,7 @@ class Sides:
         self.hosts = list(hosts)
         self.device_map = device_map
         self.warmup: dict[str, Any] = {}  # the warm-up's report, when the train group ran one
+        self.teacher_hosts: list[ActorHandle[EngineHost]] = []  # a distillation teacher's own engines' hosts
 
     @property
     def rollout(self) -> ActorProxy:
@@ -207,7 +211,7 @@ class Sides:
                 await self.rollout_handle.shutdown.remote()  # stops the engines through their hosts
             finally:
                 ray.kill(self.rollout_handle)
-                await _stop_hosts(self.hosts)
+                await _stop_hosts([*self.hosts, *self.teacher_hosts])
                 if self.trainer is not None:
                     await asyncio.to_thread(self.trainer.group.teardown)
         finally:
@@ -269,6 +273,7 @@ async def start_sides(config: RunConfig, env_factory: RowFactory, *, group_filte
     placed = None
     rollout = None
     hosts: list[Any] = []
+    teacher_hosts: list[Any] = []
     try:
         plan = PlacementPlan.for_run(config, node_resource_engines=node_resource_engines,
                                      node_resource_trainer=node_resource_trainer)
@@ -276,16 +281,21 @@ async def start_sides(config: RunConfig, env_factory: RowFactory, *, group_filte
         accelerator = config.cluster.accelerator
         hosts = [spawn(host_cls, accelerator, e, cpu, placement=placed.engine(e), max_concurrency=8)
                  for e in range(plan.engines)]
+        # a distillation teacher's own engines, on devices of their own (CPU cores after the rollout's)
+        teacher_hosts = [spawn(host_cls, accelerator, plan.engines + t, cpu, placement=placed.teacher(t),
+                               max_concurrency=8) for t in range(plan.teacher_engines)]
         rollout = spawn(RolloutActor, config.to_dict(), env_factory, group_filter, cpu, placement=placed.rollout(),
                         max_concurrency=64)
-        where = list(await asyncio.gather(*(h.where.remote() for h in hosts)))
+        where_all = list(await asyncio.gather(*(h.where.remote() for h in (*hosts, *teacher_hosts))))
+        where, teacher_where = where_all[:plan.engines], where_all[plan.engines:]
         rollout_node = await rollout.node_id.remote()
         shares = await _engine_shares(config, hosts)
         starters = [HostStarter(h, "127.0.0.1" if w["node"] == rollout_node else w["ip"])
-                    for h, w in zip(hosts, where, strict=True)]
+                    for h, w in zip((*hosts, *teacher_hosts), where_all, strict=True)]
         # the engines boot while the train actors build the model (colocated on an accelerator: before)
-        booting: Any = rollout.setup.remote(starters if hosts else None,
-                                            shares.engine_fraction if shares is not None else None)
+        booting: Any = rollout.setup.remote(starters[:plan.engines] if hosts else None,
+                                            shares.engine_fraction if shares is not None else None,
+                                            starters[plan.engines:] if teacher_hosts else None)
         if _colocated_on_accelerator(config):
             await booting
         trainer = None
@@ -302,13 +312,14 @@ async def start_sides(config: RunConfig, env_factory: RowFactory, *, group_filte
         device_map = None
         if trainer is not None:
             device_map = DeviceMap.from_assignments(plan, [(w["node"], w["devices"]) for w in where], rank_places,
-                                                    memory=shares)
+                                                    memory=shares,
+                                                    teachers=[(w["node"], w["devices"]) for w in teacher_where])
         warm: dict[str, Any] = {}
         if trainer is not None and warmup_dir is not None:
             warm = await trainer.warmup(warmup_dir)
         await booting
         sides = Sides(runtime, placed, rollout, trainer, hosts, device_map)
-        sides.warmup = warm
+        sides.warmup, sides.teacher_hosts = warm, teacher_hosts
         return sides
     except BaseException:
         import ray
@@ -318,7 +329,7 @@ async def start_sides(config: RunConfig, env_factory: RowFactory, *, group_filte
                 await rollout.shutdown.remote()
             finally:
                 ray.kill(rollout)
-        await _stop_hosts(hosts)
+        await _stop_hosts([*hosts, *teacher_hosts])
         if placed is not None:
             placed.remove()
         runtime.shutdown()

@@ -80,17 +80,19 @@ class RolloutService:
     async def launch(cls, config: RunConfig, env_factory: RowFactory, *,
                      group_filter: GroupFilter | None = None, cpu: CpuPlan | None = None,
                      starters: Sequence[EngineStarter] | None = None,
-                     engine_fraction: float | None = None) -> RolloutService:
+                     engine_fraction: float | None = None,
+                     teacher_starters: Sequence[EngineStarter] | None = None) -> RolloutService:
         """Starts the router and the engines (logs under the run folder's ``logs/``), then builds
         the client, the data source (rows checked against the environment), the scheduler and the
         disk weight loader. ``cpu``: a :class:`~agentrl.runner.cpu.CpuPlan` (threads and pinning of each
         engine on a CPU machine). ``starters``: one :class:`~agentrl.rollout.engine.EngineStarter` per
         engine (``None``: subprocesses here); ``engine_fraction``: the engines' ``mem_fraction_static``
-        from the device map. Everything started is stopped again if a later part fails."""
+        from the device map; ``teacher_starters``: a distillation teacher's own engines' starters (``None``:
+        subprocesses here). Everything started is stopped again if a later part fails."""
         from agentrl.runner._launch import launch_rollout
 
         return await launch_rollout(cls, config, env_factory, group_filter=group_filter, cpu=cpu, starters=starters,
-                                    engine_fraction=engine_fraction)
+                                    engine_fraction=engine_fraction, teacher_starters=teacher_starters)
 
     # -- the step ------------------------------------------------------------------------------
     async def collect(self) -> StepBatch:

@@ -177,6 +177,8 @@ class TrainerSetup:
     or more the gradients are complete while the last micro-batch's activations are alive.
     ``fused_optimizer``: AdamW's fused kernel (CUDA), without per-parameter temporaries.
     ``lora``: a LoRA adapter trains on the frozen base (torch backend, unsharded; see the module doc).
+    ``teacher_params``: a distillation teacher the trainer holds (``teacher.kind = "model"``), frozen in
+    the compute dtype on every rank, like an unsharded reference model.
     """
 
     backend: Literal["torch", "megatron"] = "torch"
@@ -198,6 +200,7 @@ class TrainerSetup:
     fused_optimizer: bool = True
     micro_batches: int = 2
     lora: LoraSettings | None = None
+    teacher_params: int = 0
 
     def __post_init__(self) -> None:
         if self.lora is not None and (self.backend != "torch" or self.sharded):
@@ -374,7 +377,8 @@ def _static_terms(shape: ModelShape, setup: TrainerSetup) -> dict[str, int]:
     if setup.lora is not None:  # the KL reference is the base itself, the adapter disabled
         reference = 0
     return {"weights": weights, "gradients": grads, "master weights": master, "optimizer state": optimizer,
-            "reference weights": reference if setup.reference_model else 0}
+            "reference weights": reference if setup.reference_model else 0,
+            "teacher weights": setup.teacher_params * b}
 
 
 def plan_trainer_memory(shape: ModelShape, setup: TrainerSetup) -> TrainerMemory:
@@ -396,14 +400,15 @@ def plan_trainer_memory(shape: ModelShape, setup: TrainerSetup) -> TrainerMemory
     if setup.lora is not None:
         largest_param = setup.lora.rank * max(max(dims) for dims in shape.lora_targets(setup.lora).values())
     optimizer_temps = 0 if setup.fused_optimizer or setup.optimizer_offload else 2 * 4 * largest_param
-    static = sum(terms[k] for k in ("weights", "gradients", "master weights", "optimizer state", "reference weights"))
+    static = sum(terms[k] for k in ("weights", "gradients", "master weights", "optimizer state", "reference weights",
+                                    "teacher weights"))
     step_peak = max(terms["activations"] + head_backward,
                     terms["activations"] + terms["recomputed layer"],
                     optimizer_temps)
     peak = static + step_peak + terms["attention scores"]
-    resident = terms["weights"] + terms["reference weights"]
-    if setup.sharded and setup.uses_masters:
-        resident = terms["master weights"] + terms["reference weights"]  # the float32 shards stay
+    resident = terms["weights"] + terms["reference weights"] + terms["teacher weights"]
+    if setup.sharded and setup.uses_masters:  # the float32 shards stay
+        resident = terms["master weights"] + terms["reference weights"] + terms["teacher weights"]
     notes = []
     if setup.backend == "megatron":
         notes.append("Megatron figures: itemised for its local layer spec, not measured")

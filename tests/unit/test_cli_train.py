@@ -23,8 +23,10 @@ from agentrl.testing import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # every training config under examples/ (``sft_*.toml`` are `agentrl sft` configs, run by the SFT tests;
-# the demo's config reads the files examples/demo_prepare.py writes, and has its own test)
-EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.toml") if not p.name.startswith(("sft_", "demo_")))
+# the demo's config reads the files examples/demo_prepare.py writes, and has its own test; so does the
+# distillation config, tests/unit/test_example_distill.py)
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.toml")
+                  if not p.name.startswith(("sft_", "demo_", "distill_")))
 runner = CliRunner()
 
 

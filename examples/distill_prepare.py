@@ -1,0 +1,114 @@
+"""Prepares the CPU distillation experiment (docs/training.md "Distillation"): a teacher that solves the
+demo's task and a much weaker student, both from one ``make demo`` run.
+
+    make demo SEED=0                                   # or: agentrl train examples/demo_cpu.toml ... sync.keep_folders=20
+    python examples/distill_prepare.py --demo-run runs/demo-seed0-...
+    agentrl train examples/distill_cpu.toml                               # (a) the teacher alone
+    agentrl train examples/distill_cpu.toml teacher=none                  # (b) RL with the task reward
+    agentrl train examples/distill_cpu.toml teacher.task_reward=true      # (c) both
+
+- **Teacher** (``models/distill-teacher``): the demo run's last weights (after its 12 GRPO steps the
+  demo's model answers every held-out question, greedy): the run folder's newest ``weights/v*``.
+- **Student** (``models/distill-student``): the demo's warmed-up model (``weights/v000000``: it copies
+  digits and calls the calculator ~40% of the time) fine-tuned for a few steps on the warm-up's
+  conversations with the tool called only ``--call-rate`` of the time. At the warm-up's learning rate
+  the call probability follows the share of calls in the last batches (docs/demo.md), so the student
+  keeps the format and the copying but almost never calls the tool: its T = 1 success is a few percent
+  at most and GRPO's reward is sparse, while the teacher says at every sampled token what it would do.
+
+The demo run must have kept version 0 (``sync.keep_folders`` >= its steps + 1); ``make demo`` keeps
+only the last, so run the demo's command with ``sync.keep_folders=20`` (the Makefile target
+``distill-prepare`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from agentrl.chat import ChatTemplate
+from agentrl.sft import SftConfig, arithmetic_conversations, run_sft
+from agentrl.train import TeacherModel, TorchBackendConfig
+
+
+def _versions(run: Path) -> list[Path]:
+    return sorted(p for p in (run / "weights").glob("v*") if (p / "config.json").is_file())
+
+
+def call_probability(model: Path, questions: list[dict[str, str]], template: ChatTemplate) -> float:
+    """The mean probability that ``model`` opens its answer with the tool call (greedy decoding calls the tool
+    when it is above one half; T = 1 success is at most this)."""
+    teacher = TeacherModel.from_pretrained(model, TorchBackendConfig(device="cpu"))
+    sequences = []
+    for call, direct in zip(arithmetic_conversations(questions, direct_rate=0.0),
+                            arithmetic_conversations(questions, direct_rate=1.0), strict=True):
+        a = template.encode(call["messages"], tools=call["tools"])
+        b = template.encode(direct["messages"], tools=direct["tools"])
+        first = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)  # <tool_call> vs <think>
+        sequences.append(a[: first + 1])
+    return sum(math.exp(row[-1]) for row in teacher.score(sequences)) / len(sequences)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--demo-run", type=Path, required=True, help="a demo run folder with weights/v000000")
+    parser.add_argument("--data", type=Path, default=Path("data/demo"), help="the demo's data folder")
+    parser.add_argument("--teacher", type=Path, default=Path("models/distill-teacher"))
+    parser.add_argument("--student", type=Path, default=Path("models/distill-student"))
+    parser.add_argument("--call-rate", type=float, default=0.01,
+                        help="share of the fine-tuning conversations that call the tool")
+    parser.add_argument("--call-prob", type=float, default=0.01,
+                        help="fine-tune until the student's mean probability of calling the tool is at most this")
+    parser.add_argument("--steps", type=int, default=20, help="fine-tuning steps per round")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    versions = _versions(args.demo_run)
+    if not versions or versions[0].name != "v000000" or len(versions) < 2:
+        raise SystemExit(f"--demo-run {args.demo_run}: expected weights/v000000 (the warmed-up model) and a later "
+                         f"version, found {[v.name for v in versions]}; run the demo with sync.keep_folders=20")
+    template = ChatTemplate.from_name("qwen3", tokenizer=AutoTokenizer.from_pretrained(str(versions[0])))
+    held_out = [json.loads(line) for line in (args.data / "held_out.jsonl").read_text().splitlines() if line.strip()]
+    if args.teacher.exists():
+        shutil.rmtree(args.teacher)
+    shutil.copytree(versions[-1], args.teacher)
+    print(f"teacher: {versions[-1]} -> {args.teacher}; P(call) {call_probability(args.teacher, held_out, template):.4f}")
+    print(f"warmed-up model {versions[0]}: P(call) {call_probability(versions[0], held_out, template):.4f}")
+    rows = [json.loads(line) for line in (args.data / "warmup.jsonl").read_text().splitlines() if line.strip()]
+    questions = [{"question": next(m["content"] for m in r["messages"] if m["role"] == "user")} for r in rows]
+    conversations = arithmetic_conversations(questions, direct_rate=1.0 - args.call_rate, seed=args.seed + 7)
+    data = args.data / "distill_student.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in conversations), encoding="utf-8")
+    start = versions[0]
+    for round_ in range(1, args.rounds + 1):
+        config = SftConfig.from_dict({
+            "model": {"path": str(start), "template": "qwen3"},
+            "data": {"path": str(data), "seed": args.seed + round_},
+            "train": {"steps": args.steps, "batch_size": 32, "max_tokens_per_micro_batch": 1536, "device": "cpu",
+                      "threads": 1, "log_every": args.steps,
+                      "optimizer": {"lr": args.lr, "weight_decay": 0.0, "schedule": "constant"}},
+            "output": str(args.student), "overwrite": True,
+        })
+        if start == args.student:  # fine-tune the student in place: from a copy
+            shutil.copytree(args.student, args.student.with_name(args.student.name + "-prev"), dirs_exist_ok=True)
+            config = SftConfig.from_dict({**config.to_dict(), "model": {
+                "path": str(args.student.with_name(args.student.name + "-prev")), "template": "qwen3"}})
+        result = run_sft(config)
+        start = args.student
+        prob = call_probability(args.student, held_out, template)
+        print(f"round {round_}: {round_ * args.steps} SFT steps (tool called in {args.call_rate:.0%} of the "
+              f"conversations), loss {result.losses[-1]:.4f}, P(call) {prob:.4f}")
+        if prob <= args.call_prob:
+            break
+    shutil.rmtree(args.student.with_name(args.student.name + "-prev"), ignore_errors=True)
+    print(f"student: {args.student}")
+
+
+if __name__ == "__main__":
+    main()
