@@ -176,18 +176,13 @@ class Runner:
                 await asyncio.gather(collecting, return_exceptions=True)
 
     async def score_teacher(self, batch: StepBatch) -> dict[str, float]:
-        """The distillation teacher's logprob of every sampled token, written on the batch's trajectories:
-        by the trainer's teacher (``teacher.kind = "model"``), else already done on the rollout side
-        (its ``teacher/*`` figures are in the batch's report)."""
+        """A trainer-held distillation teacher's logprob of every sampled token, on the trajectories' channel
+        (``teacher.kind = "model"``; the rollout side scored the other kinds: their figures are in the report)."""
         if not self.settings.teacher_on_trainer or self.trainer is None:
             return {k: v for k, v in batch.report.metrics.items() if k.startswith("teacher/")}
         self._phase("score_teacher")
         trainer = self.trainer
-
-        async def score(sequences: list[list[int]], _firsts: list[int]) -> list[list[float]]:
-            return await trainer.score_teacher(sequences)
-
-        return await score_episodes(batch.episodes(), score)
+        return await score_episodes(batch.episodes(), lambda sequences, _: trainer.score_teacher(sequences))
 
     def compute_advantages(self, batch: StepBatch) -> TrainingBatch | None:
         """The training batch (advantages by the configured estimator); ``None`` if nothing to train."""
