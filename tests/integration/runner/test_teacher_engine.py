@@ -131,3 +131,70 @@ def test_self_distillation_runs_on_the_runs_own_engine(tmp_path: Path, tiny_engi
         for traj in ep.sequences:
             sampled = sum(s.length for s in traj.segments_of(SegmentKind.MODEL))
             assert traj.channels[TEACHER_LOGPROBS].num_present == sampled
+
+
+class _OnTheSessionEngine:
+    """An engine starter that, instead of starting a process, hands back the session's engine: the
+    teacher engine the run asked for is real, only not a new process (a second engine would need a core
+    of its own); records the config it was asked to start."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.configs: list[object] = []
+        self.stopped = 0
+
+    async def start(self, config: object, port: int | None) -> tuple[str, object]:
+        self.configs.append(config)
+        starter = self
+
+        class Process:
+            pid = 0
+
+            def alive(self) -> bool:
+                return True
+
+            def returncode(self) -> int | None:
+                return None
+
+            def stop(self) -> None:
+                starter.stopped += 1
+
+        return self.url, Process()
+
+
+async def test_a_teacher_on_engines_of_its_own_scores_each_step(tmp_path: Path, tiny_engine: str) -> None:
+    from agentrl.environments import make_arithmetic_rows
+    from agentrl.runner import RunConfig
+    from agentrl.runner.envs import environment_factory
+    from agentrl.runner.rollout_service import RolloutService
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(8, seed=0)))
+    teacher_path = str(build_tiny_model())
+    config = RunConfig.from_dict({
+        "model": {"path": str(build_tiny_model()), "dtype": "float32"},
+        "data": {"train": {"path": str(data)}},
+        "environment": {"name": "toy_arithmetic"},
+        "rollout": {"engines": {"urls": [tiny_engine], "context_length": 1024, "max_total_tokens": 8192},
+                    "sampling": {"max_new_tokens": 24}, "scheduler": {"groups_per_step": 2, "group_size": 2}},
+        "train": {"steps": 1},
+        "teacher": {"kind": "engines", "path": teacher_path, "engines": {"count": 1, "max_total_tokens": 4096}},
+        "logging": {"run_dir": str(tmp_path / "run")},
+    })
+    starter = _OnTheSessionEngine(tiny_engine)
+    service = await RolloutService.launch(config, environment_factory(config), teacher_starters=[starter])
+    try:
+        batch = await service.collect()
+    finally:
+        await service.shutdown()
+    assert starter.stopped == 1                                         # the service stops what it started
+    asked = starter.configs[0]
+    assert asked.model_path == teacher_path and asked.max_total_tokens == 4096  # type: ignore[attr-defined]
+    assert str(asked.log_dir).endswith("logs/teacher-0")  # type: ignore[attr-defined]
+    assert batch.report.metrics["teacher/sequences"] == 4
+    trainer = TeacherModel.from_pretrained(teacher_path, TorchBackendConfig(device="cpu", dtype="float32"))
+    for traj in (t for ep in batch.episodes() for t in ep.sequences):
+        expected = trainer.score([traj.tokens])[0]
+        for seg in traj.segments_of(SegmentKind.MODEL):
+            got = traj.channels[TEACHER_LOGPROBS].values[seg.start:seg.end].tolist()
+            assert got == pytest.approx(expected[seg.start:seg.end], abs=1e-3)

@@ -40,8 +40,10 @@ def _check_channels(runner: object, teacher: TeacherModel, steps: int, prefix: S
                     assert float(channel.values[pos]) == pytest.approx(expected[pos], abs=2e-5)
 
 
-async def test_a_trainer_held_teacher_scores_every_sampled_token_and_sets_the_advantage(tmp_path: Path) -> None:
-    config = fake_run_config(tmp_path, steps=2, checkpoint_every=None,
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])  # one step off: it scores while the next step generates
+async def test_a_trainer_held_teacher_scores_every_sampled_token_and_sets_the_advantage(tmp_path: Path,
+                                                                                       mode: str) -> None:
+    config = fake_run_config(tmp_path, steps=2, checkpoint_every=None, mode=mode,
                              teacher={"kind": "model", "path": str(_teacher_folder()), "coef": 0.5})
     runner, _client = build_fake_runner(config)
     await runner.run()
