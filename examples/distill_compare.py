@@ -8,7 +8,8 @@ greedy accuracy after every step, and whether distillation reaches the teacher f
 
 ``run`` calls ``agentrl train examples/distill_cpu.toml`` once per arm and seed (``train.seed``,
 ``rollout.engines.random_seed`` and ``data.train.seed`` all set to the seed), each into
-``ROOT/<arm>-seed<S>``; a run folder that already holds its last step is left alone. ``report`` reads
+``ROOT/<arm>-seed<S>``; a run folder that already holds its last step is left alone (one cut short is
+started again). ``report`` reads
 their ``metrics.jsonl`` and the teacher's greedy accuracy (``--teacher-accuracy``, measured by
 ``agentrl eval`` or the demo run's last evaluation) and prints one JSON line ``RESULT {...}``.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +42,11 @@ def run(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         for arm in args.arms:
             folder = args.root / f"{arm}-seed{seed}"
-            if _curve(folder) is not None and len(_curve(folder) or []) > args.steps:
+            if len(_curve(folder) or []) > args.steps:
                 print(f"{folder}: done, left alone")
                 continue
+            if folder.exists():  # a run cut short: started again from scratch
+                shutil.rmtree(folder)
             cmd = [_agentrl(), "train", str(args.config), *ARMS[arm][1], f"train.steps={args.steps}",
                    f"train.seed={seed}", f"rollout.engines.random_seed={seed}", f"data.train.seed={seed}",
                    f"logging.run_dir={folder}", "--quiet", *args.override]
