@@ -110,6 +110,16 @@ async def _attach_teacher(service: RolloutService, config: RunConfig, starters: 
                                          privileged=teacher.privileged, role=teacher.privileged_role)
         return
     engines: list[SGLangEngine] = []
+    clients: list[InferenceClient] = []
+
+    async def stop() -> None:
+        try:
+            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+        finally:
+            for engine in engines:
+                await asyncio.to_thread(engine.stop)
+
+    service.also_stop(stop)  # before the first start: a start that fails stops the ones before it
     urls = list(teacher.urls)
     if teacher.kind == "engines":
         assert teacher.path is not None
@@ -124,22 +134,8 @@ async def _attach_teacher(service: RolloutService, config: RunConfig, starters: 
             if cpu is not None and starter is None and engines[-1].process is not None:
                 cpu.pin(first + i, engines[-1].process.pid)
         urls = [e.url for e in engines]
-    clients = [InferenceClient(ClientConfig(base_url=url, unavailable_wait_s=60.0)) for url in urls]
+    clients.extend(InferenceClient(ClientConfig(base_url=url, unavailable_wait_s=60.0)) for url in urls)
     service.teacher = RolloutTeacher(EngineTeacher(clients))
-    stop_rollout = service._on_shutdown
-
-    async def stop() -> None:
-        try:
-            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
-            for engine in engines:
-                engine.stop()
-        finally:
-            if stop_rollout is not None:
-                result = stop_rollout()
-                if asyncio.iscoroutine(result):
-                    await result
-
-    service._on_shutdown = stop
 
 
 def _assemble(cls: type[RolloutService], config: RunConfig, env_factory: RowFactory,

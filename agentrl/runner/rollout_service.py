@@ -69,6 +69,7 @@ class RolloutService:
         self.scoring: ScoringClient | None = scoring
         self.eval_sets = eval_sets or {}
         self._on_shutdown = on_shutdown
+        self._also_stop: list[Callable[[], Awaitable[None]]] = []
         self.group: EngineGroup | None = None
         self.teacher: RolloutTeacher | None = None  # a distillation teacher scored on this side (engines, endpoint, self)
         self.collecting = False
@@ -226,10 +227,19 @@ class RolloutService:
         try:
             await self.scheduler.shutdown()
         finally:
-            if self._on_shutdown is not None:
-                result = self._on_shutdown()
-                if asyncio.iscoroutine(result):
-                    await result
+            try:
+                for stop in reversed(self._also_stop):  # what was started after the engines, first
+                    await stop()
+            finally:
+                if self._on_shutdown is not None:
+                    result = self._on_shutdown()
+                    if asyncio.iscoroutine(result):
+                        await result
+
+    def also_stop(self, stop: Callable[[], Awaitable[None]]) -> None:
+        """``stop`` runs at :meth:`shutdown`, before the engines and the router stop (e.g. a teacher's own
+        engines and their clients)."""
+        self._also_stop.append(stop)
 
 
 async def _score_with(client: ScoringClient, sequences: list[list[int]]) -> list[list[float]]:
