@@ -11,8 +11,8 @@ first difference, as one line naming it:
   chat template the folders declare (``chat_template`` in ``tokenizer_config.json``, or
   ``chat_template.jinja``) when both declare one;
 - :func:`endpoint_difference`: a running SGLang-compatible server (an ``endpoint`` teacher): its
-  ``/tokenize`` of a probe text, and of a probe conversation rendered by its chat template, against
-  the student's tokenizer and template.
+  ``/tokenize`` of a probe text, and of a probe conversation with a tool call rendered by its chat
+  template, against the student's tokenizer and template.
 
 Only file reads and (for an endpoint) two HTTP requests: no torch, no model weights.
 
@@ -42,14 +42,12 @@ PROBE_TEXT = ("Compute 123 * 456 with the calculator tool, then answer in \\boxe
 """Text whose tokenisation exercises words, digits, added tokens, non-ASCII text and whitespace runs."""
 
 
-def probe_conversation() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A short conversation with a tool (system, user, a tool call, its result, an answer) and the tool's
-    spec: what both chat templates must render alike."""
-    tools = [{"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]}}}]
-    messages: list[dict[str, Any]] = [
+def probe_conversation() -> list[dict[str, Any]]:
+    """A short conversation with a tool call (system, user, the call, its result, an answer, a user turn):
+    what both chat templates must render alike. It lists no tools: servers add fields of their own to a
+    tool's JSON before their template renders it (SGLang 0.5.23: ``"defer_loading": null``), which would
+    read as a template difference where there is none."""
+    return [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is 123 * 456?"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -59,7 +57,6 @@ def probe_conversation() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         {"role": "assistant", "content": "\\boxed{56088}"},
         {"role": "user", "content": "Thanks."},
     ]
-    return messages, tools
 
 
 def _show(value: object, limit: int = 40) -> str:
@@ -185,12 +182,12 @@ def endpoint_difference(url: str, template: Any, *, timeout_s: float = 10.0) -> 
     naming the first difference, or why the server could not be asked."""
     import urllib.error
 
-    messages, tools = probe_conversation()
+    messages = probe_conversation()
     asks = (("tokenizer", "the probe text", {"prompt": PROBE_TEXT, "add_special_tokens": False},
              list(template.tokenize(PROBE_TEXT))),
             ("chat template", "the probe conversation rendered by its chat template",
-             {"messages": messages, "tools": tools, "add_generation_prompt": True},
-             list(template.encode(messages, tools=tools, add_generation_prompt=True))))
+             {"messages": messages, "add_generation_prompt": True},
+             list(template.encode(messages, add_generation_prompt=True))))
     for kind, what, body, mine in asks:
         try:
             theirs = _tokenize(url, body, timeout_s)

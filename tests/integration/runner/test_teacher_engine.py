@@ -99,40 +99,6 @@ def test_the_endpoint_check_passes_the_same_template_and_refuses_another(tiny_en
     assert "\n" not in why
 
 
-@pytest.mark.slow
-def test_self_distillation_runs_on_the_runs_own_engine(tmp_path: Path, tiny_engine: str) -> None:
-    import agentrl
-    from agentrl.environments import make_arithmetic_rows
-    from agentrl.runner import RunConfig
-    from agentrl.runner.rundir import RunDirectory
-
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(8, seed=0)))
-    config = RunConfig.from_dict({
-        "model": {"path": str(build_tiny_model()), "dtype": "float32"},
-        "data": {"train": {"path": str(data)}},
-        "environment": {"name": "toy_arithmetic"},
-        "rollout": {"engines": {"urls": [tiny_engine], "context_length": 1024, "max_total_tokens": 8192},
-                    "sampling": {"max_new_tokens": 24}, "scheduler": {"groups_per_step": 2, "group_size": 2}},
-        "train": {"steps": 2, "optimizer": {"lr": 1e-3}, "max_tokens_per_micro_batch": 2048},
-        "teacher": {"kind": "self", "privileged": "The answer is {answer}.", "task_reward": True},
-        "logging": {"run_dir": str(tmp_path / "run")},
-        "checkpoint": {"save_final": False},
-    })
-    summary = agentrl.run(config, use_ray=False)
-    assert summary.steps == 2
-    run_dir = RunDirectory(tmp_path / "run", config_hash=config.hash())
-    for line in run_dir.read_metrics():
-        if line.get("initial") or line.get("final"):
-            continue
-        assert line["teacher/sequences"] == 4 and line["distill/tokens"] > 0
-        assert math.isfinite(line["distill/reverse_kl"]) and 0 < line["distill/teacher_share"] <= 1
-    for ep in run_dir.read_trajectories(1):
-        for traj in ep.sequences:
-            sampled = sum(s.length for s in traj.segments_of(SegmentKind.MODEL))
-            assert traj.channels[TEACHER_LOGPROBS].num_present == sampled
-
-
 class _OnTheSessionEngine:
     """An engine starter that, instead of starting a process, hands back the session's engine: the
     teacher engine the run asked for is real, only not a new process (a second engine would need a core
@@ -198,3 +164,38 @@ async def test_a_teacher_on_engines_of_its_own_scores_each_step(tmp_path: Path, 
         for seg in traj.segments_of(SegmentKind.MODEL):
             got = traj.channels[TEACHER_LOGPROBS].values[seg.start:seg.end].tolist()
             assert got == pytest.approx(expected[seg.start:seg.end], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_self_distillation_runs_on_the_runs_own_engine(tmp_path: Path, tiny_engine: str) -> None:
+    """Last in the module: its two steps load the student's new weights into the session's engine."""
+    import agentrl
+    from agentrl.environments import make_arithmetic_rows
+    from agentrl.runner import RunConfig
+    from agentrl.runner.rundir import RunDirectory
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_arithmetic_rows(8, seed=0)))
+    config = RunConfig.from_dict({
+        "model": {"path": str(build_tiny_model()), "dtype": "float32"},
+        "data": {"train": {"path": str(data)}},
+        "environment": {"name": "toy_arithmetic"},
+        "rollout": {"engines": {"urls": [tiny_engine], "context_length": 1024, "max_total_tokens": 8192},
+                    "sampling": {"max_new_tokens": 24}, "scheduler": {"groups_per_step": 2, "group_size": 2}},
+        "train": {"steps": 2, "optimizer": {"lr": 1e-3}, "max_tokens_per_micro_batch": 2048},
+        "teacher": {"kind": "self", "privileged": "The answer is {answer}.", "task_reward": True},
+        "logging": {"run_dir": str(tmp_path / "run")},
+        "checkpoint": {"save_final": False},
+    })
+    summary = agentrl.run(config, use_ray=False)
+    assert summary.steps == 2
+    run_dir = RunDirectory(tmp_path / "run", config_hash=config.hash())
+    for line in run_dir.read_metrics():
+        if line.get("initial") or line.get("final"):
+            continue
+        assert line["teacher/sequences"] == 4 and line["distill/tokens"] > 0
+        assert math.isfinite(line["distill/reverse_kl"]) and 0 < line["distill/teacher_share"] <= 1
+    for ep in run_dir.read_trajectories(1):
+        for traj in ep.sequences:
+            sampled = sum(s.length for s in traj.segments_of(SegmentKind.MODEL))
+            assert traj.channels[TEACHER_LOGPROBS].num_present == sampled
