@@ -4,6 +4,7 @@ arms, and ``examples/distill_compare.py report`` judges curves by the issue's cr
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import shutil
@@ -72,8 +73,8 @@ def test_the_report_judges_by_the_issue_criteria(tmp_path: Path, capsys: pytest.
     _metrics(tmp_path / "rl-seed0", [0.0, 0.0, 0.02, 0.05, 0.08])
     _metrics(tmp_path / "distill-seed1", [0.0, 0.1, 0.5, 0.7, 0.78])   # below 80% of the teacher at the end
     _metrics(tmp_path / "rl-seed1", [0.0, 0.0, 0.0, 0.0, 0.0])
-    result = compare.report(compare.main.__globals__["argparse"].Namespace(
-        root=tmp_path, seeds=[0, 1], arms=["distill", "rl"], teacher_accuracy=1.0, plot=tmp_path / "c.png"))
+    result = compare.report(argparse.Namespace(root=tmp_path, seeds=[0, 1], arms=["distill", "rl"],
+                                               teacher_accuracy=1.0, plot=tmp_path / "c.png"))
     v0, v1 = result["verdicts"]["0"], result["verdicts"]["1"]
     assert v0["met"] and v0["distill_steps_to_90pct"] == 3 and v0["rl_steps_to_90pct"] is None
     assert not v1["met"] and not v1["distill_at_least_80pct"] and not v1["distill_faster"]
