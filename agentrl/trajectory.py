@@ -193,6 +193,17 @@ class ErrorKind(NamedEnum):
     AGENT_REQUEST = "agent_request"
     AGENT_LATE_CALL = "agent_late_call"
 
+    @property
+    def infrastructure(self) -> bool:
+        """A failure of the machinery an episode runs on (the engine), not of the code under training
+        (environment, agent harness, reward): the scheduler regenerates such an episode, and it never
+        counts toward ``SchedulerConfig.max_consecutive_failed_groups``. A kind added for another part of
+        the machinery (a sandbox fleet's capacity, a lost node) belongs in this set too."""
+        return self in _INFRASTRUCTURE
+
+
+_INFRASTRUCTURE = frozenset({ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT})
+
 
 @dataclass(frozen=True)
 class EpisodeError:
@@ -200,7 +211,9 @@ class EpisodeError:
 
     ``turn`` is the number of model turns its sequence held when it happened (0: before the first answer);
     ``component`` names the part that failed (``generate``, ``step``, ``bridge``, ``reward``,
-    ``endpoint``, ``scheduler``, or the tool's name); ``tool_call_id`` the call, when one did.
+    ``endpoint``, ``scheduler``, or the tool's name); ``tool_call_id`` the call, when one did;
+    ``origin`` where the user's code raised it, ``path:line in function`` (for a reward that returned
+    no number, where the reward function is defined; :mod:`agentrl._tracebacks`), when known.
     """
 
     kind: ErrorKind
@@ -208,6 +221,7 @@ class EpisodeError:
     turn: int | None = None
     component: str | None = None
     tool_call_id: str | None = None
+    origin: str | None = None
 
     @property
     def where(self) -> str:
@@ -220,8 +234,11 @@ class EpisodeError:
         return f"{self.kind.value} error ({self.where}): {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "message": self.message, "turn": self.turn, "component": self.component,
-                "tool_call_id": self.tool_call_id}
+        out = {"kind": self.kind.value, "message": self.message, "turn": self.turn, "component": self.component,
+               "tool_call_id": self.tool_call_id}
+        if self.origin is not None:
+            out["origin"] = self.origin
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EpisodeError:
@@ -229,7 +246,7 @@ class EpisodeError:
             turn = data.get("turn")
             return cls(kind=ErrorKind(data["kind"]), message=str(data["message"]),
                        turn=int(turn) if turn is not None else None, component=data.get("component"),
-                       tool_call_id=data.get("tool_call_id"))
+                       tool_call_id=data.get("tool_call_id"), origin=data.get("origin"))
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise TrajectoryError(f"errors entry: expected kind/message, got {data!r:.200} ({exc})") from exc
 
@@ -465,11 +482,11 @@ class Trajectory:
         return True
 
     def add_error(self, kind: ErrorKind, message: str, *, component: str | None = None,
-                  tool_call_id: str | None = None) -> EpisodeError:
+                  tool_call_id: str | None = None, origin: str | None = None) -> EpisodeError:
         """Records what went wrong (allowed after the end too: a reward fails after it); returns it.
         ``turn`` is the number of model turns so far."""
         error = EpisodeError(ErrorKind(kind), message, turn=self.num_model_turns, component=component,
-                             tool_call_id=tool_call_id)
+                             tool_call_id=tool_call_id, origin=origin)
         self.errors.append(error)
         return error
 

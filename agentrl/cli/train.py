@@ -250,6 +250,7 @@ def train(
 def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_ray: bool, resume: str | None,
          quiet: bool) -> None:
     from agentrl.cli.progress import LiveProgress, progress_callbacks
+    from agentrl.rollout.scheduler import RepeatedFailureError
     from agentrl.runner.api import run as run_training
     from agentrl.runner.checkpoint import CheckpointError, CheckpointWriteError
     from agentrl.runner.loop import NoTrainableGroupsError
@@ -264,8 +265,8 @@ def _run(config: Any, environment: Any, reward: Any, group_filter: Any, *, use_r
     except CheckpointWriteError as exc:  # a full disk, say: the run stopped; its last checkpoint is intact
         typer.echo(f"error: {exc}\nthe run folder {config.run_dir()} can be resumed with --resume", err=True)
         raise typer.Exit(code=1) from None
-    except NoTrainableGroupsError as exc:  # every group failed: the reasons, not a silent "data exhausted"
-        typer.echo(f"error: {exc}\n(the run folder's summary.json has them too)", err=True)
+    except (NoTrainableGroupsError, RepeatedFailureError) as exc:  # every group failed: why, not "data exhausted"
+        typer.echo(f"error: {exc}\n(the run folder's summary.json has it too)", err=True)
         raise typer.Exit(code=1) from None
     except (KeyboardInterrupt, asyncio.CancelledError):  # SIGINT/SIGTERM cancel the run; everything it started is stopped
         typer.echo(f"interrupted; the run folder {config.run_dir()} can be resumed with --resume", err=True)

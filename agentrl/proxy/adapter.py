@@ -51,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl._tracebacks import exception_origin
 from agentrl.chat.template import ChatTemplate
 from agentrl.episode import Episode
 from agentrl.proxy.server import ProxyServer
@@ -89,6 +90,7 @@ class _AnswerReward:
 
     def __init__(self, fn: Callable[..., Any], task: Any) -> None:
         self.fn, self.task = fn, task
+        self.__wrapped__ = fn  # what a failure's origin names (agentrl._tracebacks.function_origin)
 
     def __call__(self, trajectory: Trajectory) -> Any:
         return self.fn(self.task, trajectory.info.get("answer"))
@@ -375,7 +377,7 @@ class AgentRunner:
         elif self._task.cancelled() or self._task.exception() is not None:
             exc = None if self._task.cancelled() else self._task.exception()
             what = "was cancelled" if exc is None else f"raised {type(exc).__name__}: {exc}"
-            session.record(ErrorKind.AGENT, f"run() {what}", "run")
+            session.record(ErrorKind.AGENT, f"run() {what}", "run", None if exc is None else exception_origin(exc))
             reason = StopReason.FAILED
         else:
             answer = _plain(self._task.result())
@@ -418,7 +420,7 @@ class AgentRunner:
                                  pool=shared_pool() if self.config.reward_pool else None)
         except Exception as exc:
             kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
-            last.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward")
+            last.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward", origin=exception_origin(exc))
             last.metrics["reward_failed"] = 1.0
             if self.config.reward_failure != "zero":
                 return

@@ -162,7 +162,7 @@ class ProxySession:
         self.last_request: ChatRequest | None = None
         self.last_finish: FinishKind | None = None
         self.context_exceeded = False
-        self._unplaced: list[tuple[ErrorKind, str, str]] = []  # errors before the first sequence existed
+        self._unplaced: list[EpisodeError] = []  # errors before the first sequence existed
         self.memo = ParseMemo()  # the server's parsing state (read-only messages and tools)
         self._samplings: dict[tuple[Any, ...], SamplingParams] = {}  # per distinct request settings
 
@@ -193,8 +193,7 @@ class ProxySession:
     def finish(self, reason: StopReason) -> Episode:
         """Ends every sequence with ``reason``'s status and puts the session's metrics on the last one."""
         if self.sequences:
-            for kind, message, component in self._unplaced:
-                self.sequences[0].errors.insert(0, EpisodeError(kind, message, turn=0, component=component))
+            self.sequences[0].errors[0:0] = self._unplaced  # first, in the order they happened
             self._unplaced = []
         for seq in self.sequences:
             seq.finish(status_for(reason), reason)
@@ -208,12 +207,13 @@ class ProxySession:
             last.metrics["proxy/fork_rate"] = self.metrics["proxy/forks"] / follow_ups if follow_ups else 0.0
         return self.episode()
 
-    def record(self, kind: ErrorKind, message: str, component: str) -> None:
-        """An error of the harness's side, on the latest sequence (kept for later when there is none yet)."""
+    def record(self, kind: ErrorKind, message: str, component: str, origin: str | None = None) -> None:
+        """An error of the harness's side, on the latest sequence (kept for later when there is none yet);
+        ``origin``: where the harness raised it (``path:line in function``)."""
         if self.sequences:
-            self.sequences[-1].add_error(kind, message, component=component)
+            self.sequences[-1].add_error(kind, message, component=component, origin=origin)
         else:
-            self._unplaced.append((kind, message, component))
+            self._unplaced.append(EpisodeError(kind, message, turn=0, component=component, origin=origin))
         self.metrics[f"proxy/errors/{kind.value}"] += 1
 
     # -- serving ---------------------------------------------------------------------------------

@@ -11,7 +11,16 @@ from agentrl.rewards.math import (
     math_equal,
 )
 from agentrl.rewards.pool import RewardPool, RewardTimeout, shared_pool
-from agentrl.rewards.types import GroupRewardFn, Reward, RewardFn, RewardValue, as_reward, score, score_group
+from agentrl.rewards.types import (
+    GroupRewardFn,
+    Reward,
+    RewardFn,
+    RewardValue,
+    RewardValueError,
+    as_reward,
+    score,
+    score_group,
+)
 
 __all__ = [
     "FilterResult",
@@ -22,6 +31,7 @@ __all__ = [
     "RewardPool",
     "RewardTimeout",
     "RewardValue",
+    "RewardValueError",
     "as_reward",
     "drop_uniform_rewards",
     "extract_answer_line",

@@ -36,12 +36,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from agentrl._tracebacks import function_origin
 from agentrl.rewards.pool import RewardTimeout
 
 if TYPE_CHECKING:
     from agentrl.rewards.pool import RewardPool
 
-__all__ = ["GroupRewardFn", "Reward", "RewardFn", "RewardTimeout", "RewardValue", "as_reward", "score", "score_group"]
+__all__ = ["GroupRewardFn", "Reward", "RewardFn", "RewardTimeout", "RewardValue", "RewardValueError", "as_reward", "score",
+           "score_group"]
 
 T = TypeVar("T")
 
@@ -71,13 +73,27 @@ RewardFn = Callable[[Any], RewardValue | Awaitable[RewardValue]]
 GroupRewardFn = Callable[[Sequence[Any]], Sequence[RewardValue] | Awaitable[Sequence[RewardValue]]]
 
 
-def as_reward(value: object, *, where: str = "reward") -> Reward:
-    """Normalises a reward function's return value; anything but a finite number or Reward is an error."""
+class RewardValueError(TypeError, ValueError):
+    """A reward function returned something that is not a number or :class:`Reward`. ``origin``: where
+    that function is defined (``path:line in name``), when known: no traceback points at a return value."""
+
+    def __init__(self, message: str, *, origin: str | None = None) -> None:
+        super().__init__(message)
+        self.origin = origin
+
+
+def as_reward(value: object, *, where: str = "reward", origin: str | None = None) -> Reward:
+    """Normalises a reward function's return value; anything but a finite number or Reward raises
+    :class:`RewardValueError` (a ``TypeError``) naming the value and its type (``origin``: see there)."""
     if isinstance(value, Reward):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{where}: expected a float or Reward, got {type(value).__name__}: {value!r:.200}")
-    return Reward(float(value))
+        raise RewardValueError(f"{where}: expected a float or Reward, got {type(value).__name__}: {value!r:.200}",
+                               origin=origin)
+    try:
+        return Reward(float(value))
+    except ValueError as exc:  # not finite
+        raise RewardValueError(f"{where}: {exc}", origin=origin) from None
 
 
 # sync reward functions that cannot go to a worker process: their own threads, so one that never
@@ -126,7 +142,11 @@ async def _call(fn: Callable[..., Any], item: Any, timeout_s: float | None, pool
 async def score(fn: RewardFn, item: Any, *, timeout_s: float | None = None, pool: RewardPool | None = None) -> Reward:
     """Calls a per-trajectory reward function (sync or async) off the event loop and normalises its
     result; raises :class:`~agentrl.rewards.pool.RewardTimeout` past ``timeout_s`` (module doc)."""
-    return as_reward(await _call(fn, item, timeout_s, pool), where=f"{_name(fn)} result")
+    value = await _call(fn, item, timeout_s, pool)
+    if isinstance(value, Reward) or (isinstance(value, int | float) and not isinstance(value, bool)
+                                     and math.isfinite(value)):
+        return as_reward(value)
+    return as_reward(value, where=f"{_name(fn)} result", origin=function_origin(fn))
 
 
 async def score_group(fn: GroupRewardFn, items: Sequence[Any], *, timeout_s: float | None = None,
@@ -137,8 +157,9 @@ async def score_group(fn: GroupRewardFn, items: Sequence[Any], *, timeout_s: flo
         raise TypeError(f"{_name(fn)} result: expected a sequence of {len(items)} rewards, got {type(values).__name__}")
     if len(values) != len(items):
         raise ValueError(f"{_name(fn)} result: expected {len(items)} rewards (one per group member), got {len(values)}")
-    return [as_reward(v, where=f"{_name(fn)} result[{i}]") for i, v in enumerate(values)]
+    return [as_reward(v, where=f"{_name(fn)} result[{i}]", origin=function_origin(fn)) for i, v in enumerate(values)]
 
 
 def _name(fn: Callable[..., object]) -> str:
+    fn = getattr(fn, "__wrapped__", None) or fn  # an adapter that names the function it calls
     return getattr(fn, "__qualname__", None) or type(fn).__name__

@@ -70,6 +70,7 @@ from .router import (
     RouterPolicy,
 )
 from .scheduler import (
+    RepeatedFailureError,
     RolloutProgress,
     Scheduler,
     SchedulerConfig,
@@ -117,6 +118,7 @@ __all__ = [
     "Pacer",
     "PromptTooLongError",
     "ProtocolError",
+    "RepeatedFailureError",
     "RequestRejectedError",
     "RestoreError",
     "RolloutGroup",

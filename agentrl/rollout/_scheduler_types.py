@@ -11,15 +11,36 @@ from typing import Annotated, Any
 from annotated_types import Ge, Gt, Le
 
 from agentrl._limits import check_limits
+from agentrl._tracebacks import source_line
 from agentrl.episode import Episode
 from agentrl.rollout.groups import RolloutGroup
 from agentrl.rollout.report import StepReport
+from agentrl.trajectory import EpisodeError
 
-__all__ = ["RolloutProgress", "SchedulerConfig", "SchedulerError", "StepBatch"]
+__all__ = ["RepeatedFailureError", "RolloutProgress", "SchedulerConfig", "SchedulerError", "StepBatch"]
 
 
 class SchedulerError(RuntimeError):
     """The scheduler cannot fill a step (a filter that rejects everything, no data left...)."""
+
+
+class RepeatedFailureError(SchedulerError):
+    """``groups`` prompt groups in a row failed with the same error of the code under training (the
+    environment, the agent harness or the reward): ``error``, the first of them, with where it was
+    raised (``error.origin``). Stopping beats spending the data set on a bug."""
+
+    def __init__(self, error: EpisodeError, groups: int, limit: int) -> None:
+        self.error, self.groups, self.limit = error, groups, limit
+        where = f"\n  at {error.origin}" if error.origin else ""
+        line = source_line(error.origin)
+        if line is not None:
+            where += f"\n    {line}"
+        super().__init__(f"{groups} prompt groups in a row failed with the same {error.kind.value} error "
+                         f"(max_consecutive_failed_groups={limit}); the first: {error.component or 'episode'}: "
+                         f"{error.message}{where}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.error, self.groups, self.limit)
 
 
 @dataclass(frozen=True)
@@ -35,6 +56,7 @@ class SchedulerConfig:
     member_retries: Annotated[int, Ge(0)] = 2
     min_group_size: Annotated[int, Ge(1)] = 2
     max_rejected_groups: Annotated[int, Ge(1)] | None = None
+    max_consecutive_failed_groups: Annotated[int, Ge(1)] | None = 16
     partial_rollout: bool = False
     mask_offpolicy: bool = False
     max_staleness: Annotated[int, Ge(0)] | None = None
@@ -54,6 +76,7 @@ class SchedulerConfig:
     @property
     def rejection_budget(self) -> int:
         return self.max_rejected_groups if self.max_rejected_groups is not None else 20 * self.groups_per_step
+
 
 
 @dataclass(frozen=True)

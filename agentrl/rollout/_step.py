@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.data.source import DataRow
+from agentrl.rollout._scheduler_types import RepeatedFailureError
 from agentrl.rollout.agent import Episode, EpisodeRunner, GenerateClient, new_id
 from agentrl.rollout.groups import version_number
 from agentrl.rollout.stats import StepStats
 from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
-from agentrl.trajectory import ErrorKind, SegmentKind, Status, Trajectory
+from agentrl.trajectory import EpisodeError, ErrorKind, SegmentKind, Status, Trajectory
 
-__all__ = ["Member", "MemberRecord", "PendingGroup", "Step", "StepClient", "close_all", "lost_reason",
+__all__ = ["FailureStreak", "Member", "MemberRecord", "PendingGroup", "Step", "StepClient", "close_all", "code_failure", "lost_reason",
            "member_sequences", "not_sent", "oldest_version", "segment_version"]
 
 
@@ -81,6 +82,7 @@ class Member:
     runner: EpisodeRunner | None = None
     episode: Episode | None = None
     lost: str | None = None
+    error: EpisodeError | None = None  # why it was lost before it had an episode (its environment raised)
     stale: bool = False
     retries: int = 0
     start_version: int = 0
@@ -129,6 +131,58 @@ def lost_reason(episode: Episode) -> str | None:
         return "aborted"
     return None
 
+
+
+# errors of the code under training that end an episode unusable: what max_consecutive_failed_groups counts
+_CODE_FAILURES = (ErrorKind.ENV, ErrorKind.AGENT, ErrorKind.AGENT_TIMEOUT, ErrorKind.REWARD, ErrorKind.REWARD_TIMEOUT)
+
+
+def code_failure(member: Member) -> EpisodeError | bool | None:
+    """How a finished member counts toward ``max_consecutive_failed_groups``: the error of the code under
+    training (environment, agent harness, reward) it failed with; ``False`` when it did not fail (a
+    usable, scored episode); ``True`` when it failed otherwise (the infrastructure, which never counts)."""
+    if member.error is not None:
+        return member.error
+    if member.episode is None:
+        return member.lost is not None
+    errors = [e for seq in member.episode.sequences for e in seq.errors if not e.kind.infrastructure]
+    reward = next((e for e in errors if e.kind in (ErrorKind.REWARD, ErrorKind.REWARD_TIMEOUT)), None)
+    if member.lost is None and reward is None:
+        return False
+    return next((e for e in errors if e.kind in _CODE_FAILURES), True)
+
+
+class FailureStreak:
+    """The run of prompt groups failing with the same error of the code under training, judged in order;
+    :meth:`add` raises :class:`RepeatedFailureError` when it reaches ``limit`` (None: never). A group with
+    one usable, scored episode ends the run; a group that failed only for infrastructure reasons
+    (:attr:`ErrorKind.infrastructure`) leaves it as it is. Errors are the same when they were raised at
+    the same place (``origin``), else when kind, component and message are."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.signature: tuple[str | None, ...] | None = None
+        self.groups = 0
+        self.first: EpisodeError | None = None
+
+    def add(self, group: PendingGroup) -> None:
+        if self.limit is None:
+            return
+        outcomes = [code_failure(m) for m in group.members]
+        if any(o is False for o in outcomes):
+            self.signature, self.groups, self.first = None, 0, None
+            return
+        error = next((o for o in outcomes if isinstance(o, EpisodeError)), None)
+        if error is None:
+            return
+        signature = (error.kind.value, error.origin) if error.origin else (error.kind.value, error.component,
+                                                                          error.message)
+        if signature != self.signature:
+            self.signature, self.groups, self.first = signature, 0, error
+        self.groups += 1
+        if self.groups >= self.limit:
+            assert self.first is not None
+            raise RepeatedFailureError(self.first, self.groups, self.limit)
 
 
 def segment_version(version: str | None, default: int) -> int:

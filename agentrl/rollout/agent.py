@@ -90,6 +90,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
+from agentrl._tracebacks import exception_origin
 from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
 from agentrl.chat.template import ChatTemplate
 from agentrl.chat.types import Message, ToolCallFailure
@@ -489,7 +490,8 @@ class EpisodeRunner:
             else:
                 step = await env_hook("step", self.env.step(message, self._pending_failures), deadline)
         except Exception as exc:  # the environment's bug ends the episode as a value, not a crash
-            traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step")
+            traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step",
+                           origin=exception_origin(exc))
             return StopReason.FAILED
         reason = record_step(self, traj, step)
         if reason is not None:
@@ -586,7 +588,7 @@ class EpisodeRunner:
                                  pool=shared_pool() if self.config.reward_pool else None)
         except Exception as exc:  # a reward failure: scored by the policy, never resampled
             kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
-            last.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward")
+            last.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward", origin=exception_origin(exc))
             last.metrics["reward_failed"] = 1.0
             if self.config.reward_failure != "zero":
                 return

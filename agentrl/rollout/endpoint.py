@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from agentrl._tracebacks import exception_origin
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.base import Environment
 from agentrl.episode import Episode
@@ -219,7 +220,8 @@ class _MessageEpisode:
             try:
                 step = await self.env.step(answer.message, answer.failures)
             except Exception as exc:  # the environment's bug ends the episode as a value
-                traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step")
+                traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step",
+                               origin=exception_origin(exc))
                 return StopReason.FAILED
             reason = record_step(self, traj, step)
             if reason is not None:
@@ -231,7 +233,7 @@ class _MessageEpisode:
             reward = await score(self.env.reward, traj, timeout_s=timeout_s, pool=shared_pool())
         except Exception as exc:
             kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
-            traj.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward")
+            traj.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward", origin=exception_origin(exc))
             return
         traj.reward, traj.reward_parts = reward_total(self, reward)
         if reward.info:

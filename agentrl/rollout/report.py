@@ -59,6 +59,7 @@ class StepReport:
     weight_versions: dict[str, int] = field(default_factory=dict)
     failure_kinds: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # episode errors by kind (agentrl.trajectory.ErrorKind)
+    error_examples: dict[str, str] = field(default_factory=dict)  # error kind -> its first message and origin
     stop_reasons: dict[str, int] = field(default_factory=dict)
     engine_events: dict[str, int] = field(default_factory=dict)  # health monitor: dead, removed, restarted, given_up
     metrics: dict[str, float] = field(default_factory=dict)

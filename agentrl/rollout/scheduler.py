@@ -56,11 +56,19 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from agentrl._tracebacks import exception_origin
 from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataExhausted, DataSource
 from agentrl.environments.base import Environment
-from agentrl.rollout._scheduler_types import RolloutProgress, SchedulerConfig, SchedulerError, StepBatch
+from agentrl.rollout._scheduler_types import (
+    RepeatedFailureError,
+    RolloutProgress,
+    SchedulerConfig,
+    SchedulerError,
+    StepBatch,
+)
 from agentrl.rollout._step import (
+    FailureStreak,
     Member,
     MemberRecord,
     PendingGroup,
@@ -86,9 +94,9 @@ from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.report import StepReport
 from agentrl.rollout.restore import RestoreError, member_state, replay, restore_groups
-from agentrl.trajectory import ErrorKind, Status
+from agentrl.trajectory import EpisodeError, ErrorKind, Status
 
-__all__ = ["RolloutProgress", "Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
+__all__ = ["RepeatedFailureError", "RolloutProgress", "Scheduler", "SchedulerConfig", "SchedulerError", "StepBatch"]
 
 EnvFactory = Callable[[dict[str, Any]], Environment]
 LoadProbe = Callable[[], Awaitable[int]]
@@ -129,6 +137,7 @@ class Scheduler:
         self._current: Step | None = None
         self._live: tuple[list[PendingGroup], dict[Any, PendingGroup], list[int], float] | None = None
         self._bad_rows_reported = False
+        self._failing = FailureStreak(self.config.max_consecutive_failed_groups)
 
     # -- public ------------------------------------------------------------------------------
     def set_policy_version(self, version: int) -> None:
@@ -246,6 +255,8 @@ class Scheduler:
                 group = running.pop(task)
                 task.result()  # a bug in the scheduler itself propagates
                 verdict = await self._judge(group, report)
+                if verdict != "stale":
+                    self._failing.add(group)  # raises RepeatedFailureError at the limit
                 if verdict == "accepted":
                     self._accept(group, accepted, report)
                 elif verdict == "rejected":
@@ -343,6 +354,8 @@ class Scheduler:
                     member.runner = self._new_runner(group, index, step, record)
                 except Exception as exc:  # the factory rejected a row it was validated against
                     member.lost = f"env_build_error: {type(exc).__name__}: {exc}"
+                    member.error = EpisodeError(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", turn=0,
+                                                component="environment", origin=exception_origin(exc))
                     return
                 if record is not None and not await self._rebuild(member, record, step):
                     continue  # the replay did not match: restarted from scratch
@@ -368,6 +381,8 @@ class Scheduler:
                     group.regenerated += 1
                     continue
                 member.lost = f"env_error: {type(exc).__name__}: {exc}"
+                member.error = EpisodeError(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", turn=0, component="reset",
+                                            origin=exception_origin(exc))
                 return
             if episode is None:
                 if step.aborted or member.stale:  # suspended by this step's abort or the staleness bound

@@ -47,6 +47,7 @@ class StepStats:
     lengths: list[int] = field(default_factory=list)
     failure_kinds: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    error_examples: dict[str, str] = field(default_factory=dict)  # kind -> its first message, with its origin
     stop_reasons: Counter[str] = field(default_factory=Counter)
     abort_rounds: int = 0
     abort_cancelled: int = 0
@@ -85,6 +86,9 @@ class StepStats:
         for seq in episode.sequences:
             for error in seq.errors:
                 self.errors[error.kind.value] += 1
+                if error.kind.value not in self.error_examples:
+                    origin = f" (at {error.origin})" if error.origin else ""
+                    self.error_examples[error.kind.value] = f"{error.component or 'episode'}: {error.message}{origin}"
         self.truncated += last.status is Status.TRUNCATED
         self.failed += last.status is Status.FAILED
         if last.stop_reason is not None:
@@ -106,6 +110,7 @@ class StepStats:
         report.weight_versions = dict(versions)
         report.failure_kinds = dict(self.failure_kinds)
         report.errors = dict(self.errors)
+        report.error_examples = dict(self.error_examples)
         report.stop_reasons = dict(self.stop_reasons)
         report.episodes_finished = self.episodes
         report.episodes_suspended = self.suspended

@@ -100,6 +100,7 @@ class RunSummary:
     evals: dict[str, Any] = field(default_factory=dict)
     failed_groups: dict[str, int] = field(default_factory=dict)  # reason -> prompt groups that failed
     failure_examples: dict[str, str] = field(default_factory=dict)  # reason -> its first message
+    error_examples: dict[str, str] = field(default_factory=dict)  # episode error kind -> its first message
     bad_rows: int = 0  # data rows skipped
     skipped_steps: int = 0  # steps that changed no weight (all advantages zero)
     adapter_check: dict[str, float] = field(default_factory=dict)  # LoRA: the start-up check's figures
@@ -112,7 +113,8 @@ class RunSummary:
         """The running counts a checkpoint keeps (``wall_s``: the run's wall time so far), so that a resumed
         run's summary covers the whole run."""
         return {"prompts_trained": self.prompts_trained, "wall_s": wall_s, "failed_groups": dict(self.failed_groups),
-                "failure_examples": dict(self.failure_examples), "bad_rows": self.bad_rows,
+                "failure_examples": dict(self.failure_examples), "error_examples": dict(self.error_examples),
+                "bad_rows": self.bad_rows,
                 "skipped_steps": self.skipped_steps, "warmup": dict(self.warmup)}
 
     def restore_running(self, state: dict[str, Any]) -> float:
@@ -120,6 +122,7 @@ class RunSummary:
         self.prompts_trained = int(state.get("prompts_trained", self.prompts_trained))
         self.failed_groups = dict(state.get("failed_groups", {}))
         self.failure_examples = dict(state.get("failure_examples", {}))
+        self.error_examples = dict(state.get("error_examples", {}))
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.bad_rows = max(self.bad_rows, int(state.get("bad_rows", 0)))
         self.warmup = dict(state.get("warmup") or self.warmup)
@@ -130,6 +133,7 @@ class RunSummary:
                 "stopped_because": self.stopped_because, "wall_s": self.wall_s,
                 "prompts_trained": self.prompts_trained, "last_metrics": self.last_metrics, "evals": self.evals,
                 "failed_groups": self.failed_groups, "failure_examples": self.failure_examples,
+                "error_examples": self.error_examples,
                 "bad_rows": self.bad_rows, "skipped_steps": self.skipped_steps,
                 "weights_changed": self.weights_changed,
                 **({"adapter_check": self.adapter_check} if self.adapter_check else {})}

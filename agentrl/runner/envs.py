@@ -62,6 +62,7 @@ class EnvFactory:
 class _Reward:
     def __init__(self, fn: RewardOverride, task: object) -> None:
         self.fn, self.task = fn, task
+        self.__wrapped__ = fn  # what a failure's origin names (agentrl._tracebacks.function_origin)
 
     def __call__(self, trajectory: Trajectory) -> RewardValue | Awaitable[RewardValue]:
         return self.fn(trajectory, self.task)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.rollout.groups import RolloutGroup
-from agentrl.rollout.scheduler import StepBatch
+from agentrl.rollout.scheduler import RepeatedFailureError, StepBatch
 from agentrl.rollout.teacher import score_episodes
 from agentrl.runner._interfaces import RolloutSide, RunCallback, RunSummary, TrainSide, overriding
 from agentrl.runner._metrics import failures_text, step_metrics
@@ -364,6 +364,12 @@ class Runner:
                 await self._run_bounded()
             else:
                 raise ValueError(f"mode={mode!r}: expected 'sync', 'one_step_off' or 'bounded_staleness'")
+        except RepeatedFailureError as exc:  # the code under training fails every time: stop, with where
+            cause = getattr(exc, "cause", None) or exc  # through Ray: the rollout actor's own exception
+            self.summary.steps, self.summary.policy_version = self.step, self.version
+            self.summary.stopped_because = str(cause)
+            self.run_dir.write_summary(self.summary.to_dict())
+            raise cause from None
         finally:
             await self._stop_collector()
         if not self.settings.rollout_only:
@@ -407,6 +413,11 @@ class Runner:
         if report.failed:
             self._notice(f"step {self.step + 1}: {sum(report.failed.values())} prompt group(s) failed: "
                          + failures_text(report.failed, report.failure_examples))
+        for kind, example in report.error_examples.items():  # each kind of error told once, on its first step
+            if kind not in self.summary.error_examples:
+                self.summary.error_examples[kind] = example
+                self._notice(f"step {self.step + 1}: first {kind} error ({report.errors.get(kind, 1)} this step): "
+                             f"{example}")
         return bool(batch.groups)
 
     def _notice(self, text: str) -> None:

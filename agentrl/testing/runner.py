@@ -84,10 +84,10 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
                     group_size: int = 2, checkpoint_every: int | None = 1, partial_rollout: bool = False,
                     max_staleness: int | None = None, epochs: int | None = 1,
                     over_sampling: float = 0.0, lora: dict[str, Any] | None = None,
-                    teacher: dict[str, Any] | None = None) -> Any:
+                    teacher: dict[str, Any] | None = None, scheduler_options: dict[str, Any] | None = None) -> Any:
     """A :class:`~agentrl.runner.RunConfig` for the tiny model and a JSONL of arithmetic rows under ``root``
     (``lora``: the ``train.lora`` section, trained at the same learning rate as the full model;
-    ``teacher``: the ``teacher`` section)."""
+    ``teacher``: the ``teacher`` section; ``scheduler_options``: more ``rollout.scheduler`` settings)."""
     import orjson
 
     from agentrl.environments import make_arithmetic_rows
@@ -100,7 +100,7 @@ def fake_run_config(root: Path, *, steps: int, mode: str = "sync", rows: int = 1
         data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in make_arithmetic_rows(rows, seed=0)))
     scheduler: dict[str, Any] = {"groups_per_step": groups_per_step, "group_size": group_size,
                                  "partial_rollout": partial_rollout, "max_staleness": max_staleness,
-                                 "over_sampling": over_sampling}
+                                 "over_sampling": over_sampling, **(scheduler_options or {})}
     return RunConfig.from_dict({
         "model": {"path": str(build_tiny_model()), "dtype": "float32"},
         "data": {"train": {"path": str(data), "seed": 0, "epochs": epochs}},

@@ -517,3 +517,24 @@ def test_a_checkpoint_that_cannot_be_written_stops_with_the_reason_and_the_resum
     assert "error: [Errno 28] checkpoint of step 2: writing /x/.tmp-step_000002 failed" in result.stderr
     assert f"the run folder {run_files['dir'] / 'run'} can be resumed with --resume" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_run_stopped_by_a_repeated_failure_is_one_error_with_where_and_exit_1(
+        run_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.rollout.scheduler import RepeatedFailureError
+    from agentrl.runner import api
+    from agentrl.trajectory import EpisodeError, ErrorKind
+
+    error = EpisodeError(ErrorKind.REWARD, "RewardValueError: score result: expected a float or Reward, got str: 'yes'",
+                         component="reward", origin="my_rewards.py:3 in score")
+
+    def stopped(*args: Any, **kwargs: Any) -> Any:
+        raise RepeatedFailureError(error, 16, 16)
+
+    monkeypatch.setattr(api, "run", stopped)
+    result = invoke([str(run_files["config"])])
+    assert result.exit_code == 1, result.output
+    assert ("error: 16 prompt groups in a row failed with the same reward error (max_consecutive_failed_groups=16); "
+            "the first: reward: RewardValueError: score result: expected a float or Reward, got str: 'yes'\n"
+            "  at my_rewards.py:3 in score\n") in result.stderr
+    assert "Traceback" not in result.output

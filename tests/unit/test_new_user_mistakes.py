@@ -2,7 +2,8 @@
 message naming the key, the value and what is accepted (exit 2, no traceback, nothing started), made
 against a config of their own. The four runtime failures they hit have their own tests, named here:
 
-- ``reset()`` raising on every row: ``tests/unit/runner/test_runner_notices.py`` (NoTrainableGroupsError);
+- ``reset()`` raising on every row: ``tests/unit/runner/test_runner_notices.py`` (NoTrainableGroupsError), and
+  on a large data set ``tests/unit/rollout/test_repeated_failures.py`` (stopped within N groups, with file:line);
 - a reward returning ``None`` or raising: ``tests/unit/rollout/test_reward_failures.py`` (scored, never
   resampled);
 - every step skipped: ``tests/unit/runner/test_runner_notices.py`` (the summary's ``weights_changed``);
