@@ -142,10 +142,13 @@ def _typed_arguments(att: Attempt, spec: _ToolSpec | None) -> tuple[dict[str, An
     """Converts XML values as SGLang does, validates, and notes calls whose required arguments are all blank.
 
     A coerced value (a boolean that was neither true nor false) is tolerated unless validation
-    fails on the same argument; a value JSON cannot carry and every validation failure are fatal.
+    fails on the same argument; so is an XML ``null`` for a parameter whose schema does not allow
+    null (SGLang's ``qwen3_coder`` serves ``null`` for every type: the call runs with ``None``); a
+    value JSON cannot carry and every other validation failure are fatal.
     """
     problems: list[_Problem] = []
     notes: dict[str, str] = {}
+    nulls: set[str] = set()  # XML parameters written as null: served as None whatever their type
     args = att.arguments
     name = att.name or ""
     if att.xml:
@@ -154,6 +157,8 @@ def _typed_arguments(att: Attempt, spec: _ToolSpec | None) -> tuple[dict[str, An
         for key, raw in att.arguments.items():
             out = xml_value(raw, key, props)
             args[key] = out.value
+            if out.value is None and key in props:
+                nulls.add(key)
             if out.note is not None and out.fatal:
                 problems.append((FailureKind.INVALID_ARGUMENT_TYPE, f"{name}: argument {key!r}: {out.note}", key, False))
             elif out.note is not None:
@@ -163,6 +168,10 @@ def _typed_arguments(att: Attempt, spec: _ToolSpec | None) -> tuple[dict[str, An
     failed = {p[2] for p in problems}
     for f in validate_arguments(spec.name, args, spec.schema):
         if f.argument is not None and f.argument in failed:
+            continue
+        if f.argument in nulls and f.kind is FailureKind.INVALID_ARGUMENT_TYPE:
+            problems.append((f.kind, f"{f.message}; served as null, as SGLang's qwen3_coder serves it", f.argument,
+                             True))
             continue
         message = f"{notes.pop(f.argument)}; {f.message}" if f.argument in notes else f.message
         problems.append((f.kind, message, f.argument, False))

@@ -582,6 +582,25 @@ def test_xml_boolean_coerced_to_false_as_sglang_does_is_tolerated() -> None:
     assert parse_tool_calls(xml_call("t", {"b": "yes"}), "xml", [tool], strict=True).calls == []
 
 
+@pytest.mark.parametrize("written", ["null", "NULL", "Null"])
+def test_xml_null_for_a_number_runs_with_none_as_sglang_serves_it_and_is_tolerated(written: str) -> None:
+    """SGLang 0.5.23's qwen3_coder serves ``null`` as ``None`` for every type: the call runs (its tool
+    decides), with a tolerated note; JSON ``null`` for a number stays a wrong type (a validating runner's)."""
+    tool = {"name": "t", "parameters": {"type": "object", "properties": {"x": {"type": "number"}, "s": {"type": "string"}},
+                                        "required": ["x"]}}
+    reply = parse_tool_calls(xml_call("t", {"x": written, "s": "hi"}), "xml", [tool])
+    assert [c.arguments for c in reply.calls] == [{"x": None, "s": "hi"}]
+    [note] = reply.failures
+    assert (note.kind, note.argument, note.tolerated, note.call_id) == (K.INVALID_ARGUMENT_TYPE, "x", True, "call_0")
+    assert "served as null" in note.message
+    assert parse_tool_calls(xml_call("t", {"x": written}), "xml", [tool], strict=True).calls == []
+    # another defect of the same call still rejects it
+    assert parse_tool_calls(xml_call("t", {"x": written, "s": "[1"}), "xml",
+                            [{**tool, "parameters": {**tool["parameters"], "additionalProperties": False,
+                                                     "properties": {"x": {"type": "number"}}}}]).calls == []
+    assert parse_tool_calls(json_call("t", {"x": None}), "json", [tool]).calls == []
+
+
 def test_text_must_be_a_string() -> None:
     with pytest.raises(TypeError, match="text"):
         parse_tool_calls(b"<tool_call>", "json")  # type: ignore[arg-type]

@@ -11,7 +11,10 @@ The calls that *run* must be the same, with the same argument values:
   SGLang's own type-alias rewrite (as its server does), arguments decoded from the JSON it
   serves, kept when the tool exists and the arguments pass the tool's schema (what a tool runner
   that validates, like ``agentrl.tools.FunctionTool``, lets through), with ``nullable: true``
-  read as SGLang's own grammar reads it;
+  read as SGLang's own grammar reads it and, in the XML format, ``null`` passing for every declared
+  parameter (``qwen3_coder`` serves it as ``None`` whatever the type: the call is made);
+- the content SGLang's server answers (the text before the first call) against
+  ``ParsedReply.served_content()``;
 - agentrl side: ``parse_tool_calls(...).calls`` with the same tools, default options.
 
 Two deliberate differences (docs/chat.md) are counted apart, never compared: SGLang's parser
@@ -86,17 +89,23 @@ def _served_tools() -> list[dict[str, Any]]:
     return tools
 
 
-def _runner_validator(params: dict[str, Any]) -> Any:
-    """The validating tool runner, reading each argument's schema as SGLang's grammar does (``nullable``)."""
+def _runner_validator(params: dict[str, Any], null_served: bool) -> Any:
+    """The validating tool runner, reading each argument's schema as SGLang's grammar does (``nullable``).
+    ``null_served``: the XML format, whose ``null`` SGLang serves as ``None`` for every parameter type:
+    the call is made (the tool then decides), so ``null`` passes for every declared parameter."""
     props = params.get("properties") or {}
-    checked = {**params, "properties": {k: sglang_grammar._json_value_schema(v, params) for k, v in props.items()}}
+    read = {k: sglang_grammar._json_value_schema(v, params) for k, v in props.items()}
+    if null_served:
+        read = {k: {"anyOf": [v, {"type": "null"}]} for k, v in read.items()}
+    checked = {**params, "properties": read}
     return jsonschema.Draft202012Validator(checked if props else params)
 
 
 SERVED = _served_tools()
 PARSERS = {fmt: fcp.FunctionCallParser([protocol.Tool(**t) for t in SERVED], name)
            for fmt, name in (("json", "qwen25"), ("xml", "qwen3_coder"))}
-VALIDATORS = {t["function"]["name"]: _runner_validator(t["function"].get("parameters") or {}) for t in SERVED}
+VALIDATORS = {fmt: {t["function"]["name"]: _runner_validator(t["function"].get("parameters") or {}, fmt == "xml")
+                    for t in SERVED} for fmt in ("json", "xml")}
 
 
 class OracleRaised(Exception):
@@ -114,7 +123,7 @@ def served(text: str, fmt: CallFormat) -> tuple[str, list[tuple[str, Any]]]:
     runnable = []
     for item in items:
         args = json.loads(item.parameters)
-        validator = VALIDATORS.get(item.name)
+        validator = VALIDATORS[fmt].get(item.name)
         if validator is not None and isinstance(args, dict) and validator.is_valid(args):
             runnable.append((item.name, args))
     return normal.strip(), runnable
@@ -261,6 +270,8 @@ CLASSES: dict[str, list[tuple[CallFormat, str]]] = {
                       ("xml", "<tool_call>\n<function=union>\n<parameter=opt>\nnull\n</parameter>\n</function>\n"
                               "</tool_call>"),
                       ("json", '<tool_call>\n{"name": "union", "arguments": {"maybe": null}}\n</tool_call>')],
+    "null_for_number": [("xml", "<tool_call>\n<function=num>\n<parameter=n>\nnull\n</parameter>\n<parameter=i>\nNULL\n"
+                                "</parameter>\n</function>\n</tool_call>")],
     "union_values": [("xml", f"<tool_call>\n<function=union>\n<parameter={p}>\n{v}\n</parameter>\n</function>\n"
                              "</tool_call>") for p, v in [("u", "03106"), ("u", "abc"), ("u", "7"), ("any", "2.5"),
                                                           ("any", "x"), ("e", "2")]],
