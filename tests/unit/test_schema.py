@@ -254,8 +254,12 @@ def test_null_for_a_nullable_number_runs_the_call(fmt: CallFormat, text: str) ->
     assert [(c.name, c.arguments) for c in reply.calls] == [("f", {"x": None})] and reply.failures == []
     plain = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "number"}}}}}]
-    refused = parse_tool_calls(text, fmt, plain)
-    assert refused.calls == [] and [f.kind for f in refused.failures] == [FailureKind.INVALID_ARGUMENT_TYPE]
+    other = parse_tool_calls(text, fmt, plain)
+    assert [f.kind for f in other.failures] == [FailureKind.INVALID_ARGUMENT_TYPE]
+    if fmt == "json":  # a wrong-typed JSON value: refused
+        assert other.calls == [] and not other.failures[0].tolerated
+    else:  # SGLang's qwen3_coder serves an XML null for every type: the call runs, the note is tolerated
+        assert [c.arguments for c in other.calls] == [{"x": None}] and other.failures[0].tolerated
 
 
 def test_empty_or_missing_schema_accepts_anything() -> None:
