@@ -1,6 +1,7 @@
 """``agentrl eval CONFIG (--model PATH | --checkpoint DIR | --endpoint URL)``: evaluation rollouts.
 
-Runs the config's evaluation sets (``[[data.eval]]``; ``--eval-set NAME`` picks one, ``--data FILE``
+``CONFIG`` is a config file or a run folder (``agentrl eval runs/exp1 --checkpoint runs/exp1``: the
+run's own config, as ``agentrl train runs/exp1 --resume`` reads it). Runs the config's evaluation sets (``[[data.eval]]``; ``--eval-set NAME`` picks one, ``--data FILE``
 evaluates one file instead) with the config's environment, reward, template and agent settings:
 
 - ``--model PATH``: a Hugging Face folder served by the config's engines behind the router;
@@ -8,18 +9,23 @@ evaluates one file instead) with the config's environment, reward, template and 
   to a Hugging Face folder (weights of the checkpoint, config and tokenizer of ``model.path``), then
   served the same way;
 - ``--endpoint URL``: any OpenAI-compatible chat-completions server (messages in, messages out; e.g.
-  ``agentrl serve MODEL``); its episodes are message-level and can never enter a training batch.
+  ``agentrl serve MODEL``); its episodes are message-level and can never enter a training batch. An
+  agent harness (:class:`agentrl.proxy.Agent`) runs against the endpoint itself, its client pointed
+  there (:mod:`agentrl.proxy._endpoint`).
 
 ``environment.name`` is resolved as ``agentrl train`` resolves it: a built-in, an installed
 package's entry point or ``module:attr`` (imported with the current directory on ``sys.path``).
 
 Writes, per set, ``<set>.json`` (mean reward, pass@k, tool-call rate, failure kinds, truncation
 rate...) and ``<set>.episodes.jsonl`` under ``evals/<source>/`` of the run folder (the
-checkpoint's run, else ``logging.run_dir``; ``--out`` to choose), and prints a table. ``--print-config``
+checkpoint's run, else ``logging.run_dir``) for a model or checkpoint, and under
+``evals/endpoint-<model>/`` of the current directory for an endpoint (it belongs to no run);
+``--out`` to choose. Prints a table. ``--print-config``
 prints the resolved config and where each value came from, and exits. Examples::
 
     agentrl eval configs/toy.toml --model models/tiny
     agentrl eval configs/toy.toml --checkpoint runs/exp1            # its latest checkpoint
+    agentrl eval runs/exp1 --checkpoint runs/exp1/step_000010        # the run's own config
     agentrl eval configs/toy.toml --endpoint http://127.0.0.1:30000/v1 --data test.jsonl
 """
 
@@ -50,8 +56,14 @@ def load_config_file(path: Path, overrides: list[str]) -> RunConfig:
 
 
 def _resolve(path: Path, overrides: list[str]) -> ResolvedConfig:
+    """``path``'s config: a config file, or a run folder's own config (as ``agentrl train RUN --resume``
+    reads it: its ``config.json``, the run folder as ``logging.run_dir``)."""
     from agentrl.cli.config_files import ConfigError, load_run_config
 
+    if path.is_dir():
+        from agentrl.cli.train import resolve_target
+
+        return resolve_target(path, overrides, resume=True)
     try:
         return load_run_config(path, overrides)
     except ConfigError as exc:
@@ -113,7 +125,8 @@ def _out_folder(config: RunConfig, out: Path | None, label: str, checkpoint: Pat
 
 
 def eval_command(
-    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="the run config (.toml or .yaml)")],
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="the run config (.toml or .yaml), or a "
+                                                "run folder (its own config)")],
     overrides: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...",
                                                           help="overrides, e.g. rollout.sampling.temperature=0")] = None,
     model: Annotated[Path | None, typer.Option("--model", help="a Hugging Face model folder to serve")] = None,
@@ -137,6 +150,8 @@ def eval_command(
       agentrl eval toy.toml --model models/tiny
 
       agentrl eval toy.toml --checkpoint runs/exp1
+
+      agentrl eval runs/exp1 --checkpoint runs/exp1   (the run folder's own config)
 
       agentrl eval toy.toml --endpoint http://127.0.0.1:30000/v1 --data test.jsonl
 
@@ -168,8 +183,8 @@ def eval_command(
             key = os.environ.get(api_key_env)
             if not key:
                 fail(f"--api-key-env {api_key_env!r}: that environment variable is not set")
-        folder_out = _out_folder(config, out, "endpoint", None)
         reports = run.run_endpoint(config, factory, sets, endpoint, api_model, key)
+        folder_out = out or Path("evals") / ("endpoint-" + (re.sub(r"[^\w.-]", "_", reports.model or "") or "model"))
         source: dict[str, Any] = {"kind": "endpoint", "url": endpoint, "model": reports.model}
     else:
         ckpt = run.resolve_checkpoint(checkpoint) if checkpoint is not None else None

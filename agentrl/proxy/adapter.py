@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl._tracebacks import exception_origin
 from agentrl.chat.template import ChatTemplate
@@ -60,8 +60,11 @@ from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import Reward, score
 from agentrl.rollout._agent_config import AgentConfig
 from agentrl.rollout.agent import GenerateClient, new_id
-from agentrl.rollout.types import FinishKind
+from agentrl.rollout.types import FinishKind, SamplingParams
 from agentrl.trajectory import ErrorKind, Status, StopReason, Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.rollout.endpoint import ChatEndpoint
 
 __all__ = ["Agent", "AgentEpisode", "AgentRunner"]
 
@@ -194,6 +197,13 @@ class AgentEpisode:
 
     async def close(self) -> None:
         """Nothing to close: the runner closes the session and stops the harness."""
+
+    async def run_on_endpoint(self, endpoint: ChatEndpoint, sampling: SamplingParams, **kwargs: Any) -> Episode:
+        """The harness run against an OpenAI-compatible endpoint, no proxy between (``agentrl eval
+        --endpoint``): a message-level episode (:mod:`agentrl.proxy._endpoint`)."""
+        from agentrl.proxy._endpoint import run_agent_on_endpoint
+
+        return await run_agent_on_endpoint(self, endpoint, sampling, **kwargs)
 
 
 class AgentRunner:

@@ -123,7 +123,7 @@ class ChatEndpoint:
     def __init__(self, url: str, *, model: str | None = None, api_key: str | None = None,
                  timeout_s: float = 600.0, max_connections: int = 64) -> None:
         self.url = chat_url(url)
-        self.model = model
+        self.model, self.api_key = model, api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers,
                                        limits=httpx.Limits(max_connections=max_connections))
@@ -240,10 +240,17 @@ class _MessageEpisode:
             traj.info["reward_info"] = dict(reward.info)
 
 
-async def run_message_episode(env: Environment, endpoint: ChatEndpoint, sampling: SamplingParams, *,
+async def run_message_episode(env: Environment | Any, endpoint: ChatEndpoint, sampling: SamplingParams, *,
                               group_id: str | None = None, sample_id: str | None = None,
                               reward_timeout_s: float | None = 300.0) -> Episode:
-    """Runs ``env`` to the end against ``endpoint``; a message-level, scored :class:`Episode`. Closes ``env``."""
+    """Runs ``env`` to the end against ``endpoint``; a message-level, scored :class:`Episode`. Closes ``env``.
+    An episode that brings its own loop (``env.run_on_endpoint(endpoint, sampling, **ids)``: an agent
+    harness, :class:`agentrl.proxy.AgentEpisode`) runs it instead."""
+    run_on = getattr(env, "run_on_endpoint", None)
+    if run_on is not None:
+        episode: Episode = await run_on(endpoint, sampling, group_id=group_id, sample_id=sample_id,
+                                        reward_timeout_s=reward_timeout_s)
+        return episode
     ids = {"group_id": group_id, "sample_id": sample_id, "rollout_id": uuid.uuid4().hex}
     try:
         return await _MessageEpisode(env, endpoint, sampling, ids).run(reward_timeout_s)

@@ -53,7 +53,8 @@ def test_eval_endpoint_writes_the_report_and_the_conversations(tmp_path: Path) -
     with FakeChatServer() as server:
         proc = _agentrl("eval", str(config), "--endpoint", server.url, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    out = tmp_path / "run" / "evals" / "endpoint"
+    out = tmp_path / "evals" / "endpoint-fake-model"  # no run's folder: an endpoint belongs to none
+    assert not (tmp_path / "run").exists()
     report = json.loads((out / "arith.json").read_text())
     assert report["message_level"] is True and report["source"] == {"kind": "endpoint", "url": server.url,
                                                                       "model": "fake-model"}
@@ -77,8 +78,53 @@ def test_eval_takes_a_module_attr_environment_like_train(tmp_path: Path) -> None
     with FakeChatServer() as server:
         proc = _agentrl("eval", str(config), "--endpoint", server.url, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    report = json.loads((tmp_path / "run" / "evals" / "endpoint" / "arith.json").read_text())
+    report = json.loads((tmp_path / "evals" / "endpoint-fake-model" / "arith.json").read_text())
     assert (report["prompts"], report["mean_reward"]) == (4, 0.5)  # the class of quiz_envs scored them
+
+
+QUIZ_AGENT = r"""
+import json
+
+from agentrl.proxy import Agent
+
+CALCULATOR = {"type": "function", "function": {"name": "calculator", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+
+
+async def run(task, client):
+    messages = [{"role": "user", "content": task["question"]}]
+    for _ in range(3):
+        message = (await client.chat.completions.create(model="agentrl", messages=messages,
+                                                         tools=[CALCULATOR])).choices[0].message
+        if not message.tool_calls:
+            return message.content
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            a, b = (int(x) for x in json.loads(call.function.arguments)["expression"].split("*"))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(a * b)})
+
+
+def reward(task, answer):
+    return float("\\boxed{" + task["answer"] + "}" in (answer or ""))
+
+
+agent = Agent(run, reward)
+"""
+
+
+def test_eval_endpoint_runs_an_agent_harness_against_the_endpoint(tmp_path: Path) -> None:
+    """Bring your own agent: its client is pointed at the endpoint (no proxy), the last exchange kept."""
+    (tmp_path / "quiz_agents.py").write_text(QUIZ_AGENT)
+    config = _write(tmp_path, CONFIG.replace('"toy_arithmetic"', '"quiz_agents:agent"'))
+    with FakeChatServer() as server:
+        proc = _agentrl("eval", str(config), "--endpoint", server.url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "evals" / "endpoint-fake-model"
+    report = json.loads((out / "arith.json").read_text())
+    assert (report["prompts"], report["mean_reward"], report["message_level"]) == (4, 1.0, True)
+    lines = [json.loads(x) for x in (out / "arith.episodes.jsonl").read_text().splitlines()]
+    assert [m["role"] for m in lines[0]["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert {r["model"] for r in server.requests} == {"fake-model"}  # the harness's "agentrl" replaced
 
 
 def test_eval_data_limit_and_out(tmp_path: Path) -> None:
@@ -160,3 +206,20 @@ def test_eval_print_config_shows_each_value_and_its_source(tmp_path: Path) -> No
     assert not (tmp_path / "run").exists()
     proc = _agentrl("eval", str(config), "rollout.sampling.temprature=0.5", "--print-config", cwd=tmp_path)
     assert proc.returncode == 2 and "unknown key 'temprature'" in proc.stderr
+
+
+def test_eval_reads_a_run_folders_own_config_as_train_resume_does(tmp_path: Path) -> None:
+    """CONFIG may be a run folder: its config.json (here written as a run writes it), its folder as run_dir."""
+    from agentrl.cli.config_files import load_run_config
+    from agentrl.runner.rundir import RunDirectory
+
+    config = load_run_config(_write(tmp_path, CONFIG), []).config
+    run = tmp_path / "exp1"
+    RunDirectory(run, config_hash=config.hash()).write_config(config.to_dict())
+    with FakeChatServer() as server:
+        shown = _agentrl("eval", "exp1", "--print-config", cwd=tmp_path)
+        proc = _agentrl("eval", "exp1", "--endpoint", server.url, "--limit", "1", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert 'logging.run_dir = "exp1"' in shown.stdout  # the folder is the run's
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "evals" / "endpoint-fake-model" / "arith.json").read_text())["prompts"] == 1
