@@ -221,7 +221,7 @@ class EpisodeError:
     turn: int | None = None
     component: str | None = None
     tool_call_id: str | None = None
-    origin: str | None = None
+    origin: str | None = field(default=None, compare=False)  # diagnostic: errors are equal wherever raised
 
     @property
     def where(self) -> str:

@@ -308,6 +308,12 @@ class Environment(ABC):
     def reward(self, trajectory: Trajectory) -> RewardValue | Awaitable[RewardValue]:
         """The episode's reward, within ``reward_range``; read only the model's own text."""
 
+    def reference_reply(self, messages: Sequence[Message]) -> Message | None:
+        """A winning next assistant turn for the conversation so far (a scripted solver), or ``None``
+        (the default: this environment has none). ``agentrl env check`` plays it to the end: the episode
+        must reach the top of ``reward_range``, so a reward that can never give full marks is caught."""
+        return None
+
     def workspace_spec(self) -> WorkspaceSpec | None:
         """This episode's workspace spec: the class's ``workspace`` (override to choose per instance,
         e.g. the backend from an option; called by ``__init__``, before a subclass's own attributes

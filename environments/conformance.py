@@ -57,13 +57,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
-from agentrl.environments._check_probes import ReturnWatch, reward_problem, training_problem
+from agentrl.environments._check_probes import (
+    ReturnWatch,
+    at,
+    conversation_text,
+    describe_process,
+    is_reaper,
+    message_text,
+    reward_problem,
+    training_problem,
+)
 from agentrl.environments.base import Environment, EpisodeDoneError, StepResult
 from agentrl.rewards.pool import shared_pool
 from agentrl.rewards.types import as_reward, score
 from agentrl.trajectory import Trajectory
 
-__all__ = ["CheckReport", "Violation", "check_environment", "example_arguments", "training_problem"]
+__all__ = ["CheckReport", "Violation", "check_environment", "conversation_text", "example_arguments",
+           "training_problem"]
 
 _FINAL_ANSWER = "The answer is \\boxed{0}."
 _REWARD_TIMEOUT_S = 60.0
@@ -162,6 +172,8 @@ def _descendants() -> dict[tuple[int, str], int]:
         p = frontier.pop()
         for child, ppid in parent.items():
             if ppid == p and child != me and (child, start[child]) not in found:
+                if p == me and is_reaper(child):  # agentrl's own reaper: this process's, not an episode's
+                    continue
                 found[(child, start[child])] = ppid
                 frontier.append(child)
     return found
@@ -229,7 +241,8 @@ class _Episode:
     script: str
     reward_fn: Callable[..., Any] | None = None
     violations: list[Violation] = field(default_factory=list)
-    transcript: list[Any] = field(default_factory=list)
+    transcript: list[tuple[str, str]] = field(default_factory=list)  # (what, text)
+    reward: float | None = None  # what the environment's reward gave the episode
     tool_outcomes: list[tuple[str, dict[str, Any], str | None]] = field(default_factory=list)  # name, args, error
     leaks: list[str] = field(default_factory=list)  # what outlived close(): judged per row (_leak_findings)
     none_returns: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # calls whose function gave None
@@ -245,11 +258,29 @@ class _Episode:
                               arguments=example_arguments(s["function"].get("parameters") or {}))
                      for i, s in enumerate(env.tool_specs())]
             return [(Message(role="assistant", content="Let me use the tools.", tool_calls=calls), []), answer]
+        if self.script == "reference":
+            return []  # env.reference_reply, turn by turn
         if self.script == "failures":
             bad = ToolCallFailure(FailureKind.MALFORMED_JSON, "expected a JSON object", raw="<tool_call>{oops")
             ghost = ToolCall(name="no_such_tool_xyz", arguments={}, id="call_ghost")
             return [(Message(role="assistant", content="Trying.", tool_calls=[ghost]), [bad]), answer]
         return [answer]
+
+    def next_reply(self, env: Environment, script: list[tuple[Message, list[ToolCallFailure]]], turn: int,
+                   messages: list[Message]) -> tuple[Message, list[ToolCallFailure]] | None:
+        """The script's reply for ``turn``, or the environment's reference reply (None: it failed, reported)."""
+        if script:
+            return script[min(turn, len(script) - 1)]
+        try:
+            reply = env.reference_reply(list(messages))
+        except Exception as exc:
+            self.fail("exception", f"reference_reply() raised {type(exc).__name__}: {str(exc)[:200]}{at(exc)}")
+            return None
+        if reply is None:
+            self.fail("reference", f"reference_reply() returned None on turn {turn + 1}; expected the winning reply "
+                      "until the episode ends")
+            return None
+        return reply, []
 
     async def guarded(self, what: str, coro: Any) -> tuple[bool, Any]:
         if not inspect.isawaitable(coro):
@@ -260,7 +291,7 @@ class _Episode:
         try:
             return True, await coro
         except Exception as exc:
-            self.fail("exception", f"{what} raised {type(exc).__name__}: {str(exc)[:200]}")
+            self.fail("exception", f"{what} raised {type(exc).__name__}: {str(exc)[:200]}{at(exc)}")
             return False, None
 
     async def run(self) -> None:
@@ -268,7 +299,8 @@ class _Episode:
         try:
             env = self.env_cls(self.row)
         except Exception as exc:
-            self.fail("exception", f"{self.env_cls.__name__}(row) raised {type(exc).__name__}: {str(exc)[:200]}")
+            self.fail("exception", f"{self.env_cls.__name__}(row) raised {type(exc).__name__}: {str(exc)[:200]}"
+                      f"{at(exc)}")
             return
         if self.script == "tools" and _not_picklable(env):
             bad = _unpicklable_parts(env)
@@ -292,14 +324,19 @@ class _Episode:
                       f"assistant turns), got roles {roles}")
             return
         messages = list(opening)
-        self.transcript.append([m.to_dict() for m in opening])
+        self.transcript.append(("reset", conversation_text(opening, "")))
         if self.script == "tools":  # tools registered in reset() included; the private map is the one step() calls
             env._tools = {name: ReturnWatch(t, self.none_returns) for name, t in env.tool_map.items()}
         script = self.replies(env)
         limit = env.limits.max_turns + 2
         done = False
+        last: tuple[Message, list[ToolCallFailure]] = (Message(role="assistant", content=_FINAL_ANSWER), [])
         for turn in range(limit):
-            reply, failures = script[min(turn, len(script) - 1)]
+            played = self.next_reply(env, script, turn, messages)
+            if played is None:
+                return
+            reply, failures = last = played
+            self.transcript.append((f"reply {turn + 1}", message_text(reply)))
             ok, res = await self.guarded(f"step() on turn {turn + 1}", env.step(reply, failures))
             if not ok:
                 return
@@ -310,15 +347,15 @@ class _Episode:
             self.record_tool_outcomes(reply, res)
             messages.append(reply)
             messages.extend(res.messages)
-            self.transcript.append(([m.to_dict() for m in res.messages], res.done,
-                                    res.stop_reason.value if res.stop_reason else None))
+            ending = f" -> done ({res.stop_reason.value if res.stop_reason else 'no reason'})" if res.done else ""
+            self.transcript.append((f"step {turn + 1}", conversation_text(res.messages, "") + ending))
             if res.done:
                 done = True
                 break
         if not done:
             self.fail("contract", f"the episode did not end after {limit} turns (max_turns={env.limits.max_turns})")
             return
-        await self.check_step_after_done(env, script[-1])
+        await self.check_step_after_done(env, last)
         await self.check_reward(env, messages)
         if self.reward_fn is not None:
             await self.check_reward_fn(env, messages)
@@ -353,12 +390,16 @@ class _Episode:
             reward = await score(env.reward, traj, timeout_s=60, pool=shared_pool())
         except Exception as exc:
             self.fail("reward_range" if isinstance(exc, TypeError | ValueError) else "exception",
-                      f"reward() failed: {type(exc).__name__}: {str(exc)[:200]}")
+                      f"reward() failed: {type(exc).__name__}: {str(exc)[:200]}{at(exc)}")
             return
         lo, hi = env.reward_range
         if not (lo <= as_reward(reward).value <= hi) or not math.isfinite(reward.value):
             self.fail("reward_range", f"reward {reward.value!r} lies outside the declared reward_range ({lo}, {hi})")
-        self.transcript.append(reward.value)
+        self.reward = reward.value
+        self.transcript.append(("reward", f"{reward.value:g}"))
+        if self.script == "reference" and reward.value < hi:
+            self.fail("reference", f"the reference replies scored {reward.value:g}; expected the top of reward_range "
+                      f"({hi:g}): can the reward give full marks to a right answer?")
 
     async def check_reward_fn(self, env: Environment, messages: list[Message]) -> None:
         """Calls ``reward_fn(trajectory, task)`` on the conversation, and on it cut after the first
@@ -386,7 +427,7 @@ class _Episode:
             await asyncio.sleep(0.05)
         if leaked:
             self.leaks.append(f"{len(leaked)} process(es) started during the episode are alive after close(): "
-                              + ", ".join(_describe(pid) for pid, _ in sorted(leaked)[:5]))
+                              + ", ".join(describe_process(pid) for pid, _ in sorted(leaked)[:5]))
         containers1 = _containers() if containers0 is not None else None
         if containers0 is not None and containers1 is not None and containers1 - containers0:
             self.leaks.append(f"{len(containers1 - containers0)} Docker container(s) created during the episode "
@@ -399,15 +440,6 @@ def _not_picklable(obj: Any) -> bool:
     except Exception:
         return True
     return False
-
-
-def _describe(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        cmd = "?"
-    return f"pid {pid} ({cmd[:60]})"
 
 
 def _merge(episodes: Sequence[_Episode]) -> list[Violation]:
@@ -467,9 +499,9 @@ def _tool_warnings(episodes: Sequence[_Episode]) -> list[Violation]:
 
 def _transcript(ep: _Episode, label: str) -> str:
     lines = [f"--- {label}, {ep.script} episode"]
-    for i, entry in enumerate(ep.transcript):
-        lines.append(f"    {'reset' if i == 0 else f'step {i}' if not isinstance(entry, float) else 'reward'}: "
-                     f"{json.dumps(entry, ensure_ascii=False, default=str)[:400]}")
+    for what, text in ep.transcript:
+        head = f"    {what + ':':<9}"
+        lines += [(head if i == 0 else " " * len(head)) + line for i, line in enumerate(text.splitlines() or [""])]
     return "\n".join(lines)
 
 
@@ -501,7 +533,23 @@ async def check_environment(env_cls: type[Environment], rows: Sequence[Any], *, 
         report.violations.extend(dataclasses.replace(v, line=line) for v in found)
         report.rows_checked += 1
     report.warnings.extend(_tool_warnings(every))
+    floor = _reward_floor(env_cls, every)
+    if floor is not None:
+        report.warnings.append(floor)
     return report
+
+
+def _reward_floor(env_cls: type[Environment], episodes: Sequence[_Episode]) -> Violation | None:
+    """A warning when every scripted episode scored the bottom of ``reward_range`` and the environment
+    has no reference reply: the check never reached a winning answer, so a reward that can never give
+    full marks would pass."""
+    scored = [ep.reward for ep in episodes if ep.reward is not None]
+    lo = env_cls.reward_range[0]
+    if not scored or any(r != lo for r in scored) or any(ep.script == "reference" for ep in episodes):
+        return None
+    return Violation("reward_floor", f"every scripted episode ({len(scored)}) scored {lo:g}, the bottom of "
+                     "reward_range: the check never reached a winning answer. Define reference_reply(messages) "
+                     "on the environment (a scripted solver) to check that a right answer scores the top")
 
 
 async def _check_row(env_cls: type[Environment], row: Any, index: int, report: CheckReport,
@@ -511,10 +559,13 @@ async def _check_row(env_cls: type[Environment], row: Any, index: int, report: C
         env_cls(row)
     except Exception as exc:  # a bad row: one report, no episodes
         return [Violation("row", f"{env_cls.__name__}(row) refused the row: {type(exc).__name__}: "
-                          f"{str(exc)[:300]}", index)]
+                          f"{str(exc)[:300]}{at(exc)}", index)]
     row_before, class_before = copy.deepcopy(row), _class_state(env_cls)
     first = report.episodes == 0
-    runs = [_Episode(env_cls, row, index, s, reward) for s in ("tools", "tools", "failures", "answer")]
+    # with a scripted solver, its winning episode is the one that answers (the top must be reachable)
+    scripts = ["tools", "tools", "failures",
+               "answer" if env_cls.reference_reply is Environment.reference_reply else "reference"]
+    runs = [_Episode(env_cls, row, index, s, reward) for s in scripts]
     for ep in runs:
         await ep.run()
         report.episodes += 1

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from agentrl import Episode, save_episodes
-from agentrl.chat import ChatTemplate, Message
+from agentrl.chat import ChatTemplate, Message, ToolCall
 from agentrl.environments import Environment, EnvLimits, FailurePolicy, check_environment
 from agentrl.rewards import final_answer_text, math_answer_reward
 from agentrl.rollout import ClientConfig, InferenceClient, SamplingParams, model_vocab_size
@@ -73,6 +73,15 @@ class SecondsEnv(Environment):
         # Only the model's final message counts: the tool's own output can never earn reward.
         expected = to_seconds.fn(self.task.amount, self.task.unit)
         return math_answer_reward(final_answer_text(trajectory.messages), expected)
+
+    def reference_reply(self, messages: Sequence[Message]) -> Message | None:
+        # A scripted solver (optional): `agentrl env check` plays it and expects full marks, so a
+        # reward that could never give 1.0 is caught before a run trains on it.
+        results = [m for m in messages if m.role == "tool"]
+        if not results:
+            call = ToolCall("to_seconds", {"amount": self.task.amount, "unit": self.task.unit}, id="call_0")
+            return Message(role="assistant", content="", tool_calls=[call])
+        return Message(role="assistant", content=f"\\boxed{{{results[-1].content}}}")
 
 
 ROWS = [{"amount": 3.5, "unit": "hours"}, {"amount": 2, "unit": "weeks"}, {"amount": 90, "unit": "minutes"}]

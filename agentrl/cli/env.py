@@ -156,7 +156,7 @@ def check(
     if rows > total:
         typer.echo(f"note: --rows {rows}, but {data} has {total} row{'s' if total != 1 else ''}; checking {total}")
     if isinstance(env_cls, Agent):
-        report = asyncio.run(_check_agent(env_cls, dataset, lines, reward_fn, verbose, template))
+        report = asyncio.run(_check_agent(env_cls, dataset, lines, reward_fn, verbose, template, target))
     else:
         report = asyncio.run(check_environment(env_cls, dataset, max_rows=rows, row_numbers=lines, verbose=verbose,
                                                reward=reward_fn))
@@ -166,7 +166,7 @@ def check(
 
 
 async def _check_agent(agent: Any, dataset: list[Any], lines: list[int], reward_fn: Any, verbose: bool,
-                       template_name: str) -> Any:
+                       template_name: str, name: str) -> Any:
     from agentrl.chat.template import ChatTemplate
     from agentrl.proxy.check import check_agent
     from agentrl.testing import build_tokenizer
@@ -175,4 +175,5 @@ async def _check_agent(agent: Any, dataset: list[Any], lines: list[int], reward_
         template = ChatTemplate.from_name(template_name, build_tokenizer())
     except ValueError as exc:
         fail(f"--template: {exc}")
-    return await check_agent(agent, dataset, template=template, row_numbers=lines, reward=reward_fn, verbose=verbose)
+    return await check_agent(agent, dataset, template=template, row_numbers=lines, reward=reward_fn, verbose=verbose,
+                             name=name)

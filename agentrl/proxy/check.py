@@ -17,7 +17,10 @@ report (:class:`~agentrl.environments.CheckReport`) lists:
 - ``reward_fn``: the reward raised, ran past 60 s, or returned no finite number;
 
 and, as warnings, history rewrites that fork the episode (``fork``: the harness truncated,
-summarised or re-ordered its messages; each fork trains as its own sequence).
+summarised or re-ordered its messages; each fork trains as its own sequence), and every episode
+scoring the same (``reward_floor``: the scripted model never answers right, so whether the reward can
+give full marks is untested). An error raised in the harness names where (``file:line``).
+``verbose`` keeps each episode's transcript: every sequence's messages, the answer, the reward.
 """
 
 from __future__ import annotations
@@ -29,8 +32,15 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentrl._tracebacks import exception_origin
 from agentrl.chat.template import ChatTemplate
-from agentrl.environments.conformance import CheckReport, Violation, example_arguments, training_problem
+from agentrl.environments.conformance import (
+    CheckReport,
+    Violation,
+    conversation_text,
+    example_arguments,
+    training_problem,
+)
 from agentrl.proxy.adapter import Agent, AgentRunner
 from agentrl.rollout._agent_config import AgentConfig
 from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
@@ -94,15 +104,30 @@ def _reward_problem(episode: Any) -> str | None:
     return None
 
 
+def _transcript(episode: Any, label: str) -> str:
+    """Each sequence's conversation as the proxy recorded it, the answer and the reward."""
+    lines = [f"--- {label}, {len(episode.sequences)} sequence(s)"]
+    for i, seq in enumerate(episode.sequences):
+        why = f" ({seq.info['forked_because']})" if "forked_because" in seq.info else ""
+        lines.append(f"    sequence {i}{why}:")
+        lines.append(conversation_text(seq.messages, "      "))
+    last = episode.trajectory
+    lines.append(f"    answer:  {last.info.get('answer')!r:.300}")
+    lines.append(f"    reward:  {last.reward}")
+    return "\n".join(lines)
+
+
 async def _one(agent: Agent, row: Any, template: ChatTemplate, config: AgentConfig,
-               reward: Callable[..., Any] | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(violations, warnings) of one episode, as (check, message) pairs."""
+               reward: Callable[..., Any] | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]], Any]:
+    """(violations, warnings) of one episode, as (check, message) pairs, and the episode (None: no episode)."""
     bad: list[tuple[str, str]] = []
     warn: list[tuple[str, str]] = []
     try:
         env = agent(row)
     except Exception as exc:
-        return [("row", f"the agent refuses the row: {type(exc).__name__}: {exc}")], []
+        where = exception_origin(exc)
+        return [("row", f"the agent refuses the row: {type(exc).__name__}: {exc}"
+                        + (f" (at {where})" if where else ""))], [], None
     if reward is not None:
         task, fn = env.task, reward
         env.reward = lambda trajectory: fn(trajectory, task)
@@ -121,9 +146,9 @@ async def _one(agent: Agent, row: Any, template: ChatTemplate, config: AgentConf
     for error in errors:
         if error.kind in names:
             check = "no_model_call" if "without calling the model" in error.message else names[error.kind]
-            bad.append((check, error.message))
+            bad.append((check, error.message + (f" (at {error.origin})" if error.origin else "")))
     if any(e.kind in (ErrorKind.AGENT, ErrorKind.AGENT_TIMEOUT) for e in errors):
-        return bad, warn
+        return bad, warn, episode
     problem = _reward_problem(episode)
     if problem is not None:
         bad.append(("reward_fn", problem))
@@ -137,14 +162,17 @@ async def _one(agent: Agent, row: Any, template: ChatTemplate, config: AgentConf
                     str(s.info.get("forked_because", ""))), "")
         warn.append(("fork", f"the harness rewrote its history {forks} time(s) ({why}); each fork trains as its "
                              "own sequence"))
-    return bad, warn
+    return bad, warn, episode
 
 
 async def check_agent(agent: Agent, rows: Sequence[Any], *, template: ChatTemplate, row_numbers: Sequence[int] | None = None,
-                      reward: Callable[..., Any] | None = None, verbose: bool = False) -> CheckReport:
+                      reward: Callable[..., Any] | None = None, verbose: bool = False,
+                      name: str | None = None) -> CheckReport:
     """Runs ``agent`` once per row against the scripted model (module doc); ``reward`` replaces its own,
-    as ``agentrl train --reward`` does."""
-    report = CheckReport(env_name=agent.__name__, reward_name=getattr(reward, "__name__", None) if reward else None)
+    as ``agentrl train --reward`` does; ``name``: how the report names the agent (the command line's
+    ``module:attr``; default the agent's own name)."""
+    report = CheckReport(env_name=name or agent.__name__,
+                         reward_name=getattr(reward, "__name__", None) if reward else None)
     try:
         pickle.dumps(agent)
     except Exception as exc:
@@ -154,17 +182,25 @@ async def check_agent(agent: Agent, rows: Sequence[Any], *, template: ChatTempla
                          reward_timeout_s=_CHECK_TIMEOUT_S)
     timeout = agent.timeout_s
     agent.timeout_s = min(timeout or _CHECK_TIMEOUT_S, _CHECK_TIMEOUT_S)
+    rewards: list[float | None] = []
     try:
         for i, row in enumerate(rows):
             line = row_numbers[i] if row_numbers is not None else None
-            bad, warn = await _one(agent, row, template, config, reward)
+            bad, warn, episode = await _one(agent, row, template, config, reward)
             report.rows_checked += 1
             report.episodes += 1
             report.reward_calls += 1 if reward is not None else 0
             report.violations += [Violation(c, m, row=i, line=line) for c, m in bad]
             report.warnings += [Violation(c, m, row=i, line=line) for c, m in warn]
-            if verbose:
-                report.transcripts.append(f"row {line or i}: {len(bad)} violation(s), {len(warn)} warning(s)")
+            rewards.append(episode.reward if episode is not None else None)
+            if verbose and episode is not None:
+                report.transcripts.append(_transcript(episode, f"line {line}" if line is not None else f"row {i}"))
     finally:
         agent.timeout_s = timeout
+    scored = [r for r in rewards if r is not None]
+    if scored and len(set(scored)) == 1:
+        report.warnings.append(Violation("reward_floor", f"every scripted episode ({len(scored)}) scored {scored[0]:g}: "
+                                         "the scripted model never gives a right answer, so the check cannot tell "
+                                         "whether the reward ever gives full marks; try the reward on a known right "
+                                         "answer"))
     return report

@@ -151,11 +151,11 @@ async def test_failure_policy_end_is_a_typed_error_naming_the_call(tok: Any, too
 async def test_a_reward_that_raises_is_a_typed_error_scored_by_the_policy(tok: Any) -> None:
     """The default policy scores it 0.0 (the error on record, the text kept); ``drop_group`` leaves it
     unscored for the scheduler to drop its group. Never a reason to resample the episode."""
-    error = EpisodeError(ErrorKind.REWARD, "ValueError: no answer", turn=1, component="reward",
-                         origin="tests/unit/test_episode_errors.py:127 in CalcEnv.reward")  # where it raised
+    error = EpisodeError(ErrorKind.REWARD, "ValueError: no answer", turn=1, component="reward")
     ep = await _run(tok, CalcEnv({}, reward_raises=True), [ANSWER])
     assert ep.status is Status.COMPLETED and ep.reward == 0.0 and ep.trajectory.metrics["reward_failed"] == 1.0
     assert ep.trajectory.errors == [error]
+    assert ep.trajectory.errors[0].origin == "tests/unit/test_episode_errors.py:127 in CalcEnv.reward"  # where it raised
     dropped = await _run(tok, CalcEnv({}, reward_raises=True), [ANSWER], reward_failure="drop_group")
     assert dropped.reward is None and dropped.trajectory.errors == [error]
 

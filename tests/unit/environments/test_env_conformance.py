@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # broken_envs sits next to this file; pytest puts this folder on sys.path (no __init__.py here).
 import broken_envs as b  # type: ignore[import-not-found]
 import pytest
@@ -83,8 +85,8 @@ async def test_a_correct_reward_function_passes_and_is_called_on_every_episode()
     (b.reward_none_without_answer, "the reward function returned None; expected a number (score an answer it "
                                    "cannot read too, e.g. 0.0) on the episode cut after its first reply (last "
                                    "assistant text 'Let me use the tools.')"),
-    (b.reward_raises, "the reward function raised KeyError: 'label' on the episode (last assistant text "
-                      "'The answer is \\\\boxed{0}.')"),
+    (b.reward_raises, "the reward function raised KeyError: 'label' (at tests/unit/environments/broken_envs.py:170 "
+                      "in reward_raises) on the episode (last assistant text 'The answer is \\\\boxed{0}.')"),
     (b.reward_nan, "the reward function returned nan; expected a finite number on the episode"),
 ], ids=["none", "raises", "nan"])
 async def test_a_broken_reward_function_is_reported_with_the_text(fn: object, fragment: str) -> None:
@@ -96,8 +98,15 @@ async def test_a_broken_reward_function_is_reported_with_the_text(fn: object, fr
 async def test_verbose_keeps_every_scripted_episode() -> None:
     report = await check_environment(b.GoodEnv, ROWS[:1], verbose=True, row_numbers=[7])
     assert [t.splitlines()[0] for t in report.transcripts] == [
-        f"--- line 7, {s} episode" for s in ("tools", "tools", "failures", "answer")]
-    assert "reset: " in report.transcripts[0] and "Say 3." in report.transcripts[0]
+        f"--- line 7, {s} episode" for s in ("tools", "tools", "failures", "reference")]
+    assert report.transcripts[0].splitlines()[1:] == [  # each turn, readable: what was sent, what came back
+        "    reset:   user: Say 3.",
+        '    reply 1: assistant: Let me use the tools. [calls: echo({"text": "1"})]',
+        "    step 1:  tool: 1",
+        "    reply 2: assistant: The answer is \\boxed{0}.",
+        "    step 2:  (no messages) -> done (no_tool_calls)",
+        "    reward:  0"]
+    assert report.transcripts[3].splitlines()[-1] == "    reward:  1"  # the reference reply wins
     assert report.format().startswith("--- line 7, tools episode")
 
 
@@ -115,3 +124,24 @@ def test_example_arguments_fill_required_fields() -> None:
                              "mode": {"type": "string", "enum": ["a", "b"]}, "flag": {"type": "boolean"},
                              "opt": {"type": "number"}}}
     assert example_arguments(schema) == {"code": "print(1)", "n": 1, "mode": "a", "flag": True}
+
+
+def test_agentrls_own_reaper_is_not_an_episodes_process(tmp_path: Path) -> None:
+    """The reaper agentrl starts for this process (a workspace, a server) outlives any episode by design:
+    it is never counted as an episode's process (no leak, no shared_processes warning)."""
+    import os
+
+    import psutil
+
+    from agentrl._reaper import reap_path_with_this_process, unreap_path
+    from agentrl.environments import conformance
+
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    reap_path_with_this_process(str(folder))  # starts this process's reaper if none runs
+    try:
+        reapers = [p.pid for p in psutil.Process(os.getpid()).children() if "agentrl._reaper" in " ".join(p.cmdline())]
+        assert reapers  # it runs, as this process's child
+        assert not {pid for pid, _ in conformance._descendants()} & set(reapers)
+    finally:
+        unreap_path(str(folder))

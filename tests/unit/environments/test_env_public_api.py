@@ -14,7 +14,7 @@ def test_public_names_are_pinned_and_resolve() -> None:
                                "MathTask", "RetoolMathEnv", "StepResult", "ToolLike", "ToyArithmeticEnv", "Violation",
                                "check_environment", "make_arithmetic_rows", "make_group", "tool_spec"],
         agentrl.rewards: ["FilterResult", "GroupRewardFn", "MathReward", "Reward", "RewardFn", "RewardPool",
-                          "RewardTimeout", "RewardValue", "as_reward", "drop_uniform_rewards", "extract_answer_line",
+                          "RewardTimeout", "RewardValue", "RewardValueError", "as_reward", "drop_uniform_rewards", "extract_answer_line",
                           "extract_boxed", "final_answer_text", "math_answer_reward", "math_equal", "score",
                           "score_group", "shared_pool"],
         agentrl.rollout.agent: ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"],

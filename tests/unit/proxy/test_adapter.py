@@ -260,12 +260,16 @@ def test_the_one_resolver_names_an_agent_and_refuses_a_bare_run(agent_module: Pa
 
 
 def test_env_check_runs_an_agent_and_reports_its_failures(agent_module: Path) -> None:
-    ok = CliRunner().invoke(app, ["env", "check", "my_agents:agent", "--data", "rows.jsonl"])
+    ok = CliRunner().invoke(app, ["env", "check", "my_agents:agent", "--data", "rows.jsonl", "-v"])
     assert ok.exit_code == 0, ok.output
-    assert "run: 2 rows, 2 episodes, 0 violation(s)" in ok.output
+    assert "my_agents:agent: 2 rows, 2 episodes, 0 violation(s)" in ok.output  # named as on the command line
+    # -v: each episode's conversation as the proxy recorded it, the answer, the reward
+    assert "--- line 1, 1 sequence(s)\n    sequence 0:\n      user: 1+2?\n      assistant: The answer is" in ok.output
+    assert "    reward:  1.0" in ok.output
+    assert "warning: [reward_floor] every scripted episode (2) scored 1" in ok.output  # never told apart
     bad = CliRunner().invoke(app, ["env", "check", "my_agents:broken_agent", "--data", "rows.jsonl", "--rows", "1"])
     assert bad.exit_code == 1, bad.output
-    assert "[exception] line 1: run() raised RuntimeError: no luck" in bad.output
+    assert "[exception] line 1: run() raised RuntimeError: no luck (at my_agents.py:9 in broken)" in bad.output
 
 
 def test_env_check_runs_the_examples_agents(monkeypatch: pytest.MonkeyPatch) -> None:
