@@ -33,6 +33,7 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import pkgutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,13 +112,34 @@ def _import(target: str, kind: Kind) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise RegistryError(f"{kind} {target!r}: cannot import module {module_name!r} ({exc})") from None
+        hint = _did_you_mean(str(exc.name or ""), _sibling_modules(str(exc.name or "")))
+        raise RegistryError(f"{kind} {target!r}: cannot import module {module_name!r} ({exc}){hint}") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise RegistryError(f"{kind} {target!r}: module {module_name!r} has no attribute {attr!r}")
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            raise RegistryError(f"{kind} {target!r}: module {module_name!r} has no attribute {attr!r}"
+                                f"{_did_you_mean(part, names)}")
         obj = getattr(obj, part)
     return obj
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=2, cutoff=0.6) if name else []
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _sibling_modules(missing: str) -> list[str]:
+    """Importable names where ``missing`` (a dotted module name) was looked for: the other modules of
+    its package, or, for a top-level name, the modules and packages of the current directory."""
+    parent, _, leaf = missing.rpartition(".")
+    if parent:
+        try:
+            paths = list(getattr(importlib.import_module(parent), "__path__", []))
+        except ImportError:
+            return []
+        return [f"{parent}.{m.name}" for m in pkgutil.iter_modules(paths)]
+    return [m.name for m in pkgutil.iter_modules([os.getcwd()])] if leaf else []
 
 
 def _unknown(kind: Kind, name: str, allow_import: bool) -> RegistryError:

@@ -213,7 +213,9 @@ def print_table(reports: list[EvalReport], source: dict[str, Any], paths: list[P
                       *(f"{r.pass_at_k[k]:.3f}" if k in r.pass_at_k else "-" for k in ks),
                       f"{r.tool_call_rate:.3f}", f"{r.truncation_rate:.3f}", f"{r.failure_rate:.3f}", kinds, errors,
                       f"{r.wall_s:.1f}")
-    console = Console(width=max(Console().width, 120))
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: as wide as the table needs, never cut or wrapped
+        console = Console(width=max(Console(width=100_000).measure(table).maximum, 80))
     console.print(table)
     for p in paths:
         console.print(f"results: {p}", soft_wrap=True)

@@ -223,3 +223,22 @@ def test_eval_reads_a_run_folders_own_config_as_train_resume_does(tmp_path: Path
     assert 'logging.run_dir = "exp1"' in shown.stdout  # the folder is the run's
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "evals" / "endpoint-fake-model" / "arith.json").read_text())["prompts"] == 1
+
+
+def test_the_eval_table_off_a_terminal_is_as_wide_as_it_needs(capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped into a log (80 columns by default) the table is neither cut nor wrapped."""
+    from agentrl.cli._eval_run import print_table
+    from agentrl.rollout.eval import EvalReport
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    report = EvalReport(name="a_long_evaluation_set_name", prompts=128, samples=1024, mean_reward=0.4321,
+                        pass_at_k={1: 0.43, 4: 0.61, 16: 0.82}, tool_call_rate=0.97, tool_calls_per_episode=2.5,
+                        truncation_rate=0.01, failure_rate=0.02, failure_kinds={"malformed_json": 12, "tool_error": 3},
+                        errors={"reward": 2}, wall_s=123.4)
+    print_table([report], {"kind": "endpoint", "url": "http://127.0.0.1:30000/v1"}, [])
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if "a_long_evaluation_set_name" in line)
+    for cell in ("128", "1024", "0.432", "0.820", "malformed_json 12, tool_error 3", "reward 2", "123.4"):
+        assert cell in row, row  # every cell on the one row, whole
+    assert "…" not in "\n".join(lines) and max(len(line) for line in lines) > 80

@@ -1,4 +1,4 @@
-"""The new user's day one, replayed (issue "Parity and polish"): ten configuration mistakes, each one
+"""The new user's day one, replayed (issue "Parity and polish"): configuration mistakes, each one
 message naming the key, the value and what is accepted (exit 2, no traceback, nothing started), made
 against a config of their own. The four runtime failures they hit have their own tests, named here:
 
@@ -56,6 +56,10 @@ MISTAKES = [
     (["train.steps=many"], ["train.steps=many", "expected an int"]),
     (["rollout.scheduler.group_size=0"], ["rollout.scheduler.group_size", "0", ">= 1"]),
     (["environment.name=toy_arithmetc"], ["toy_arithmetc", "toy_arithmetic"]),
+    (["environment.name=agentrl.environments:ToyArithmeticEnvv"], ["has no attribute 'ToyArithmeticEnvv'",
+                                                                   "did you mean 'ToyArithmeticEnv'"]),
+    (["environment.name=agentrl.environments.arithmetc:ToyArithmeticEnv"],
+     ["cannot import module 'agentrl.environments.arithmetc'", "did you mean 'agentrl.environments.arithmetic'"]),
     (["data.train.path=nowhere.jsonl"], ["data.train.path", "nowhere.jsonl"]),
     (["model.path=models/nope"], ["model.path", "models/nope"]),
     (["algorithm.estimator=gspo", "algorithm.policy_loss=ppo"], ["gspo", "ppo"]),
