@@ -47,6 +47,7 @@ from agentrl.runner.rundir import RunDirectory
 from agentrl.runner.serialize import batch_from_state, batch_to_state
 from agentrl.train.batching import NoTrainableTrajectoriesError, TrainingBatch, build_training_batch
 from agentrl.train.config import BatchingConfig
+from agentrl.trajectory import ErrorKind
 
 if TYPE_CHECKING:
     from agentrl.runner.config import RunConfig
@@ -438,7 +439,11 @@ class Runner:
         self.version += 1
         if metrics.get("train/skipped") == 1.0:
             self.summary.skipped_steps += 1
+            episodes = batch.episodes()
+            unscored = sum(1 for ep in episodes if ep.trajectory.error_of(ErrorKind.REWARD, ErrorKind.REWARD_TIMEOUT))
             why = ("nothing to train: no episode had a trainable token" if tb is None else
+                   f"the reward failed on every episode ({unscored}; scored 0.0, its first error told above)"
+                   if episodes and unscored == len(episodes) else
                    "every group's advantages were zero (all members of each group got the same reward)")
             self._notice(f"step {self.step} changed no weight: {why}")
         timing.update({"time/advantages_s": t1 - t0, "time/train_s": t2 - t1})

@@ -161,6 +161,8 @@ async def test_a_training_run_with_a_string_reward_stops_and_says_why(tmp_path: 
     where = f"at {HERE}:141 in string_reward"
     assert any(n.startswith("step 1: first reward error (4 this step): reward: RewardValueError:") and where in n
                for n in notices.seen), notices.seen
+    assert "step 1 changed no weight: the reward failed on every episode (4; scored 0.0, its first error told " \
+           "above)" in notices.seen
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stopped_because"].startswith("3 prompt groups in a row failed with the same reward error")
     assert where in summary["stopped_because"] and where in summary["error_examples"]["reward"]
