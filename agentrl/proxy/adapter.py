@@ -60,6 +60,7 @@ from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import Reward, score
 from agentrl.rollout._agent_config import AgentConfig
 from agentrl.rollout.agent import GenerateClient, new_id
+from agentrl.rollout.context import ContextPolicy
 from agentrl.rollout.types import FinishKind, SamplingParams
 from agentrl.trajectory import ErrorKind, Status, StopReason, Trajectory
 
@@ -118,12 +119,16 @@ class Agent:
     ``reward(task, answer)`` returns a number or a :class:`~agentrl.rewards.Reward` (None: the reward
     must come from ``agentrl train --reward``). ``task_type``: a pydantic model rows are validated
     against (and ``task`` is an instance of), else ``task`` is the row dict. ``client_options`` go to
-    the OpenAI client (``max_retries``, ``timeout``...). Picklable when ``run`` and ``reward`` are.
+    the OpenAI client (``max_retries``, ``timeout``...). ``context_policy``: each session compacts the
+    harness's history with it past its trigger (:mod:`agentrl.rollout.context`; the run config's
+    ``environment.context`` sets it too); ``None``: the harness gets ``context_length_exceeded`` and
+    may compact by itself. Picklable when ``run`` and ``reward`` are.
     """
 
     def __init__(self, run: Callable[..., Any], reward: Callable[..., Any] | None = None, *, name: str | None = None,
                  task_type: Any = None, timeout_s: float | None = 600.0, max_concurrency: int = 64,
-                 proxy: ProxyConfig | None = None, client_options: Mapping[str, Any] | None = None) -> None:
+                 proxy: ProxyConfig | None = None, client_options: Mapping[str, Any] | None = None,
+                 context_policy: ContextPolicy | None = None) -> None:
         if not callable(run):
             raise TypeError(f"Agent.run: expected a function run(task, client), got {run!r:.80}")
         if reward is not None and not callable(reward):
@@ -139,6 +144,7 @@ class Agent:
         self.is_async = inspect.iscoroutinefunction(call)
         self.proxy = proxy or ProxyConfig(api_key=secrets.token_urlsafe(16))
         self.client_options = dict(client_options or {})
+        self.context_policy = context_policy  # each session's (environment.context sets an episode's own)
         self._hosts: dict[asyncio.AbstractEventLoop, _Host] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -190,6 +196,7 @@ class AgentEpisode:
     def __init__(self, agent: Agent, task: Any, reward: Callable[[Trajectory], Any] | None,
                  options: dict[str, Any]) -> None:
         self.agent, self.task, self.reward, self.options = agent, task, reward, options
+        self.context_policy: ContextPolicy | None = agent.context_policy  # the session compacts with it
 
     def make_runner(self, template: ChatTemplate, client: GenerateClient, config: AgentConfig | None = None,
                     **ids: Any) -> AgentRunner:
@@ -217,7 +224,8 @@ class AgentRunner:
         self.env, self.template, self.config = env, template, config or AgentConfig()
         self.agent = env.agent
         self.session = ProxySession(template, client, self.config, self.agent.proxy, group_id=group_id,
-                                    rollout_id=rollout_id or new_id(), sample_id=sample_id)
+                                    rollout_id=rollout_id or new_id(), sample_id=sample_id,
+                                    context_policy=env.context_policy)
         self.group_id, self.rollout_id, self.sample_id = group_id, self.session.rollout_id, sample_id
         self.reward_parts: dict[str, float] = {}
         self.env_info: list[dict[str, Any]] = []

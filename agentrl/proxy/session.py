@@ -37,13 +37,22 @@ resumes it; the harness sees nothing. Any other abort answers 503 ``aborted`` wi
 
 Errors answer the harness in OpenAI's error shape (:class:`SessionError`): 400 for a request the
 proxy cannot serve (recorded as an ``agent_request`` error), 400 ``context_length_exceeded`` when
-no token fits (the episode ends truncated), 502/503 for engine failures (``engine`` errors), 410
-after the episode closed. Single-use, not thread-safe: the server serialises a session's requests.
+no token fits, 502/503 for engine failures (``engine`` errors), 410 after the episode closed.
+Single-use, not thread-safe: the server serialises a session's requests.
+
+Long episodes: ``context_length_exceeded`` is not final. A harness that compacts its history on it
+sends a shorter request, which forks a sequence with ``fork_reason = compaction`` and trains like any
+other; the episode ends ``context_budget`` only when no request succeeds after the refusal
+(``proxy/context_refusals``, ``proxy/context_recoveries``). A session given a ``context_policy``
+(:mod:`agentrl.rollout.context`) compacts for a harness that does not (:mod:`agentrl.proxy._compact`):
+past the policy's trigger it starts a sequence from the policy's conversation, which the harness's
+later requests (still carrying its whole history) continue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import secrets
 import time
 from collections import Counter
@@ -55,11 +64,13 @@ from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
 from agentrl.chat.template import ChatTemplate
 from agentrl.chat.types import Message, ToolCall
 from agentrl.episode import Episode
+from agentrl.proxy._compact import ProxyCompactor
 from agentrl.proxy._grammar import forced_call_grammar
 from agentrl.proxy._history import Issued, Match, match
 from agentrl.proxy._wire import ChatRequest, ParseMemo, Reply, RequestError
 from agentrl.rollout._agent_config import AgentConfig
 from agentrl.rollout.agent import GenerateClient, new_id, request_sampling
+from agentrl.rollout.context import ContextPolicy
 from agentrl.rollout.types import (
     FinishKind,
     GenerateResult,
@@ -132,6 +143,17 @@ class _Sequence:
     owners: list[Issued | None]
     bridge: BridgeSession | None
     partial: list[int] = field(default_factory=list)  # ids of a turn an abort cut short
+    # a sequence the session's context policy compacted: the harness's messages its first ``stand_in``
+    # messages stand for (the harness goes on sending them; a request that does continues this sequence)
+    shadow: tuple[Message, ...] = ()
+    stand_in: int = 0
+
+    def view(self) -> tuple[list[Message], list[Issued | None]]:
+        """The history a request is matched against, as the harness holds it, and who issued each message."""
+        if not self.shadow:
+            return self.traj.messages, self.owners
+        return ([*self.shadow, *self.traj.messages[self.stand_in:]],
+                [*([None] * len(self.shadow)), *self.owners[self.stand_in:]])
 
 
 class ProxySession:
@@ -139,7 +161,8 @@ class ProxySession:
 
     def __init__(self, template: ChatTemplate, client: GenerateClient, agent: AgentConfig | None = None,
                  config: ProxyConfig | None = None, *, session_id: str | None = None, group_id: str | None = None,
-                 rollout_id: str | None = None, sample_id: str | None = None) -> None:
+                 rollout_id: str | None = None, sample_id: str | None = None,
+                 context_policy: ContextPolicy | None = None) -> None:
         self.template, self.client = template, client
         self.agent, self.config = agent or AgentConfig(), config or ProxyConfig()
         self.id = session_id or secrets.token_urlsafe(24)
@@ -149,6 +172,7 @@ class ProxySession:
         self.stops = tuple(dict.fromkeys((*template.stop_token_ids(), *self.agent.sampling.stop_token_ids)))
         self.decodable = len(template.tokenizer)
         self.context = self.agent.context_length
+        self.compactor = ProxyCompactor(context_policy, template, self.context, self.kwargs) if context_policy else None
         self.sequences: list[Trajectory] = []
         self._seqs: list[_Sequence] = []
         self.metrics: Counter[str] = Counter()
@@ -252,19 +276,24 @@ class ProxySession:
             seq = self._fork(request.messages, request.render_tools, "resampled",
                              "the same request again: a new sample of its prompt")
         elif seq is not None and placed.kind == "extend":
-            seq = self._extend(seq, list(placed.new))
+            seq = await self._extend(seq, list(placed.new), request)
         elif seq is None:
-            seq = self._fork(request.messages, request.render_tools, "harness" if self._seqs else "first",
-                             placed.reason)
+            # after a context_length_exceeded the harness's shorter history is its compaction
+            kind = "compaction" if self.context_exceeded else "harness" if self._seqs else "first"
+            seq = await self._open(request, kind, placed.reason)
         for how in placed.recognised:
             self.metrics[f"proxy/recognised/{how}"] += 1
-        return await self._turn(seq, request, sampling)
+        reply = await self._turn(seq, request, sampling)
+        if self.context_exceeded:  # a refusal is final only when no later request succeeds
+            self.context_exceeded = False
+            self.metrics["proxy/context_recoveries"] += 1
+        return reply
 
     def _place(self, request: ChatRequest) -> tuple[_Sequence | None, Match]:
         """The newest sequence the request continues, with how; else (None, why the last one does not)."""
         first: Match | None = None
         for seq in reversed(self._seqs):
-            found = match(seq.traj.messages, seq.owners, seq.tools, request)
+            found = match(*seq.view(), seq.tools, request)
             if found.kind == "none" or (seq.partial and found.kind != "pending"):
                 first = first or found
                 continue
@@ -311,6 +340,38 @@ class ProxySession:
         return base.replace(**changes)
 
     # -- sequences -------------------------------------------------------------------------------
+    async def _open(self, request: ChatRequest, kind: str, why: str) -> _Sequence:
+        """A new sequence for a request that continues none: its own render, or the session's context
+        policy's compaction of it when the render passes the trigger."""
+        if self.compactor is not None:
+            size = self.compactor.count(request.messages, request.render_tools)
+            if self.compactor.due(size):
+                compacted = await self._compacted(list(request.messages), request.render_tools, size, request, None)
+                if compacted is not None:
+                    return compacted
+        return self._fork(request.messages, request.render_tools, kind, why)
+
+    async def _compacted(self, conversation: list[Message], tools: list[dict[str, object]] | None, size: int,
+                         request: ChatRequest, source: int | None) -> _Sequence | None:
+        """The sequence the session's policy compacts ``conversation`` into (None: it has nothing to compact)."""
+        assert self.compactor is not None
+        try:
+            rewrite = await self.compactor.compact(conversation, tools, size)
+        except ValueError as exc:  # the policy's bug, or a conversation it refuses: the harness hears why
+            self.record(ErrorKind.CONTEXT, str(exc), "context")
+            raise RequestError(f"messages: the session's context policy failed: {exc}", param="messages") from None
+        if rewrite is None:
+            self.metrics["context/nothing_to_compact"] += 1
+            return None
+        seq = self._fork(rewrite.messages, tools, "compaction" if self._seqs else "first",
+                         f"{self.compactor.policy.name}: the request renders to {size} tokens, past the trigger of "
+                         f"{self.compactor.trigger}")
+        seq.shadow, seq.stand_in = tuple(request.messages), len(rewrite.messages)
+        seq.traj.info["compaction"] = self.compactor.record(rewrite, size, len(seq.traj.tokens), source)
+        self.metrics["context/compactions"] += 1
+        self.metrics[f"context/compactions/{self.compactor.policy.name}"] += 1
+        return seq
+
     def _fork(self, messages: Sequence[Message], tools: list[dict[str, object]] | None, kind: str,
               why: str) -> _Sequence:
         bridge = BridgeSession(self.template, list(messages), tools=tools, **self.kwargs)
@@ -331,12 +392,14 @@ class ProxySession:
         self._seqs.append(seq)
         return seq
 
-    def _extend(self, seq: _Sequence, new: list[Message]) -> _Sequence:
+    async def _extend(self, seq: _Sequence, new: list[Message], request: ChatRequest) -> _Sequence:
         """Bridges the request's new messages after the sequence's last reply (or forks where the template
-        rewrites history), exactly as the agent loop bridges an environment's reply."""
+        rewrites history), exactly as the agent loop bridges an environment's reply; compacts when the
+        session has a context policy and the next prompt would pass its trigger."""
         last = seq.owners[-1]
         assert last is not None
         traj = seq.traj
+        before = copy.copy(seq.bridge)  # the session as it was: kept when these messages are not appended
         try:
             if seq.bridge is not None:
                 bridge = seq.bridge.step(last.ids, last.message, new)
@@ -349,10 +412,18 @@ class ProxySession:
             traj.add_error(ErrorKind.BRIDGE, str(exc), component="bridge")
             raise RequestError(f"messages: the chat template rejected the conversation: {exc}", param="messages") from None
         self._count(bridge)
+        size = (len(bridge.full_render_ids) if bridge.full_render_ids is not None and
+                bridge.outcome is BridgeOutcome.NOT_APPEND_ONLY else len(traj.tokens) + len(bridge.ids))
+        if self.compactor is not None and self.compactor.due(size):
+            compacted = await self._compacted([*traj.messages, *new], seq.tools, size, request, traj.sequence_index)
+            if compacted is not None:
+                seq.bridge = before
+                return compacted
         if bridge.outcome is BridgeOutcome.NOT_APPEND_ONLY:
             self.metrics["bridge/fork"] += 1
             return self._fork([*traj.messages, *new], seq.tools, "template", bridge.reason)
         if self.context is not None and len(traj.tokens) + len(bridge.ids) >= self.context:
+            seq.bridge = before  # a shorter reply from the harness continues the sequence as it was
             raise self._too_long(f"the sequence holds {len(traj.tokens)} tokens and the new messages add "
                                  f"{len(bridge.ids)}; the context holds {self.context}")
         self.metrics["bridge/append"] += 1
