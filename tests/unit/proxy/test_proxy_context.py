@@ -4,13 +4,20 @@ request succeeds), and a session given a context policy compacts for a harness t
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
 import pytest
 
 from agentrl.chat import ChatTemplate
-from agentrl.environments.long_recall import SYSTEM_PROMPT, make_recall_rows, page_text, recall_policy, score_codes
+from agentrl.environments.long_recall import (
+    SYSTEM_PROMPT,
+    make_recall_rows,
+    page_text,
+    recall_policy,
+    score_codes,
+)
 from agentrl.proxy import Agent, AgentRunner
 from agentrl.rollout import AgentConfig, SamplingParams
 from agentrl.rollout.context import Summarize, Window
@@ -45,7 +52,7 @@ async def _harness(task: dict[str, Any], client: openai.AsyncOpenAI, *, compact:
             return message.content
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            page = int(__import__("json").loads(call.function.arguments)["page"])
+            page = int(json.loads(call.function.arguments)["page"])
             messages.append({"role": "tool", "tool_call_id": call.id,
                              "content": page_text(task["codes"], task["seed"], page, FILLER)})
     return None
