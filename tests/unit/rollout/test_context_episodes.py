@@ -272,3 +272,24 @@ async def test_the_viewer_shows_each_compaction_and_its_summary(qwen3: ChatTempl
     assert "compaction (summarize) of sequence 0" in page and "compaction (summarize) of sequence 1" in page
     assert f"summary (not trained): <b>{summary}</b>" in page
     assert "ends with the summary the policy wrote" in page and "masked out of the loss" in page
+
+
+async def test_a_checkpointed_episode_cut_inside_a_summary_is_rebuilt_by_replay(qwen3: ChatTemplate) -> None:
+    from agentrl.rollout._step import MemberRecord
+    from agentrl.rollout.restore import replay
+
+    policy = Summarize(trigger=1100, instruction=INSTRUCTION)
+    client = _AbortOnce(FakePolicyClient(qwen3.tokenizer, recall_policy(INSTRUCTION)), keep=5)
+    first = EpisodeRunner(LongRecallEnv(ROW, context_policy=policy), qwen3, client, CONFIG)
+    assert await first.advance() is None
+    record = MemberRecord(sequences=[dataclasses.replace(s) for s in first.sequences],
+                          partial_turn_tokens=first.partial_turn_tokens, metrics=dict(first.metrics),
+                          timings=dict(first.timings))
+    await first.close()
+    fresh = EpisodeRunner(LongRecallEnv(ROW, context_policy=policy), qwen3,
+                          FakePolicyClient(qwen3.tokenizer, recall_policy(INSTRUCTION)), CONFIG)
+    assert await replay(fresh, record) is None  # the compaction is reached again, the summary turn held
+    assert fresh.partial_turn_tokens == 5
+    episode = await fresh.advance()
+    await fresh.close()
+    assert episode is not None and episode.reward == 1.0 and len(episode.sequences) == 3
