@@ -31,6 +31,10 @@ Contract (what the agent loop relies on, and what ``agentrl env check`` verifies
   reward may run commands in it; an override of ``close()`` must call ``super().close()``. A
   resumed episode's replay (:meth:`Environment.begin_replay`) rebuilds it by running the recorded
   calls again and answering with the recorded results.
+- **Long episodes** (optional): ``default_context_policy`` on the class or ``context_policy=`` per
+  instance (:mod:`agentrl.rollout.context`: window, elided tool output, a summary the model writes)
+  says what the agent loop does when the next request would not fit; ``None``: the episode ends
+  ``context_budget``. The environment itself sees only messages, whatever the policy keeps.
 - The default ``step`` logs, in ``StepResult.info``: ``turn`` (1 for the first reply), ``calls``
   (one ``{"id", "name", "failure", "duration_s"}`` per call run; ``failure`` a failure kind or None)
   and ``parse_failures`` (kind, tool, call id, tolerated, message) of the reply. The agent loop keeps

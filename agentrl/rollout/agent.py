@@ -30,6 +30,7 @@ stop reason            status      when
                                    as too long, the turn hit a budget the context imposed, or the
                                    next env segment would not fit
 ``engine_length``      truncated   the turn hit the per-turn ``max_new_tokens``
+``max_sampled_tokens`` truncated   the rollout sampled ``EnvLimits.max_sampled_tokens`` (all its sequences)
 ``no_tool_calls``      completed   the model answered without calling a tool
 ``max_tool_calls``     completed   the turn asked for more calls than the environment allows
 ``max_turns``          completed   the environment's turn limit
@@ -62,7 +63,8 @@ context is the smaller of the engine's ``context_length`` and the environment's
 Not append-only: when the bridge reports that the full render rewrites history (a new user query
 strips earlier reasoning), the episode forks: a new sequence starts from the fresh full render and
 shares the rollout id. :class:`Episode` holds every sequence; all of them get the episode's final
-status and reward.
+status and reward. An environment's context policy (:mod:`agentrl.rollout.context`, run by
+:mod:`agentrl.rollout._compaction`) forks the same way when the next request would pass its trigger.
 
 Suspending and resuming (partial rollouts): :class:`EpisodeRunner` is the loop itself, as an object.
 ``await runner.advance(should_abort)`` runs until the episode ends (it returns the :class:`Episode`) or
