@@ -99,7 +99,8 @@ class Compactor:
             traj.add_error(ErrorKind.CONTEXT, f"{type(self.policy).__name__}: {problem}", component="context")
             return StopReason.FAILED
         messages = list(rewrite.messages)
-        ids = self.template.encode(messages, runner.tools, add_generation_prompt=True, **self.kwargs)
+        session = BridgeSession(self.template, messages, tools=runner.tools, **self.kwargs)
+        ids = session.prompt_ids
         if self.context is not None and len(ids) >= self.context:
             traj.info["compaction_failed"] = (f"{self.policy.name}: the compacted conversation renders to {len(ids)} "
                                               f"tokens; the context holds {self.context}")
@@ -108,7 +109,7 @@ class Compactor:
         record = {"policy": self.policy.name, "from_sequence": traj.sequence_index, "tokens_before": view.tokens,
                   "tokens_after": len(ids), "trigger": self.trigger, "target": self.target,
                   "kept_messages": list(rewrite.kept), **dict(rewrite.note), **extra}
-        runner.open_sequence(ids, messages, ForkReason.COMPACTION, {"compaction": record})
+        runner.open_sequence(ids, messages, ForkReason.COMPACTION, {"compaction": record}, bridge=session)
         runner.metrics["context/compactions"] += 1
         runner.metrics[f"context/compactions/{self.policy.name}"] += 1
         note = dict(rewrite.note)

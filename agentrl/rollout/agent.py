@@ -516,9 +516,9 @@ class EpisodeRunner:
         return len(self.traj.tokens) + sum(len(p.ids) for p in bridge.pieces)
 
     def _bridge(self, message: Message, new: list[Message]) -> BridgeResult:
+        if self.compactor is not None:  # a summary bridges the turn again, with its instruction
+            self.compactor.session_before = copy.copy(self.bridge_session)
         if self.bridge_session is not None:
-            if self.compactor is not None:  # a summary bridges the turn again, with its instruction
-                self.compactor.session_before = copy.copy(self.bridge_session)
             result = self.bridge_session.step(self._last_ids, message, new)
             if result.outcome is not BridgeOutcome.APPEND:
                 self.bridge_session = None  # the session ends here; later turns use the stateless bridge
