@@ -157,3 +157,48 @@ def test_the_registry_names_policies_and_their_settings() -> None:
         context_policy("none", trigger=10)
     with pytest.raises(ValueError, match="summarizer"):  # a function cannot come from a config file
         context_policy("summarize", summarizer="my.module:fn")
+
+
+def _config(environment: dict[str, object]) -> object:
+    from agentrl.runner import RunConfig
+
+    return RunConfig.from_dict({"model": {"path": "m"}, "data": {"train": {"path": "t"}},
+                                "environment": {"name": "long_recall", **environment}, "train": {"steps": 1}})
+
+
+def test_the_run_config_sets_budgets_and_the_policy_on_every_episode() -> None:
+    import pickle
+
+    from agentrl.environments.long_recall import LongRecallEnv, make_recall_rows
+    from agentrl.runner.envs import environment_factory
+
+    class Windowed(LongRecallEnv):
+        default_context_policy = Window(trigger=900)
+
+    row = make_recall_rows(1)[0]
+    factory = environment_factory(_config({"limits": {"max_sampled_tokens": 3000, "max_turns": 40},
+                                           "context": {"policy": "summarize", "trigger": 1100,
+                                                       "train_summary": False}}))
+    env = pickle.loads(pickle.dumps(factory))(row)  # the factory crosses into the rollout actor
+    assert (env.limits.max_sampled_tokens, env.limits.max_turns, env.limits.max_tool_calls) == (3000, 40, 64)
+    assert env.context_policy == Summarize(trigger=1100, train_summary=False)
+    off = environment_factory(_config({"context": {"policy": "none"}}), environment=Windowed)(row)
+    assert off.context_policy is None  # "none" turns the class's default off
+    kept = environment_factory(_config({}), environment=Windowed)(row)
+    assert kept.context_policy == Window(trigger=900) and kept.limits == LongRecallEnv.default_limits
+
+
+@pytest.mark.parametrize(("environment", "message"), [
+    ({"limits": {"max_turnz": 3}}, r"limits: unknown key\(s\) max_turnz; expected some of max_turns, max_tool_calls, "
+                                   r"max_context_tokens, max_sampled_tokens"),
+    ({"limits": {"max_sampled_tokens": 0}}, r"limits: EnvLimits.max_sampled_tokens: got 0; expected None or an "
+                                            r"integer >= 1"),
+    ({"context": {"trigger": 900}}, r"context.policy: got None; expected one of 'none', 'window'"),
+    ({"context": {"policy": "window", "max_tokens": 9}}, r"context: context policy 'window': unknown setting\(s\) "
+                                                         r"max_tokens"),
+])
+def test_bad_budgets_and_policies_in_a_run_config_name_the_key(environment: dict[str, object], message: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        _config(environment)
