@@ -56,22 +56,62 @@ def _config(root: Path) -> Path:
 
 
 def _engine_tree(run: Path) -> list[psutil.Process]:
-    """The run's SGLang server (found by the port its log is named after) and its children."""
+    """The run's SGLang server (found by the port its log is named after) and its children: empty while
+    no server of that port runs (before it started, or between a stop and a restart)."""
     for log in (run / "logs").glob("sglang-*.log"):
         port = log.stem.split("-", 1)[1]
         for proc in psutil.process_iter(["cmdline"]):
             cmd = proc.info["cmdline"] or []
             if "sglang.launch_server" in cmd and port in cmd:
-                return [proc, *proc.children(recursive=True)]
+                try:
+                    return [proc, *proc.children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    return []
     return []
+
+
+def _serving_engine_tree(run: Path, deadline: float) -> list[psutil.Process]:
+    """The run's engine tree once it is whole (the server and its scheduler), waiting for it: the test
+    must not depend on the moment it looks (the health monitor may be restarting the engine then)."""
+    while time.monotonic() < deadline:
+        tree = _engine_tree(run)
+        if any("sglang::scheduler" in " ".join(_cmdline(p)) for p in tree):
+            return tree
+        time.sleep(0.2)
+    return []
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+MARKER = "AGENTRL_TEST_RUN_MARKER"  # set in the run's environment: every process it starts inherits it
+
+
+def _marked(token: str) -> list[psutil.Process]:
+    """Every live process on this machine whose environment carries the run's marker: the driver, Ray's
+    processes and actors, the reaper, the router, the engine and its scheduler and detokenizer, whenever
+    each started (a restarted engine included)."""
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MARKER) == token and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            continue
+    return out
 
 
 def _steps_done(run: Path) -> int:
     metrics = run / "metrics.jsonl"
     if not metrics.is_file():
         return 0
-    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return sum(1 for line in lines if "prompt_ids" in line)
+    text = metrics.read_text()
+    complete = text[: text.rfind("\n") + 1]  # a line still being written is not a step yet
+    return sum(1 for line in complete.splitlines() if line.strip() and "prompt_ids" in json.loads(line))
 
 
 def test_an_engine_killed_mid_run_is_restarted_resynced_and_no_prompt_is_lost(tmp_path: Path) -> None:
@@ -87,7 +127,7 @@ def test_an_engine_killed_mid_run_is_restarted_resynced_and_no_prompt_is_lost(tm
         while _steps_done(run) < 1 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
-        tree = _engine_tree(run)
+        tree = _serving_engine_tree(run, deadline)
         assert tree, "the run's SGLang server was not found"
         for victim in tree:
             killed.append(victim.pid)
@@ -121,36 +161,33 @@ def test_kill_9_of_the_driver_leaves_nothing_behind(tmp_path: Path) -> None:
     servers' reapers and Ray's own fate-sharing do it)."""
     config = _config(tmp_path)
     run = tmp_path / "run"
+    token = os.urandom(8).hex()
     proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli.main", "train", str(config), "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, MARKER: token})
     try:
         deadline = time.monotonic() + 420
         while _steps_done(run) < 1 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert proc.poll() is None, "the run ended before step 1"
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        engines = _engine_tree(run)
-        everything = {p.pid: p for p in [*tree, *engines]}
-        assert any("sglang" in " ".join(p.cmdline()) for p in engines) and len(everything) > 5
+        # the whole engine (server, scheduler) is up: the kill must find it, not a restart in between
+        engines = _serving_engine_tree(run, deadline)
+        assert engines, "the run's SGLang server and scheduler were not found after step 1"
+        before = _marked(token)
+        assert {p.pid for p in engines} <= {p.pid for p in before} and len(before) > 5, \
+            ([(p.pid, _cmdline(p)[:3]) for p in before], [p.pid for p in engines])
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         t0 = time.monotonic()
 
-        def left() -> list[str]:
-            out = []
-            for p in everything.values():
-                try:
-                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                        out.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
-                except psutil.NoSuchProcess:
-                    pass
-            return out
+        def left() -> list[str]:  # any process of the run, found afresh each time (none can hide by timing)
+            return [f"{p.pid} {' '.join(_cmdline(p))[:80]}" for p in _marked(token)]
 
         while left() and time.monotonic() - t0 < 10:
             time.sleep(0.2)
         survivors = left()
         assert not survivors, f"alive {time.monotonic() - t0:.1f} s after the driver's SIGKILL: {survivors}"
-        print(f"\nkill -9 of the driver: {len(everything)} processes gone in {time.monotonic() - t0:.1f} s")
+        print(f"\nkill -9 of the driver: {len(before)} processes gone in {time.monotonic() - t0:.1f} s")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
