@@ -23,12 +23,17 @@ lint: setup
 typecheck: setup
 	bash scripts/typecheck.sh
 
-unit: setup
-	$(VENV)/pytest tests/unit -q -m "not slow"
+# pytest-xdist workers for `make test` and `make unit` (`make test WORKERS=0`: one process). The suite waits on
+# engine boots, subprocesses and sandboxes much of the time, so a second worker uses the idle core.
+WORKERS ?= 2
+XDIST := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-# the suite (~30 min on 2 cores); the shortened demo is its own target, which CI runs after it
+unit: setup
+	$(VENV)/pytest tests/unit -q -m "not slow" $(XDIST)
+
+# the whole suite; the shortened demo is its own target, which CI runs after it
 test: lint typecheck
-	$(VENV)/pytest tests --durations=30 -m "not demo"
+	$(VENV)/pytest tests --durations=30 -m "not demo" $(XDIST)
 
 # the demo shortened to 6 RL steps (4-10 min): asserts RL clearly beats the warmed-up model
 demo-test: setup

@@ -11,3 +11,27 @@ from agentrl.testing import build_tokenizer
 def tok() -> Any:
     """The local test tokenizer (built once, cached on disk), shared by every test that needs one."""
     return build_tokenizer()
+
+
+# --- running the suite on several workers (pytest-xdist; `make test` runs `-n 2 --dist loadgroup`) ---------
+# A module's tests stay on one worker (its module-scoped fixtures are built once), and every module that uses
+# one of these session-scoped fixtures joins that fixture's group: one Docker daemon, one Ray cluster per run.
+SHARED_SESSION_FIXTURES = {"docker_daemon": "docker", "ray_two_hosts": "ray"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into node id suffixes
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "no":
+        return  # one process: nothing to group
+    group_of: dict[str, str] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        for fixture, group in SHARED_SESSION_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                group_of[module] = group
+        group_of.setdefault(module, module)
+    slow = {group_of[item.nodeid.split("::", 1)[0]] for item in items if item.get_closest_marker("slow")}
+    # slow groups first: the workers start on the long work and the short modules fill in at the end
+    items.sort(key=lambda item: group_of[item.nodeid.split("::", 1)[0]] not in slow)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of[item.nodeid.split("::", 1)[0]]))

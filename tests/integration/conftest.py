@@ -1,7 +1,8 @@
-"""Fixtures shared by the integration tests: one Docker daemon and one SGLang engine for the whole session.
+"""Fixtures shared by the integration tests: one Docker daemon and a pool of SGLang engines for the whole session.
 
-``shared_engine`` is a CPU SGLang engine serving the tiny Qwen3 in float32 (context 1024, 8,192
-KV tokens, sampling seed 0, `--sleep-on-idle`), pinned to its core like a run's own engine; whole training runs use it
+``engine_pool`` boots one CPU engine per configuration on first use and keeps it for the session
+(:class:`EnginePool`). ``shared_engine`` is the pool's engine serving the tiny Qwen3 in float32 (context 1024,
+8,192 KV tokens, sampling seed 0, ``--sleep-on-idle``), pinned to its core like a run's own engine; whole training runs use it
 through ``rollout.engines.urls``. Each such run loads its own weights into it before its first
 rollout, so runs do not see each other's updates, and none stops it. Its OpenAI-compatible
 ``/v1`` chat endpoint renders the project's Qwen3 template and parses calls with SGLang's
@@ -32,26 +33,63 @@ from agentrl.tools.sandbox.dockerd import PrivateDockerDaemon, daemon_unavailabl
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "qwen3.jinja"
 
 
+class EnginePool:
+    """The session's CPU SGLang engines, one per distinct configuration (model folder, dtype, context,
+    KV tokens, extra server arguments), booted on first use and stopped at the end of the session.
+
+    A test that needs an engine asks ``engine_pool.url(model, ...)`` and gets the running one of that
+    configuration, or one booted for it (40-90 s on two cores): tests of one configuration share it
+    across modules. A pooled engine is shared: a test may load other weights into it (each run does),
+    but must not stop, kill, restart or reconfigure it; such tests start an engine of their own.
+    Under pytest-xdist each worker has its own pool; worker k's engines are pinned to core k (mod cores).
+    """
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.engines: dict[tuple[object, ...], object] = {}
+        self.worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+        self.workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+
+    def url(self, model: str | Path, *, dtype: str = "float32", context_length: int = 1024,
+            max_total_tokens: int = 8192, extra_args: tuple[str, ...] = ()) -> str:
+        from agentrl.rollout import EngineConfig, SGLangEngine
+        from agentrl.runner.cpu import plan_cpu
+
+        key = (str(model), dtype, context_length, max_total_tokens, tuple(extra_args))
+        if key not in self.engines:
+            cpu = plan_cpu(engines=self.workers)
+            core = self.worker % self.workers
+            config = EngineConfig(model_path=str(model), device="cpu", dtype=dtype, context_length=context_length,
+                                  max_total_tokens=max_total_tokens, random_seed=0, startup_timeout_s=600,
+                                  env=cpu.engine_env(core), log_dir=self.logs,
+                                  # it lives for the whole session: idle, SGLang's scheduler otherwise spins a core
+                                  extra_args=("--sleep-on-idle", *extra_args))
+            engine = asyncio.run(SGLangEngine.launch(config))
+            self.engines[key] = engine
+            if engine.process is not None:
+                cpu.pin(core, engine.process.pid)
+        return self.engines[key].url  # type: ignore[attr-defined, no-any-return]
+
+    def stop(self) -> None:
+        for engine in self.engines.values():
+            engine.stop()  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="session")
-def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from agentrl.rollout import EngineConfig, SGLangEngine
-    from agentrl.runner.cpu import plan_cpu
+def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    pool = EnginePool(tmp_path_factory.mktemp("engine-pool"))
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_engine(engine_pool: EnginePool) -> str:
     from agentrl.testing import build_tiny_model
 
-    cpu = plan_cpu(engines=1)
-    config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", dtype="float32", context_length=1024,
-                          max_total_tokens=8192, random_seed=0, startup_timeout_s=600, env=cpu.engine_env(0),
-                          log_dir=tmp_path_factory.mktemp("shared-engine"),
-                          # it lives for the whole session: idle, SGLang's scheduler otherwise spins a core
-                          extra_args=("--sleep-on-idle", "--chat-template", str(TEMPLATE),
-                                      "--tool-call-parser", "qwen25"))
-    engine = asyncio.run(SGLangEngine.launch(config))
-    try:
-        if engine.process is not None:
-            cpu.pin(0, engine.process.pid)
-        yield engine.url
-    finally:
-        engine.stop()
+    return engine_pool.url(build_tiny_model(), extra_args=("--chat-template", str(TEMPLATE),
+                                                           "--tool-call-parser", "qwen25"))
 
 
 async def _reset_to_tiny_model(url: str) -> None:
