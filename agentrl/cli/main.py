@@ -46,6 +46,7 @@ def _register() -> None:
     from agentrl.cli.env import env_app
     from agentrl.cli.eval import eval_command
     from agentrl.cli.inspect import inspect_command
+    from agentrl.cli.models import models_app
     from agentrl.cli.render import render
     from agentrl.cli.serve import serve
     from agentrl.cli.sft import sft
@@ -60,6 +61,7 @@ def _register() -> None:
     app.command("serve", short_help="Serve a model folder with SGLang (OpenAI API) until Ctrl-C.")(serve)
     app.command("inspect", short_help="Write a run's report or a trajectory file's episodes as HTML.")(inspect_command)
     app.add_typer(env_app, name="env", short_help="Check environments.")
+    app.add_typer(models_app, name="models", short_help="Model folders from GGUF files; known checkpoints.")
 
 
 _register()

@@ -275,7 +275,7 @@ def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
 
     On CPU: ``SGLANG_USE_CPU_ENGINE=1``, the shim folder in front of ``PYTHONPATH`` (the shims
     exist for that subprocess only) and, unless set already, ``SGLANG_EXTERNAL_MODEL_PACKAGE`` naming
-    the shims' model package (SGLang registers its Qwen2/Qwen3 classes up front and imports its other
+    the shims' model package (SGLang registers its Qwen2/Qwen3/Llama classes up front and imports its other
     model files only for another architecture). Raises :class:`EngineError` if the shims are missing.
     """
     env = dict(os.environ)

@@ -1,0 +1,3 @@
+from sglang.srt.models.llama import LlamaForCausalLM
+
+EntryClass = LlamaForCausalLM
