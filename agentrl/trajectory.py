@@ -192,6 +192,11 @@ class ErrorKind(NamedEnum):
     AGENT_TIMEOUT = "agent_timeout"
     AGENT_REQUEST = "agent_request"
     AGENT_LATE_CALL = "agent_late_call"
+    # a sandbox fleet (agentrl.tools.fleet) could not serve a tool call or a reward's command: no executor had
+    # room before the deadline, or none could start; or the executor holding the episode's workspace (or its
+    # node) was lost. The machinery's failures, not the environment's: the scheduler regenerates the episode
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    EXECUTOR_LOST = "executor_lost"
 
     @property
     def infrastructure(self) -> bool:

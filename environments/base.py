@@ -67,6 +67,7 @@ from agentrl.chat.types import FailureKind, Message, ToolCall, ToolCallFailure
 from agentrl.environments.policy import EnvLimits, FailureAction, FailurePolicy
 from agentrl.rewards.types import RewardValue
 from agentrl.tools.base import Tool, ToolResult, short_error, tool_schema
+from agentrl.tools.fleet.errors import ExecutorUnavailableError
 from agentrl.tools.workspace import WorkspaceSession, WorkspaceSpec, answers_from_record, workspace_tools
 from agentrl.trajectory import EpisodeError, ErrorKind, StopReason, Trajectory
 
@@ -397,6 +398,8 @@ class Environment(ABC):
                                 f"(available: {valid})", FailureKind.UNKNOWN_TOOL)
         try:
             res = await tool(**call.arguments)
+        except ExecutorUnavailableError:  # the sandbox fleet's failure: not the model's; the episode is regenerated
+            raise
         except Exception as exc:  # a tool's bug must reach the model as an error value, not crash the loop
             return _CallOutcome(f"Error: {FailureKind.TOOL_ERROR.value}: {short_error(exc)}", FailureKind.TOOL_ERROR)
         return _outcome_of(res)

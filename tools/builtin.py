@@ -26,6 +26,7 @@ from typing import Any
 
 from agentrl.chat.types import FailureKind
 from agentrl.tools.base import ToolResult, tool, tool_schema, validate_call
+from agentrl.tools.fleet.errors import ExecutorUnavailableError
 from agentrl.tools.sandbox import ExecResult, Sandbox, create_sandbox
 
 __all__ = ["PythonTool", "calculator", "render_exec_result", "truncate_middle"]
@@ -110,6 +111,8 @@ class PythonTool:
             result = await self.sandbox.run(arguments["code"], timeout_s=timeout)
         except ValueError as exc:  # e.g. more code than the sandbox accepts
             return ToolResult.error(FailureKind.TOOL_ERROR, f"Error: {exc}")
+        except ExecutorUnavailableError:  # a sandbox fleet without room or with a lost executor: the episode's
+            raise  # failure, not the model's (the agent loop records it; the scheduler regenerates the episode)
         except Exception as exc:  # the sandbox is unusable (closed, unavailable): an error value, not a crash
             return ToolResult.error(FailureKind.SANDBOX_ERROR, f"Error: sandbox unavailable: {exc}")
         return render_exec_result(result, self.max_output_chars, timeout)

@@ -360,6 +360,7 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
                  f"{cl.accelerators_per_engine or eng.accelerators_per_engine} (tp={eng.tp_size} dp={eng.dp_size}), "
                  f"trainer x {cl.trainer_accelerators or train.world_size}")
     plan.add("placement", f"{cl.placement}, {where}; mode {cfg.mode}")
+    plan.add("sandboxes", cfg.sandbox.describe())
     if plan.device_map is not None:
         plan.add("devices", f"planned on {plan.device_source} (Ray names the actual ids at launch; the run "
                             "writes them to device_map.json)")

@@ -7,7 +7,10 @@ episode on a step the same way. Private to the rollout package.
   (``tolerated/<kind>``), sums its step-level reward parts, keeps its info, and says whether the
   step ends the episode;
 - :func:`reward_total`: the episode's reward, the reward function's value plus the steps' parts;
-- :func:`record_step_failure`: the error of a step that failed the episode.
+- :func:`record_step_failure`: the error of a step that failed the episode;
+- :func:`error_kind_of`: the kind of error an exception out of a step or a reward makes: the
+  sandbox fleet's failures (:mod:`agentrl.tools.fleet`) are the machinery's, the rest the
+  environment's (or the reward's).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from typing import Any, Protocol
 
 from agentrl.environments.base import StepResult
 from agentrl.rewards.types import Reward
+from agentrl.tools.fleet.errors import ExecutorLostError, ExecutorUnavailableError
 from agentrl.trajectory import ErrorKind, StopReason, Trajectory
 
-__all__ = ["StepBook", "record_step", "record_step_failure", "reward_total"]
+__all__ = ["StepBook", "error_kind_of", "record_step", "record_step_failure", "reward_total"]
 
 
 class StepBook(Protocol):
@@ -79,3 +83,13 @@ def reward_total(book: StepBook, reward: Reward) -> tuple[float, dict[str, float
     for name, value in book.reward_parts.items():
         parts[name] = parts.get(name, 0.0) + value
     return reward.value + sum(book.reward_parts.values()), parts
+
+
+def error_kind_of(exc: BaseException, otherwise: ErrorKind) -> ErrorKind:
+    """``executor_lost`` / ``sandbox_unavailable`` for a sandbox fleet's failure (the scheduler regenerates
+    the episode), else ``otherwise`` (``env`` for a step, ``reward`` for a reward)."""
+    if isinstance(exc, ExecutorLostError):
+        return ErrorKind.EXECUTOR_LOST
+    if isinstance(exc, ExecutorUnavailableError):
+        return ErrorKind.SANDBOX_UNAVAILABLE
+    return otherwise

@@ -111,14 +111,21 @@ class PendingGroup:
 
 # errors that make a failed episode lost (regenerated, or its group failed): the infrastructure's, not the model's
 # (an agent harness that raised or ran past its deadline is the environment failing: agentrl.proxy)
-_LOST_KINDS = (ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT, ErrorKind.ENV, ErrorKind.AGENT, ErrorKind.AGENT_TIMEOUT)
+_LOST_KINDS = (ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT, ErrorKind.ENV, ErrorKind.AGENT, ErrorKind.AGENT_TIMEOUT,
+               ErrorKind.SANDBOX_UNAVAILABLE, ErrorKind.EXECUTOR_LOST)
+# the sandbox fleet's failures: the episode is lost whatever its status (a reward's command may hit one too)
+_MACHINERY = (ErrorKind.SANDBOX_UNAVAILABLE, ErrorKind.EXECUTOR_LOST)
 
 
 def lost_reason(episode: Episode) -> str | None:
-    """Why an episode is not usable for training (None: usable): ``<kind>_error`` of its first engine or
-    environment error, ``reward_error`` / ``reward_timeout`` (a reward failure under the ``drop_group``
-    policy), ``unscored`` or ``aborted``."""
+    """Why an episode is not usable for training (None: usable): ``<kind>_error`` of its first sandbox
+    fleet failure (``sandbox_unavailable``, ``executor_lost``: in a step or in the reward), else of its
+    first engine or environment error, ``reward_error`` / ``reward_timeout`` (a reward failure under the
+    ``drop_group`` policy), ``unscored`` or ``aborted``."""
     traj = episode.trajectory
+    machinery = traj.error_of(*_MACHINERY)
+    if machinery is not None and traj.status is not Status.ABORTED:
+        return f"{machinery.kind.value}_error"
     if traj.status is Status.FAILED:
         error = traj.error_of(*_LOST_KINDS)
         if error is not None:

@@ -102,7 +102,7 @@ from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import Reward, score
 from agentrl.rollout._agent_config import AgentConfig, env_hook
 from agentrl.rollout._compaction import Compactor
-from agentrl.rollout._env_steps import record_step, reward_total
+from agentrl.rollout._env_steps import error_kind_of, record_step, reward_total
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.types import (
@@ -491,8 +491,8 @@ class EpisodeRunner:
                     step = await env_hook("step", self.env.step(message, self._pending_failures), deadline)
             else:
                 step = await env_hook("step", self.env.step(message, self._pending_failures), deadline)
-        except Exception as exc:  # the environment's bug ends the episode as a value, not a crash
-            traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step",
+        except Exception as exc:  # the environment's bug (or the sandbox fleet's failure) ends it as a value
+            traj.add_error(error_kind_of(exc, ErrorKind.ENV), f"{type(exc).__name__}: {exc}", component="step",
                            origin=exception_origin(exc))
             return StopReason.FAILED
         reason = record_step(self, traj, step)
@@ -581,18 +581,19 @@ class EpisodeRunner:
         last.metrics["successful_tool_calls"] = float(self.env.successful_tool_calls)
 
     async def _score(self) -> None:
-        """Scores every episode but an aborted one (it may be resumed); adds step-level shaping."""
+        """Scores every episode but an aborted one (it may be resumed) or one the sandbox fleet failed (it is
+        regenerated; its reward would meet the same failure); adds step-level shaping."""
         last = self.traj
-        if last.status is Status.ABORTED:
+        if last.status is Status.ABORTED or last.error_of(ErrorKind.SANDBOX_UNAVAILABLE, ErrorKind.EXECUTOR_LOST):
             return
         try:
             reward = await score(self.env.reward, last, timeout_s=self.config.reward_timeout_s,
                                  pool=shared_pool() if self.config.reward_pool else None)
-        except Exception as exc:  # a reward failure: scored by the policy, never resampled
-            kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
+        except Exception as exc:  # a reward failure: scored by the policy, never resampled (the fleet's: regenerated)
+            kind = error_kind_of(exc, ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD)
             last.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward", origin=exception_origin(exc))
             last.metrics["reward_failed"] = 1.0
-            if self.config.reward_failure != "zero":
+            if self.config.reward_failure != "zero" or kind.value not in ("reward", "reward_timeout"):
                 return
             reward = Reward(0.0, parts={"reward_failed": 0.0})
         total, parts = reward_total(self, reward)

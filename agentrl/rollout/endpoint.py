@@ -42,7 +42,7 @@ from agentrl.environments.base import Environment
 from agentrl.episode import Episode
 from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import score
-from agentrl.rollout._env_steps import record_step, reward_total
+from agentrl.rollout._env_steps import error_kind_of, record_step, reward_total
 from agentrl.rollout.eval import EvalConfig, EvalReport, _report
 from agentrl.rollout.types import SamplingParams
 from agentrl.trajectory import ErrorKind, StopReason, Trajectory, status_for
@@ -219,8 +219,8 @@ class _MessageEpisode:
                 return StopReason.ENGINE_LENGTH
             try:
                 step = await self.env.step(answer.message, answer.failures)
-            except Exception as exc:  # the environment's bug ends the episode as a value
-                traj.add_error(ErrorKind.ENV, f"{type(exc).__name__}: {exc}", component="step",
+            except Exception as exc:  # the environment's bug (or the sandbox fleet's failure) ends it as a value
+                traj.add_error(error_kind_of(exc, ErrorKind.ENV), f"{type(exc).__name__}: {exc}", component="step",
                                origin=exception_origin(exc))
                 return StopReason.FAILED
             reason = record_step(self, traj, step)
@@ -232,7 +232,7 @@ class _MessageEpisode:
         try:
             reward = await score(self.env.reward, traj, timeout_s=timeout_s, pool=shared_pool())
         except Exception as exc:
-            kind = ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD
+            kind = error_kind_of(exc, ErrorKind.REWARD_TIMEOUT if isinstance(exc, RewardTimeout) else ErrorKind.REWARD)
             traj.add_error(kind, f"{type(exc).__name__}: {exc}", component="reward", origin=exception_origin(exc))
             return
         traj.reward, traj.reward_parts = reward_total(self, reward)

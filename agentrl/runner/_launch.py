@@ -1,4 +1,5 @@
-"""Building a :class:`~agentrl.runner.RolloutService` from a run config: router, engines, client,
+"""Building a :class:`~agentrl.runner.RolloutService` from a run config: the sandbox fleet (with
+``sandbox.executor = "ray"``, started first), router, engines, client,
 data source, scheduler and the disk weight loader. Everything started is stopped if a later part
 fails."""
 
@@ -17,6 +18,7 @@ from agentrl.rollout.pacing import tune_gc
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
 from agentrl.runner.engine_weights import EngineWeights
 from agentrl.runner.weights import WeightSync
+from agentrl.tools.fleet.config import FleetConfig
 
 if TYPE_CHECKING:
     from agentrl.rollout.engine import EngineStarter
@@ -26,8 +28,9 @@ if TYPE_CHECKING:
     from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.envs import RowFactory
     from agentrl.runner.rollout_service import RolloutService
+    from agentrl.tools.fleet import Fleet
 
-__all__ = ["EngineWeights", "launch_rollout", "row_validator", "scheduler_config"]
+__all__ = ["EngineWeights", "launch_rollout", "row_validator", "scheduler_config", "start_fleet", "stop_fleet"]
 
 
 def scheduler_config(config: RunConfig) -> SchedulerConfig:
@@ -50,6 +53,52 @@ async def launch_rollout(cls: type[RolloutService], config: RunConfig, env_facto
                          starters: Sequence[EngineStarter] | None = None,
                          engine_fraction: float | None = None,
                          teacher_starters: Sequence[EngineStarter] | None = None) -> RolloutService:
+    # the sandbox fleet first: a cluster without sandbox nodes fails here, before the engines boot
+    fleet = await start_fleet(config.sandbox)
+    try:
+        service = await _launch_rollout(cls, config, env_factory, group_filter=group_filter, cpu=cpu,
+                                        starters=starters, engine_fraction=engine_fraction,
+                                        teacher_starters=teacher_starters)
+    except BaseException:
+        await stop_fleet(fleet)
+        raise
+    if fleet is not None:
+        service.fleet = fleet
+        service.also_stop(lambda: stop_fleet(fleet))
+    return service
+
+
+async def start_fleet(section: FleetConfig) -> Fleet | None:
+    """With ``sandbox.executor = "ray"``: the run's sandbox fleet, started and installed for this
+    process's tools (:func:`agentrl.tools.fleet.use_fleet`); ``None`` otherwise."""
+    if section.executor != "ray":
+        return None
+    from agentrl.tools.fleet import Fleet, install
+
+    fleet = Fleet(section)
+    try:
+        await fleet.start()
+    except BaseException:
+        await fleet.close()
+        raise
+    install(fleet)
+    return fleet
+
+
+async def stop_fleet(fleet: Fleet | None) -> None:
+    """Uninstalls and closes what :func:`start_fleet` started (nothing for ``None``)."""
+    if fleet is None:
+        return
+    from agentrl.tools.fleet import uninstall
+
+    uninstall(fleet)
+    await fleet.close()
+
+
+async def _launch_rollout(cls: type[RolloutService], config: RunConfig, env_factory: RowFactory,
+                          *, group_filter: GroupFilter | None, cpu: CpuPlan | None,
+                          starters: Sequence[EngineStarter] | None, engine_fraction: float | None,
+                          teacher_starters: Sequence[EngineStarter] | None) -> RolloutService:
     run_dir = config.run_dir()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ Sections (each a frozen pydantic model that refuses unknown keys):
 - ``cluster``: Ray address, placement, accelerators; ``logging``; ``checkpoint``;
 - ``sync``: weight sync to the engines and the post-sync logprob probe;
 - ``teacher``: on-policy distillation's teacher (``None``: none);
+- ``sandbox``: where tools execute (:class:`~agentrl.tools.fleet.FleetConfig`: ``local``, or a fleet
+  of executors on the Ray cluster's nodes that carry a resource);
 - ``mode``: ``sync``, ``one_step_off`` or ``bounded_staleness``.
 
 Only ``model.path``, ``data.train.path`` and ``environment.name`` are required. Each component
@@ -43,7 +45,7 @@ from typing import Annotated, Any
 import orjson
 from pydantic import Field, model_validator
 
-from agentrl._config import Section
+from agentrl._config import RunFields, Section
 from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.engine import EngineConfig, EngineLora
 from agentrl.runner._algorithm import AlgorithmSection
@@ -62,15 +64,19 @@ from agentrl.runner._teacher_section import TeacherSection
 from agentrl.runner._warmup_section import WarmupSection
 from agentrl.runner.checks import LoopMode, run_checks
 from agentrl.runner.weights import WeightSyncConfig
+from agentrl.tools.fleet.config import FleetConfig
 from agentrl.train.config import BatchingConfig, LossConfig, TorchBackendConfig
 from agentrl.train.megatron.config import MegatronBackendConfig
 
-__all__ = ["HASH_EXCLUDED", "RunConfig"]
+__all__ = ["HASH_EXCLUDED", "RUN_SANDBOX", "RunConfig"]
+
+RUN_SANDBOX = RunFields(FleetConfig)
+"""Where tools execute (every :class:`~agentrl.tools.fleet.FleetConfig` field, with its default)."""
 
 HASH_EXCLUDED: tuple[tuple[str, ...], ...] = (("checkpoint", "resume"), ("cluster", "ray_address"), ("logging",),
-                                              ("train", "steps"))
+                                              ("sandbox",), ("train", "steps"))
 """Fields left out of :meth:`RunConfig.hash`: where a run resumes from, which Ray cluster it runs on,
-how it logs and how many steps it runs do not change what a step trains, and a resumed run must
+where its tools execute, how it logs and how many steps it runs do not change what a step trains, and a resumed run must
 match its checkpoint's hash (so ``--resume train.steps=N`` extends a run; with a cosine schedule and
 no ``decay_steps``, the decay then stretches to the new end)."""
 
@@ -89,6 +95,7 @@ class RunConfig(Section):
     logging: LoggingSection = Field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     sync: Annotated[WeightSyncConfig, RUN_SYNC] = Field(default_factory=RUN_SYNC.default)
+    sandbox: Annotated[FleetConfig, RUN_SANDBOX] = Field(default_factory=RUN_SANDBOX.default)
     warmup: WarmupSection | None = None
     teacher: TeacherSection | None = None
     mode: LoopMode = "sync"

@@ -12,7 +12,8 @@ the same methods):
   the same through a LoRA adapter folder on every engine (a LoRA run's start-up check);
 - :meth:`evaluate`: the run's eval sets;
 - :meth:`state_dict` / :meth:`load_state_dict`: the scheduler's cursor and buffer (checkpoints);
-- :meth:`shutdown`: ends buffered episodes, stops the engines and the router it started.
+- :meth:`shutdown`: ends buffered episodes, stops the engines and the router it started (and the
+  sandbox fleet, with ``sandbox.executor = "ray"``).
 
 :meth:`RolloutService.launch` builds it from a :class:`~agentrl.runner.RunConfig` (router +
 engines with their logs in the run folder, the client, the data source, the scheduler); tests build
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from agentrl.runner.cpu import CpuPlan
     from agentrl.runner.envs import RowFactory
     from agentrl.runner.weight_transports import Pusher
+    from agentrl.tools.fleet import Fleet
 
 __all__ = ["MEMORY_TAGS", "RolloutService", "WeightLoader"]
 
@@ -72,6 +74,7 @@ class RolloutService:
         self._also_stop: list[Callable[[], Awaitable[None]]] = []
         self.group: EngineGroup | None = None
         self.teacher: RolloutTeacher | None = None  # a distillation teacher scored on this side (engines, endpoint, self)
+        self.fleet: Fleet | None = None  # the sandbox fleet the tools run on (sandbox.executor = "ray")
         self.collecting = False
         self._released: set[str] = set()
         self._events_seen = 0
@@ -99,7 +102,8 @@ class RolloutService:
     async def collect(self) -> StepBatch:
         """One step's batch; its report counts the engines' health events since the last step. With a
         rollout-side teacher (:attr:`teacher`), every sampled token is scored before the batch is handed
-        over (the ``teacher/*`` figures go to the report's metrics)."""
+        over (the ``teacher/*`` figures go to the report's metrics). With a sandbox fleet (:attr:`fleet`), its
+        figures per node (``sandbox/<node>/queue_wait_p99_s``...) since the last step go there too."""
         self.collecting = True
         try:
             batch = await self.scheduler.collect()
@@ -110,6 +114,8 @@ class RolloutService:
         if self.group is not None:
             events, self._events_seen = self.group.events[self._events_seen:], len(self.group.events)
             batch.report.add_counts("engine_events", Counter(e.kind for e in events))
+        if self.fleet is not None:
+            batch.report.metrics.update(self.fleet.take_metrics())
         return batch
 
     async def progress(self) -> RolloutProgress | None:

@@ -253,6 +253,17 @@ def test_gpu_recipes_plan_the_8_gpu_retool_run(recipe: str, tiny: str, monkeypat
                  if line and not line.startswith(("missing on this machine", "dry run")))
     assert lines["placement"] == ("disaggregated, gpu x8: 2 engine(s) x 2 (tp=2 dp=1), trainer x 4; "
                                   "mode one_step_off")
+    assert lines["sandboxes"].startswith("local: in the rollout process")
+    fleet = invoke([path, f"model.path={tiny}", *shipped_data(ROOT / path), "--dry-run", "sandbox.executor=ray",
+                    "sandbox.executors_per_node=2", "sandbox.concurrency=16"])
+    assert fleet.exit_code == 0, fleet.output
+    planned = dict(re.split(r" {2,}", line, maxsplit=1) for line in fleet.stdout.splitlines()
+                   if line and not line.startswith(("missing on this machine", "dry run", " ")))
+    assert planned["sandboxes"] == ("ray: 2 executor(s) per node on nodes carrying Ray resource 'sandbox' (CPU-only "
+                                    "ones first); 16 calls at once each, 64 waiting, 64 workspaces; admission deadline "
+                                    "60 s; start-up 120 s x 3 tries")
+    wrong = invoke([path, f"model.path={tiny}", *shipped_data(ROOT / path), "--dry-run", "sandbox.executors_per_node=0"])
+    assert wrong.exit_code != 0 and "sandbox.executors_per_node" in wrong.output
     assert lines["trainer"] == "megatron, dp=2 tp=2 pp=1, bfloat16"
     assert lines["per step"] == "32 prompts x 8 samples = 256 episodes"
     assert lines["algorithm"] == "grpo, ppo loss, clip 0.2/0.28, KL loss k3 x 0.01 to the reference model, tis correction"

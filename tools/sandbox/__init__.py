@@ -64,8 +64,15 @@ def create_sandbox(backend: str = "bwrap", **options: Any) -> Sandbox:
     ``memory_mb``, ``max_processes``, ``max_output_bytes``, ...) and the backend's own keyword
     arguments (``pool_size``, ``max_concurrency``; ``image``/``docker_host`` for docker), or
     ``limits=SandboxLimits(...)``. Unknown names raise ``TypeError`` listing the valid ones.
-    Raises :class:`SandboxUnavailableError` (naming the fix) when the backend cannot run here."""
+    Raises :class:`SandboxUnavailableError` (naming the fix) when the backend cannot run here.
+
+    While a sandbox fleet is installed in this process (:func:`agentrl.tools.fleet.use_fleet`), every
+    backend but ``local`` is the fleet's: the sandbox runs on its executors (their pools' size is the
+    fleet's ``concurrency``, so ``pool_size`` and ``max_concurrency`` are theirs)."""
+    from agentrl.tools.fleet.placement import current_fleet
+
     cls = _backend_class(backend)
+    fleet = current_fleet() if backend != "local" else None
     limit_names = SandboxLimits.field_names()
     limit_kwargs = {k: v for k, v in options.items() if k in limit_names}
     rest = {k: v for k, v in options.items() if k not in limit_names}
@@ -81,4 +88,6 @@ def create_sandbox(backend: str = "bwrap", **options: Any) -> Sandbox:
     if unknown:
         raise TypeError(f"create_sandbox(backend={backend!r}): unknown option(s) {unknown}; "
                         f"expected limit fields {list(limit_names)} or backend options {accepted}")
+    if fleet is not None:
+        return fleet.sandbox(backend, limits, **rest)  # type: ignore[no-any-return]
     return cls(limits, **rest)

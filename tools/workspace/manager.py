@@ -22,7 +22,7 @@ import asyncio
 import collections
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from agentrl.tools.workspace.base import (
     Prepared,
@@ -34,7 +34,23 @@ from agentrl.tools.workspace.base import (
     task_files,
 )
 
-__all__ = ["Workspaces", "default_workspaces"]
+__all__ = ["WorkspaceHost", "Workspaces", "default_workspaces"]
+
+
+class WorkspaceHost(Protocol):
+    """What hands out an episode's workspace: :class:`Workspaces` here, or a sandbox fleet's
+    (:class:`agentrl.tools.fleet.FleetWorkspaces`: each workspace on one of its executors)."""
+
+    async def create(self, spec: WorkspaceSpec, files: Mapping[str, str | bytes] | None = None) -> Workspace: ...
+
+    async def restore(self, spec: WorkspaceSpec, files: Mapping[str, str | bytes] | None,
+                      snapshot: bytes) -> Workspace: ...
+
+    async def remove(self, ws: Workspace) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def leftovers(self) -> dict[str, int]: ...
 
 
 class _Entry:
@@ -188,9 +204,15 @@ _DEFAULT: Workspaces | None = None
 _DEFAULT_LOCK = threading.Lock()
 
 
-def default_workspaces() -> Workspaces:
+def default_workspaces() -> WorkspaceHost:
     """This process's :class:`Workspaces` (created on first use). What it leaves when the process
-    exits without closing it, the reaper removes."""
+    exits without closing it, the reaper removes. While a sandbox fleet is installed
+    (:func:`agentrl.tools.fleet.use_fleet`), the fleet's workspaces instead."""
+    from agentrl.tools.fleet.placement import current_fleet
+
+    fleet = current_fleet()
+    if fleet is not None:
+        return fleet.workspaces
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:

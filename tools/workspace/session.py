@@ -31,7 +31,7 @@ from typing import Any
 from agentrl.chat.types import FailureKind
 from agentrl.tools.base import ToolResult
 from agentrl.tools.workspace.base import ROOT, TOOL_NAMES, Workspace, WorkspaceError, WorkspaceSpec
-from agentrl.tools.workspace.manager import Workspaces, default_workspaces
+from agentrl.tools.workspace.manager import WorkspaceHost, default_workspaces
 
 __all__ = ["Answer", "WorkspaceReplayError", "WorkspaceSession"]
 
@@ -56,7 +56,7 @@ class WorkspaceSession:
     creation); ``workspaces``: the :class:`Workspaces` to create it with (default: the process's)."""
 
     def __init__(self, spec: WorkspaceSpec, files: FilesFn | Mapping[str, str | bytes] | None = None, *,
-                 workspaces: Workspaces | None = None) -> None:
+                 workspaces: WorkspaceHost | None = None) -> None:
         if not isinstance(spec, WorkspaceSpec):
             raise TypeError(f"WorkspaceSession(spec=...): expected a WorkspaceSpec, got {type(spec).__name__}")
         self.spec = spec
@@ -81,7 +81,7 @@ class WorkspaceSession:
         return state
 
     @property
-    def workspaces(self) -> Workspaces:
+    def workspaces(self) -> WorkspaceHost:
         return self._workspaces if self._workspaces is not None else default_workspaces()
 
     @property

@@ -263,6 +263,7 @@ def test_hash_changes_with_what_is_trained_but_not_with_resume_cluster_address_o
     assert make(environment={"options": {"k": 1}}).hash() != base.hash()
     assert make(checkpoint={"resume": "runs/a/ckpt/step_3"}).hash() == base.hash()
     assert make(cluster={"ray_address": "ray://h:1"}).hash() == base.hash()
+    assert make(sandbox={"executor": "ray", "executors_per_node": 4}).hash() == base.hash()  # where tools run
     assert make(logging={"run_dir": "elsewhere", "log_every": 5, "tensorboard": True}).hash() == base.hash()
 
 
