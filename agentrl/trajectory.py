@@ -200,14 +200,16 @@ class ErrorKind(NamedEnum):
 
     @property
     def infrastructure(self) -> bool:
-        """A failure of the machinery an episode runs on (the engine), not of the code under training
-        (environment, agent harness, reward): the scheduler regenerates such an episode, and it never
-        counts toward ``SchedulerConfig.max_consecutive_failed_groups``. A kind added for another part of
-        the machinery (a sandbox fleet's capacity, a lost node) belongs in this set too."""
+        """A failure of the machinery an episode runs on (the engine; a sandbox fleet without room, or
+        with a lost executor or node), not of the code under training (environment, agent harness,
+        reward): the scheduler regenerates such an episode, and it never counts toward
+        ``SchedulerConfig.max_consecutive_failed_groups``. A kind added for another part of the
+        machinery belongs in this set too."""
         return self in _INFRASTRUCTURE
 
 
-_INFRASTRUCTURE = frozenset({ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT})
+_INFRASTRUCTURE = frozenset({ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT, ErrorKind.SANDBOX_UNAVAILABLE,
+                             ErrorKind.EXECUTOR_LOST})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """How the router reaches an executor: a :class:`ExecutorLink` per executor.
 
 - :class:`RayLink`: an :class:`~agentrl.tools.fleet.executor.ExecutorActor` on a Ray node. A call
-  whose actor is gone (``RayActorError``: the actor died, or its node did) raises
+  whose actor is gone (``RayActorError``: the actor died, or its node did), or whose answer Ray lost
+  (any other ``RayError``: the actor itself answers every call with a value) raises
   :class:`~agentrl.tools.fleet.errors.ExecutorLostError`; a call cancelled by its caller is cancelled
   in the actor too (``ray.cancel``), so the sandbox stops what it ran.
 - :class:`LocalLink`: a :class:`~agentrl.tools.fleet.executor.SandboxExecutor` (or any object with its
@@ -79,7 +80,7 @@ class RayLink:
         except asyncio.CancelledError:
             ray.cancel(ref)
             raise
-        except ray.exceptions.RayActorError as exc:
+        except ray.exceptions.RayError as exc:  # the actor died (or its node), or its answer was lost
             raise ExecutorLostError(f"the executor on node {self.node} is gone ({type(exc).__name__}: "
                                     f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})",
                                     node=self.node) from None

@@ -17,7 +17,7 @@ from agentrl.environments import Environment
 from agentrl.rewards import Reward
 from agentrl.rollout import AgentConfig, SamplingParams, run_episode
 from agentrl.rollout._step import lost_reason
-from agentrl.rollout.scheduler import Scheduler, SchedulerConfig
+from agentrl.rollout.scheduler import RepeatedFailureError, Scheduler, SchedulerConfig
 from agentrl.testing.policy import FakePolicyClient, PolicyRequest
 from agentrl.tools import ToolResult
 from agentrl.tools.fleet import ExecutorLostError, ExecutorUnavailableError
@@ -126,3 +126,27 @@ async def test_the_scheduler_regenerates_them_nothing_lost_nothing_twice(tok: An
     episodes = batch.episodes()
     assert len(episodes) == 8 and len({ep.trajectory.sample_id for ep in episodes}) == 8  # none twice
     assert all(ep.reward == 1.0 and not ep.trajectory.errors for ep in episodes)  # each trained one is clean
+
+
+class BrokenStep(SandboxedEnv):
+    async def step(self, reply: Message, failures: Any = ()) -> Any:
+        raise ValueError("a bug in the environment")
+
+
+@pytest.mark.parametrize("broken", ["fleet", "environment"])
+async def test_only_the_environments_failures_count_towards_stopping_the_run(tok: Any, broken: str) -> None:
+    """Every group fails; with the fleet failing (every tool call) the run goes on until the data runs out,
+    with the environment failing (its step raises) the streak stops it at the limit."""
+    faults = Faults(tool=10**6)
+    factory = (lambda row: SandboxedEnv(row, faults)) if broken == "fleet" else (lambda row: BrokenStep(row, faults))
+    scheduler = Scheduler(factory, ChatTemplate.from_name("qwen3", tokenizer=tok), FakePolicyClient(tok, policy),
+                          DataSource.from_rows([{"id": i} for i in range(6)], shuffle=False, epochs=1),
+                          SchedulerConfig(groups_per_step=2, group_size=2, member_retries=1,
+                                          max_consecutive_failed_groups=2), agent=AGENT)
+    if broken == "environment":
+        with pytest.raises(RepeatedFailureError, match="a bug in the environment"):
+            await scheduler.collect()
+        return
+    batch = await scheduler.collect()
+    assert batch.report.data_exhausted and batch.report.trained == 0
+    assert batch.report.failed == {"executor_lost_error": 6}  # all six groups, none stopped the run

@@ -134,8 +134,9 @@ def test_the_streak_counts_only_the_same_code_failure_in_a_row() -> None:
     FailureStreak(None).add(group(member(here)))  # None: never stops
 
 
-def test_only_the_engine_is_infrastructure() -> None:
-    assert {k for k in ErrorKind if k.infrastructure} == {ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT}
+def test_only_the_engine_and_the_sandbox_fleet_are_infrastructure() -> None:
+    assert {k for k in ErrorKind if k.infrastructure} == {ErrorKind.ENGINE, ErrorKind.ENGINE_OUTPUT,
+                                                          ErrorKind.SANDBOX_UNAVAILABLE, ErrorKind.EXECUTOR_LOST}
 
 
 def string_reward(trajectory: Any, task: Any) -> Any:
@@ -158,7 +159,7 @@ async def test_a_training_run_with_a_string_reward_stops_and_says_why(tmp_path: 
     runner, _ = build_fake_runner(config, reward=string_reward, callbacks=[notices])
     with pytest.raises(RepeatedFailureError, match=r"got str: 'yes'"):
         await runner.run()
-    where = f"at {HERE}:141 in string_reward"
+    where = f"at {HERE}:{string_reward.__code__.co_firstlineno} in string_reward"  # where it is defined
     assert any(n.startswith("step 1: first reward error (4 this step): reward: RewardValueError:") and where in n
                for n in notices.seen), notices.seen
     assert "step 1 changed no weight: the reward failed on every episode (4; scored 0.0, its first error told " \

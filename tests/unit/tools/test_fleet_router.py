@@ -27,6 +27,7 @@ from agentrl.tools.fleet import (
     use_fleet,
 )
 from agentrl.tools.sandbox import ExecResult, SandboxLimits, create_sandbox
+from agentrl.tools.sandbox.local import UnsafeSandboxWarning
 from agentrl.tools.workspace import WorkspaceError, WorkspaceSpec, default_workspaces
 from agentrl.tools.workspace.manager import Workspaces
 
@@ -348,8 +349,31 @@ async def test_an_installed_fleet_is_what_create_sandbox_and_default_workspaces_
         assert isinstance(sandbox, FleetSandbox) and sandbox.limits.timeout_s == 3
         assert (await sandbox.run("print(1)")).stdout == "b/0: print(1)"
         assert default_workspaces() is fleet.workspaces
-        local = create_sandbox("local", pool_size=1)  # the explicit debugging backend stays here
+        with pytest.warns(UnsafeSandboxWarning):
+            local = create_sandbox("local", pool_size=1)  # the explicit debugging backend stays here
         assert not isinstance(local, FleetSandbox)
         await local.close()
     assert isinstance(default_workspaces(), Workspaces)
+    await fleet.close()
+
+
+async def test_the_step_report_carries_the_fleets_figures_per_node() -> None:
+    from agentrl.rollout import StepReport
+    from agentrl.rollout.scheduler import StepBatch
+    from agentrl.runner.rollout_service import RolloutService
+
+    class OneStep:
+        async def collect(self) -> StepBatch:
+            return StepBatch(groups=[], report=StepReport(step=1, policy_version=0))
+
+    cluster = Cluster({"b": {"sandbox": 1}})
+    fleet = fleet_on(cluster)
+    await fleet.start()
+    await fleet.sandbox().run("x")
+    service = RolloutService(scheduler=OneStep(), weights=None)  # type: ignore[arg-type]
+    service.fleet = fleet
+    report = (await service.collect()).report
+    assert report.metrics["sandbox/b/calls"] == 1 and report.metrics["sandbox/executors"] == 1
+    assert "sandbox/b/queue_wait_p99_s" in report.metrics and "sandbox/b/exec_p50_s" in report.metrics
+    assert (await service.collect()).report.metrics.get("sandbox/b/calls") is None  # per step, not cumulative
     await fleet.close()
