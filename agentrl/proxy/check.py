@@ -86,7 +86,7 @@ class _ScriptedModel:
         return _call_text(self.template.tool_call_format, pick["name"], args) + self.template.turn_close
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None) -> GenerateResult:
+                       routing_key: str | None = None, **_: Any) -> GenerateResult:
         ids = tuple(self.template.tokenize(self._text()))[: sampling.max_new_tokens]
         kind = FinishKind.STOP if ids and ids[-1] in sampling.stop_token_ids else FinishKind.LENGTH
         return GenerateResult(rid=rid or "check", output_ids=ids, output_logprobs=tuple(-0.5 for _ in ids),

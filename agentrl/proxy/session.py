@@ -71,6 +71,7 @@ from agentrl.proxy._wire import ChatRequest, ParseMemo, Reply, RequestError
 from agentrl.rollout._agent_config import AgentConfig
 from agentrl.rollout.agent import GenerateClient, new_id, request_sampling
 from agentrl.rollout.context import ContextPolicy
+from agentrl.rollout.routing import missing_routing, routing_request, store_routing
 from agentrl.rollout.types import (
     FinishKind,
     GenerateResult,
@@ -221,6 +222,8 @@ class ProxySession:
             self._unplaced = []
         for seq in self.sequences:
             seq.finish(status_for(reason), reason)
+        if self.agent.routed_experts is not None:
+            self.metrics["routing/missing_tokens"] += sum(missing_routing(seq) for seq in self.sequences)
         if self.sequences:
             last = self.sequences[-1]
             last.metrics.update({k: float(v) for k, v in self.metrics.items()})
@@ -482,7 +485,8 @@ class ProxySession:
         rid = new_id()
         started = time.perf_counter()
         try:
-            result = await self.client.generate(list(traj.tokens), sampling, rid=rid, routing_key=self.routing_key)
+            result = await self.client.generate(list(traj.tokens), sampling, rid=rid, routing_key=self.routing_key,
+                                                **routing_request(traj, self.agent.routed_experts))
         except asyncio.CancelledError:
             abort = getattr(self.client, "abort", None)
             if abort is not None:
@@ -507,6 +511,8 @@ class ProxySession:
             traj.add_error(ErrorKind.ENGINE_OUTPUT, f"the engine's answer breaks a trajectory invariant; nothing was "
                            f"appended: {exc}", component="generate")
             raise SessionError(502, "engine_error", f"the engine's answer was unusable: {exc}") from None
+        if self.agent.routed_experts is not None:
+            store_routing(traj, result, self.metrics)
         self.metrics["generated_tokens"] += len(result.output_ids)
         if result.output_ids and max(result.output_ids) >= self.decodable:
             self.metrics["padding_tokens"] += sum(1 for t in result.output_ids if t >= self.decodable)

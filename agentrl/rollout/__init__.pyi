@@ -86,6 +86,7 @@ from .types import (
     PromptTooLongError,
     ProtocolError,
     RequestRejectedError,
+    RoutingShape,
     SamplingParams,
     continuation_budget,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "RouterConfig",
     "RouterError",
     "RouterPolicy",
+    "RoutingShape",
     "SGLangEngine",
     "SamplingParams",
     "Scheduler",

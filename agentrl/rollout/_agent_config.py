@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentrl.rollout.types import SamplingParams
+from agentrl.rollout.types import RoutingShape, SamplingParams
 
 __all__ = ["REWARD_FAILURE_POLICIES", "AgentConfig", "EnvTimeout", "env_hook"]
 
@@ -61,6 +61,10 @@ class AgentConfig:
     - ``vocab_size``: the model's vocabulary (its embedding rows, ``config.json``'s ``vocab_size``;
       see :func:`agentrl.rollout.model_vocab_size`): the bound every sampled id is checked against
       and each trajectory's ``vocab_size``. ``None``: unknown, ids are only checked to be >= 0.
+    - ``routed_experts``: the routing shape of a mixture-of-experts model
+      (:meth:`RoutingShape.from_model_config`): every request asks the engine for the routing of the
+      positions the sequence does not hold yet and stores it in the trajectory's ``routed_experts``
+      channel (:mod:`agentrl.rollout.routing`). ``None``: no routing asked for.
     """
 
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=1024))
@@ -76,6 +80,7 @@ class AgentConfig:
     reward_failure: str = "zero"
     audit: bool = False
     vocab_size: int | None = None
+    routed_experts: RoutingShape | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
@@ -89,6 +94,9 @@ class AgentConfig:
         if self.reward_failure not in REWARD_FAILURE_POLICIES:
             raise ValueError(f"AgentConfig.reward_failure: got {self.reward_failure!r}; expected one of "
                              f"{', '.join(map(repr, REWARD_FAILURE_POLICIES))}")
+        if self.routed_experts is not None and not isinstance(self.routed_experts, RoutingShape):
+            raise TypeError(f"AgentConfig.routed_experts: expected a RoutingShape or None, got "
+                            f"{type(self.routed_experts).__name__}")
         if self.vocab_size is not None and (isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int)
                                             or self.vocab_size < 1):
             raise ValueError(f"AgentConfig.vocab_size: got {self.vocab_size!r}; expected None or an int >= 1")

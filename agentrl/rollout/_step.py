@@ -35,14 +35,14 @@ class StepClient:
         self.client, self.slots, self.step = client, slots, step
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None) -> GenerateResult:
+                       routing_key: str | None = None, **routing: Any) -> GenerateResult:
         rid = rid or new_id()
         async with self.slots:
             if self.step.aborted:  # checked after the slot: a waiting request must not start after the abort
                 return not_sent(rid)
             self.step.inflight.add(rid)
             try:
-                return await self.client.generate(input_ids, sampling, rid=rid, routing_key=routing_key)
+                return await self.client.generate(input_ids, sampling, rid=rid, routing_key=routing_key, **routing)
             finally:
                 self.step.inflight.discard(rid)
 

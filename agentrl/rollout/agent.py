@@ -105,11 +105,13 @@ from agentrl.rollout._compaction import Compactor
 from agentrl.rollout._env_steps import error_kind_of, record_step, reward_total
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
+from agentrl.rollout.routing import missing_routing, routing_request, store_routing
 from agentrl.rollout.types import (
     FinishKind,
     GenerateResult,
     InferenceError,
     PromptTooLongError,
+    RoutingShape,
     SamplingParams,
     continuation_budget,
 )
@@ -151,10 +153,13 @@ def _request_sampling(base: SamplingParams, budget: int, stops: tuple[int, ...])
 
 
 class GenerateClient(Protocol):
-    """What the agent loop needs of an inference client (:class:`agentrl.rollout.client.InferenceClient` fits)."""
+    """What the agent loop needs of an inference client (:class:`agentrl.rollout.client.InferenceClient` fits).
+    ``routed_experts`` and ``routed_experts_start`` are passed only when the loop asks for routing
+    (``AgentConfig.routed_experts``), so a client that cannot return it need not take them."""
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None) -> GenerateResult: ...
+                       routing_key: str | None = None, routed_experts: RoutingShape | None = None,
+                       routed_experts_start: int = 0) -> GenerateResult: ...
 
 
 PROMPT_TOO_LONG = "prompt too long: "  # how the error of an opening prompt that cannot fit begins
@@ -411,7 +416,8 @@ class EpisodeRunner:
         traj, rid = self.traj, new_id()
         sampling = request_sampling(self.config.sampling, budget, self.stops)
         try:
-            result = await self.client.generate(list(traj.tokens), sampling, rid=rid, routing_key=traj.session_id)
+            result = await self.client.generate(list(traj.tokens), sampling, rid=rid, routing_key=traj.session_id,
+                                                **routing_request(traj, self.config.routed_experts))
         except asyncio.CancelledError:
             abort = getattr(self.client, "abort", None)
             if abort is not None:
@@ -438,6 +444,8 @@ class EpisodeRunner:
             traj.add_error(ErrorKind.ENGINE_OUTPUT, f"the engine's answer breaks a trajectory invariant; nothing was "
                            f"appended: {exc}", component="generate")
             return StopReason.FAILED
+        if self.config.routed_experts is not None:
+            store_routing(traj, result, self.metrics)
         self.metrics["generated_tokens"] += len(result.output_ids)
         if result.output_ids and max(result.output_ids) >= self.decodable:  # rare: counted only when present
             self.metrics["padding_tokens"] += sum(1 for t in result.output_ids if t >= self.decodable)
@@ -573,6 +581,8 @@ class EpisodeRunner:
         status = status_for(reason)
         for seq in self.sequences:
             seq.finish(status, reason)
+        if self.config.routed_experts is not None:
+            self.metrics["routing/missing_tokens"] += sum(missing_routing(seq) for seq in self.sequences)
         last = self.traj
         last.metrics.update({k: float(v) for k, v in self.metrics.items()})
         last.metrics.update(self.timings)

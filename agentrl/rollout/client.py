@@ -18,7 +18,9 @@ Failure contract:
 Every call gets a request id (``rid``); :meth:`InferenceClient.abort` aborts it on the engines of the
 group (the router does not forward ``/abort_request``, so the client broadcasts it to the engine URLs
 its ``control_urls`` callable returns). A routing key (``X-SMG-Routing-Key``) keeps one episode on
-one engine under consistent hashing, so its prefix stays cached.
+one engine under consistent hashing, so its prefix stays cached. A request for a mixture-of-experts
+engine's routing (``routed_experts=``) bypasses the router, which drops the fields that ask for it:
+it goes to one of ``control_urls``' engines, the same for the same routing key.
 
 Example::
 
@@ -30,8 +32,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import functools
+import hashlib
 import operator
 import os
 import random
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 
 from agentrl.rollout._http import HttpPool
@@ -53,6 +58,7 @@ from agentrl.rollout.types import (
     PromptTooLongError,
     ProtocolError,
     RequestRejectedError,
+    RoutingShape,
     SamplingParams,
 )
 
@@ -153,11 +159,34 @@ _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
 
 
-def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> GenerateResult:
+def _routed_experts(meta: dict[str, Any], rid: str, shape: RoutingShape, start: int, expected: int) -> Any:
+    """The ``[positions, layers, top_k]`` routing of an answer (SGLang: base64 of little-endian int32),
+    checked against ``shape`` and the positions asked for; None when the answer has none."""
+    raw = meta.get("routed_experts")
+    if raw is None:
+        return None
+    try:
+        flat = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<i4")
+    except (TypeError, ValueError) as err:
+        raise ProtocolError(f"rid {rid!r}: meta_info.routed_experts is not base64 int32 data: {err}") from err
+    per_row = shape.layers * shape.top_k
+    if flat.size != expected * per_row:
+        raise ProtocolError(f"rid {rid!r}: meta_info.routed_experts holds {flat.size} ids; expected {expected} "
+                            f"positions [{start}, {start + expected}) x {shape.layers} layers x top-{shape.top_k}")
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= shape.experts):
+        raise ProtocolError(f"rid {rid!r}: meta_info.routed_experts has expert ids in [{int(flat.min())}, "
+                            f"{int(flat.max())}]; expected ids in [0, {shape.experts})")
+    return flat.reshape(expected, shape.layers, shape.top_k).astype(shape.dtype)
+
+
+def parse_generate_response(body: Any, rid: str, *, attempts: int = 1, routed_experts: RoutingShape | None = None,
+                            routed_experts_start: int = 0) -> GenerateResult:
     """Builds a :class:`GenerateResult` from one ``/generate`` JSON answer, checking its consistency.
 
     ``output_ids`` and the ids inside ``output_token_logprobs`` must agree entry by entry; a mismatch
-    or a missing field raises :class:`ProtocolError` instead of being patched over.
+    or a missing field raises :class:`ProtocolError` instead of being patched over. With
+    ``routed_experts`` (the request asked for the routing from position ``routed_experts_start``)
+    the answer's routing must cover exactly the positions up to the last sampled token's.
     """
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
         raise ProtocolError(f"/generate answer for rid {rid!r}: expected an object with 'meta_info', got {body!r:.200}")
@@ -177,6 +206,11 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
     input_triples = _triples(meta.get("input_token_logprobs", []), "input_token_logprobs")
     top = meta.get("output_top_logprobs") or []
     version = meta.get("weight_version")
+    prompt_tokens = int(meta.get("prompt_tokens", 0))
+    routing = None
+    if routed_experts is not None:
+        expected = max(0, prompt_tokens + completion - 1 - routed_experts_start)
+        routing = _routed_experts(meta, rid, routed_experts, routed_experts_start, expected)
     spans = tuple((str(x["version"]), int(x["start"]), int(x["end"])) for x in meta.get("weight_versions") or ())
     return GenerateResult(
         rid=rid,
@@ -184,7 +218,7 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
         output_logprobs=tuple(map(float, map(_first, lp_triples))),
         finish_reason=finish,
         weight_version=None if version is None else str(version),
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        prompt_tokens=prompt_tokens,
         cached_tokens=int(meta.get("cached_tokens", 0)),
         completion_tokens=completion,
         text=str(body.get("text", "")),
@@ -195,6 +229,8 @@ def parse_generate_response(body: Any, rid: str, *, attempts: int = 1) -> Genera
         e2e_latency_s=meta.get("e2e_latency"),
         attempts=attempts,
         meta=meta,
+        routed_experts=routing,
+        routed_experts_start=routed_experts_start,
     )
 
 
@@ -289,11 +325,17 @@ class InferenceClient:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         deadline_s: float | None = None,
+        routed_experts: RoutingShape | None = None,
+        routed_experts_start: int = 0,
     ) -> GenerateResult:
         """Generates from ``input_ids`` with ``sampling``; see the module docstring for failures.
 
         ``logprob_start_len=k`` (with ``max_new_tokens=0`` for pure scoring) also returns the logprobs
         of prompt positions from ``k`` on. ``deadline_s`` overrides ``ClientConfig.deadline_s``.
+        ``routed_experts``: ask a mixture-of-experts engine (started with
+        ``--enable-return-routed-experts``) for the experts of positions ``routed_experts_start`` on
+        (at most ``len(input_ids)``: the positions already held need not travel again); the answer's
+        ``routed_experts`` holds them (:class:`GenerateResult`).
         """
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"generate(sampling=...): expected SamplingParams, got {type(sampling).__name__}")
@@ -315,6 +357,12 @@ class InferenceClient:
             payload["logprob_start_len"] = logprob_start_len
         if top_logprobs_num is not None:
             payload["top_logprobs_num"] = top_logprobs_num
+        if routed_experts is not None:
+            if not 0 <= routed_experts_start <= len(input_ids):
+                raise ValueError(f"generate(routed_experts_start={routed_experts_start}): expected a position in "
+                                 f"[0, {len(input_ids)}] (the prompt's length)")
+            payload["return_routed_experts"] = True
+            payload["routed_experts_start_len"] = routed_experts_start
         adapter = self._adapter
         if adapter is not None:  # LoRA: every request goes through the current adapter version
             payload["lora_path"] = adapter[0]
@@ -326,11 +374,12 @@ class InferenceClient:
         self._ensure_session()
         assert self._limit is not None
         try:
+            routing = (routed_experts, routed_experts_start) if routed_experts is not None else None
             async with self._limit:
                 if deadline is None:
-                    result = await self._with_retries(payload, headers, rid)
+                    result = await self._with_retries(payload, headers, rid, routing=routing)
                 else:
-                    result = await self._with_deadline(payload, headers, rid, deadline)
+                    result = await self._with_deadline(payload, headers, rid, deadline, routing)
             if adapter is not None and result.weight_version is not None:  # the adapter's version, not the base's
                 result = dataclasses.replace(result, weight_version=adapter[1], weight_version_spans=())
             return result
@@ -339,7 +388,7 @@ class InferenceClient:
             self._client_aborted.discard(rid)
 
     async def _with_deadline(self, payload: dict[str, Any], headers: dict[str, str], rid: str,
-                             deadline: float) -> GenerateResult:
+                             deadline: float, routing: tuple[RoutingShape, int] | None) -> GenerateResult:
         # Timers instead of a helper task per request: at the deadline the engine is asked to abort
         # (it then answers with the tokens produced so far); if it has not answered ``abort_grace_s``
         # later, the request is cancelled and comes back aborted without tokens.
@@ -359,7 +408,7 @@ class InferenceClient:
 
         handle = loop.call_later(deadline, on_deadline)
         try:
-            return await self._with_retries(payload, headers, rid, state)
+            return await self._with_retries(payload, headers, rid, state, routing)
         except asyncio.CancelledError:
             if not state.cancelled:
                 raise
@@ -374,7 +423,8 @@ class InferenceClient:
             self._background = {t for t in self._background if not t.done()}
 
     async def _with_retries(self, payload: dict[str, Any], headers: dict[str, str], rid: str,
-                            state: _DeadlineState | None = None) -> GenerateResult:
+                            state: _DeadlineState | None = None,
+                            routing: tuple[RoutingShape, int] | None = None) -> GenerateResult:
         cfg = self.config
         last: _Retryable | None = None
         attempts = 0
@@ -399,7 +449,10 @@ class InferenceClient:
                 await asyncio.sleep(delay * random.uniform(1 - cfg.jitter, 1 + cfg.jitter))
                 attempt += 1
                 continue
-            return self._attribute(parse_generate_response(body, rid, attempts=attempts), rid, state)
+            shape, start = routing if routing is not None else (None, 0)
+            parsed = parse_generate_response(body, rid, attempts=attempts, routed_experts=shape,
+                                             routed_experts_start=start)
+            return self._attribute(parsed, rid, state)
         expired = state is not None and state.expired
         if last is None:  # aborted before anything was sent
             if expired:
@@ -424,10 +477,27 @@ class InferenceClient:
         finish = dataclasses.replace(result.finish_reason, cause=cause, message=message)
         return dataclasses.replace(result, finish_reason=finish)
 
+    def _engine_for(self, routing_key: str | None) -> str | None:
+        """The engine a routed-experts request goes to when this client is bound to a router:
+        sglang-router 0.3.2 re-serialises ``/generate`` bodies without ``return_routed_experts`` and
+        ``routed_experts_start_len`` (measured), so such a request goes straight to one of the group's
+        engines, the same one for the same routing key (rendezvous hashing over the engines in
+        rotation: an episode keeps its prefix cache, and a departing engine moves only its keys)."""
+        urls = self._targets()
+        if not urls:
+            return None
+        if routing_key is None:
+            return random.choice(urls)
+        return max(urls, key=lambda u: hashlib.blake2b(f"{u}|{routing_key}".encode(), digest_size=8).digest())
+
     async def _post_generate(self, payload: dict[str, Any], headers: dict[str, str]) -> Any:
         url = self.config.base_url + "/generate"
+        direct = None
+        if payload.get("return_routed_experts") and self.config.via_router:
+            direct = self._engine_for(headers.get(ROUTING_KEY_HEADER))
+            url = direct + "/generate" if direct is not None else url
         try:
-            if self._pool is not None:
+            if self._pool is not None and direct is None:
                 status, raw = await self._pool.post("/generate", orjson.dumps(payload), headers)
             else:
                 session = self._ensure_session()

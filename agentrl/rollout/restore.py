@@ -11,7 +11,8 @@ into a new scheduler (new environment objects, maybe a new process):
 - a suspended member is rebuilt when its group next runs: a fresh environment from the saved row
   (``env_factory(row)``), ``reset()``, then the environment's side is **replayed**
   (:func:`replay`): the agent loop runs again against a client that answers every request with the
-  recorded model segment (ids, logprobs, weight version, finish reason), so every completed turn's
+  recorded model segment (ids, logprobs, weight version, finish reason; the per-token channels, such
+  as MoE routing, are taken from the record), so every completed turn's
   parsed message reaches ``env.step`` again, forks happen where they happened, and the bridge
   session is rebuilt as it was. Each request's prompt must equal the recorded tokens before that
   segment, and the rebuilt sequences must equal the record (tokens, masks, logprobs, segments,
@@ -178,7 +179,7 @@ class _ReplayClient:
         return self.cursor >= len(self.turns)
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None) -> GenerateResult:
+                       routing_key: str | None = None, **_: Any) -> GenerateResult:
         if self.exhausted():
             raise _Mismatch(f"the replay asked for a model turn beyond the {len(self.turns)} recorded")
         index, seq, seg = self.turns[self.cursor]
@@ -260,6 +261,7 @@ def _adopt(runner: EpisodeRunner, record: MemberRecord) -> None:
     for mine, saved in zip(runner.sequences, record.sequences, strict=True):
         mine.session_id, mine.info, mine.metrics = saved.session_id, dict(saved.info), dict(saved.metrics)
         mine.errors = list(saved.errors)
+        mine.channels = {name: channel.copy() for name, channel in saved.channels.items()}  # routing, as recorded
     runner.metrics = Counter(record.metrics)
     runner.timings = dict(record.timings)
     runner.reward_parts = dict(record.reward_parts)

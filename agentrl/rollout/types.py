@@ -34,6 +34,7 @@ __all__ = [
     "PromptTooLongError",
     "ProtocolError",
     "RequestRejectedError",
+    "RoutingShape",
     "SamplingParams",
     "continuation_budget",
 ]
@@ -266,10 +267,57 @@ class GenerateResult:
     e2e_latency_s: float | None = None
     attempts: int = 1
     meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    routed_experts: Any = field(default=None, compare=False, repr=False)
+    routed_experts_start: int = 0
 
     @property
     def aborted(self) -> bool:
         return self.finish_reason.kind is FinishKind.ABORT
+
+
+@dataclass(frozen=True)
+class RoutingShape:
+    """What a mixture-of-experts engine returns per position when asked for its routing: for each of
+    ``layers`` decoder layers the ``top_k`` experts (ids below ``experts``) the position went to.
+
+    Stored in a trajectory's ``routed_experts`` channel as ``dtype`` (one byte per expert id up to 256
+    experts, two beyond): ``layers × top_k × itemsize`` bytes per token."""
+
+    layers: int
+    top_k: int
+    experts: int
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "top_k", "experts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RoutingShape.{name}={value!r}: expected an int >= 1")
+        if self.top_k > self.experts:
+            raise ValueError(f"RoutingShape.top_k={self.top_k}: expected at most experts={self.experts}")
+        if self.experts > 65536:
+            raise ValueError(f"RoutingShape.experts={self.experts}: expected at most 65536 (uint16 ids)")
+
+    @property
+    def dtype(self) -> str:
+        return "uint8" if self.experts <= 256 else "uint16"
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.layers * self.top_k * (1 if self.dtype == "uint8" else 2)
+
+    @classmethod
+    def from_model_config(cls, config: Mapping[str, Any]) -> RoutingShape | None:
+        """The routing of a Hugging Face ``config.json`` (its ``text_config`` for a multimodal
+        model): ``num_hidden_layers`` × ``num_experts_per_tok`` of ``num_experts``; None for a dense
+        model."""
+        text = config.get("text_config")
+        if isinstance(text, Mapping) and not config.get("num_experts"):
+            config = text
+        experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+        if not experts:
+            return None
+        return cls(layers=int(config["num_hidden_layers"]), top_k=int(config["num_experts_per_tok"]),
+                   experts=int(experts))
 
 
 def continuation_budget(max_new_tokens: int, generated: int, prompt_tokens: int, context_length: int) -> int:

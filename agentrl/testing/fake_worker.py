@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import threading
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from agentrl.rollout.types import RoutingShape
+from agentrl.testing.scripted import scripted_routing
 
 __all__ = ["FakeCluster", "FakeWorker", "FakeWorkerState"]
 
@@ -60,6 +64,10 @@ class FakeWorkerState:
     paused: bool = False
     in_update_session: bool = False
     pause_modes: list[str] = field(default_factory=list)
+    # a mixture-of-experts engine started with --enable-return-routed-experts: a request setting
+    # return_routed_experts gets the routing of positions [routed_experts_start_len, len - 1) as SGLang
+    # encodes it (base64 int32), each row agentrl.testing.scripted.scripted_routing of its token
+    routing: RoutingShape | None = None
 
 
 class FakeWorker:
@@ -195,6 +203,10 @@ class FakeWorker:
                 "finish_reason": finish, "weight_version": s.weight_version, "worker": s.name}
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = lps
+        if body.get("return_routed_experts") and s.routing is not None:
+            start = int(body.get("routed_experts_start_len", 0))
+            rows = scripted_routing([*ids, *out][start: len(ids) + len(out) - 1], s.routing)
+            meta["routed_experts"] = base64.b64encode(rows.astype("<i4").tobytes()).decode()
         return web.Response(body=orjson.dumps({"text": "", "output_ids": out, "meta_info": meta}),
                             content_type="application/json")
 

@@ -7,7 +7,9 @@ produces it at ``token_delay_s`` per token (a prompt that already ends with the 
 reply, a resumed turn, gets the rest), so aborts cut a turn part way and
 return the tokens produced so far, as SGLang does. ``token_delay_s`` may be a function of the
 request (some prompts slower than others). Stop ids and ``max_new_tokens`` are honoured;
-every token gets logprob ``logprob``; every answer carries ``weight_version``.
+every token gets logprob ``logprob``; every answer carries ``weight_version``. Asked for
+mixture-of-experts routing (``routed_experts=``), it answers as the scripted client does
+(:func:`agentrl.testing.scripted.scripted_routing`), an aborted turn included.
 
 It is deterministic given the policy: a request's reply depends on what the policy returns for
 its prompt, never on timing (only *where* an abort cuts depends on timing). Failures can be
@@ -24,7 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
+from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, RoutingShape, SamplingParams
+from agentrl.testing.scripted import scripted_routing
 
 __all__ = ["FakePolicyClient", "PolicyRequest"]
 
@@ -39,6 +42,7 @@ class PolicyRequest:
     routing_key: str | None
     tokenizer: Any
     _text: str | None = field(default=None, repr=False)
+    routed_experts_start: int | None = None  # where the request asked the routing to start (None: not asked)
 
     @property
     def text(self) -> str:
@@ -77,9 +81,11 @@ class FakePolicyClient:
         self._encoded: dict[str, tuple[int, ...]] = {}
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None, **_: Any) -> GenerateResult:
+                       routing_key: str | None = None, routed_experts: RoutingShape | None = None,
+                       routed_experts_start: int = 0, **_: Any) -> GenerateResult:
         rid = rid or uuid.uuid4().hex
-        req = PolicyRequest(tuple(input_ids), sampling, rid, routing_key, self.tokenizer)
+        req = PolicyRequest(tuple(input_ids), sampling, rid, routing_key, self.tokenizer,
+                            routed_experts_start=routed_experts_start if routed_experts is not None else None)
         self.requests.append(req)
         if self.fail is not None:
             exc = self.fail(req)
@@ -98,9 +104,14 @@ class FakePolicyClient:
         produced, aborted = await self._produce(rid, len(out), delay)
         if aborted:
             out, finish = out[:produced], FinishReason(FinishKind.ABORT, message="aborted")
+        routing = None
+        if routed_experts is not None:
+            routing = scripted_routing([*input_ids, *out][routed_experts_start: len(input_ids) + len(out) - 1],
+                                       routed_experts)
         return GenerateResult(rid=rid, output_ids=tuple(out), output_logprobs=tuple(self.logprob for _ in out),
                               finish_reason=finish, weight_version=self.weight_version,
-                              prompt_tokens=len(input_ids), cached_tokens=0, completion_tokens=len(out))
+                              prompt_tokens=len(input_ids), cached_tokens=0, completion_tokens=len(out),
+                              routed_experts=routing, routed_experts_start=routed_experts_start)
 
     @staticmethod
     def _cut(ids: tuple[int, ...], sampling: SamplingParams) -> tuple[list[int], FinishReason]:

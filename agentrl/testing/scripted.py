@@ -10,8 +10,11 @@
 - a turn scripted with ``finish="abort"`` returns what it has with finish ``abort``.
 
 Every request is recorded in :attr:`ScriptedClient.requests` so tests can check what the agent
-sent (input ids, the budget it asked for, the routing key). Use only in tests; the integration
-tests run the same agent loop against a real SGLang server.
+sent (input ids, the budget it asked for, the routing key, where it asked the routing to start).
+Asked for mixture-of-experts routing (``routed_experts=``), it answers as an engine does: rows for
+positions ``[routed_experts_start, prompt + completion - 1)``, each a function of the token at that
+position alone (:func:`scripted_routing`), so a test knows what every position should hold. Use only
+in tests; the integration tests run the same agent loop against a real SGLang server.
 """
 
 from __future__ import annotations
@@ -21,9 +24,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams
+import numpy as np
 
-__all__ = ["ScriptedClient", "ScriptedRequest", "ScriptedTurn"]
+from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, RoutingShape, SamplingParams
+
+__all__ = ["ScriptedClient", "ScriptedRequest", "ScriptedTurn", "scripted_routing"]
+
+
+def scripted_routing(tokens: Sequence[int], shape: RoutingShape) -> np.ndarray:
+    """``[len(tokens), layers, top_k]``: the routing the scripted engine gives each token (distinct experts
+    per layer, a function of the token id and the layer only)."""
+    ids = np.asarray(tokens, dtype=np.int64)[:, None, None]
+    layer = np.arange(shape.layers)[None, :, None]
+    slot = np.arange(shape.top_k)[None, None, :]
+    rows: np.ndarray = ((ids + 3 * layer + slot) % shape.experts).astype(shape.dtype)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,7 @@ class ScriptedRequest:
     sampling: SamplingParams
     rid: str | None
     routing_key: str | None
+    routed_experts_start: int | None = None  # None: no routing asked for
 
 
 Script = Sequence[str | ScriptedTurn | Callable[[Sequence[int]], str | ScriptedTurn]]
@@ -59,9 +75,11 @@ class ScriptedClient:
         self.aborted: list[str] = []
 
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None, **_: Any) -> GenerateResult:
+                       routing_key: str | None = None, routed_experts: RoutingShape | None = None,
+                       routed_experts_start: int = 0, **_: Any) -> GenerateResult:
         turn_no = len(self.requests)
-        self.requests.append(ScriptedRequest(tuple(input_ids), sampling, rid, routing_key))
+        self.requests.append(ScriptedRequest(tuple(input_ids), sampling, rid, routing_key,
+                                             routed_experts_start if routed_experts is not None else None))
         if turn_no >= len(self.script):
             raise RuntimeError(f"ScriptedClient: the script has {len(self.script)} turns; turn {turn_no + 1} was requested")
         entry = self.script[turn_no]
@@ -80,10 +98,15 @@ class ScriptedClient:
             if len(ids) > sampling.max_new_tokens:
                 ids, finish = ids[: sampling.max_new_tokens], FinishReason(FinishKind.LENGTH)
         logprobs = () if turn.drop_logprobs else tuple(turn.logprob for _ in ids)
+        routing = None
+        if routed_experts is not None:  # every position up to the last sampled token's, from the start asked
+            sequence = [*input_ids, *ids][routed_experts_start: len(input_ids) + len(ids) - 1]
+            routing = scripted_routing(sequence, routed_experts)
         return GenerateResult(rid=rid or f"scripted-{turn_no}", output_ids=tuple(ids), output_logprobs=logprobs,
                               finish_reason=finish, weight_version=turn.weight_version,
                               prompt_tokens=len(input_ids), cached_tokens=0, completion_tokens=len(ids),
-                              text=self.tokenizer.decode(ids, skip_special_tokens=False))
+                              text=self.tokenizer.decode(ids, skip_special_tokens=False),
+                              routed_experts=routing, routed_experts_start=routed_experts_start)
 
     async def abort(self, rid: str) -> None:
         self.aborted.append(rid)

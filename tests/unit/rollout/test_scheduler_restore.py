@@ -15,11 +15,12 @@ import pytest
 from agentrl.chat import ChatTemplate, Message, ToolCallFailure
 from agentrl.data import DataError, DataSource
 from agentrl.environments import StepResult, ToyArithmeticEnv, make_arithmetic_rows
-from agentrl.rollout import AgentConfig, RestoreError, SamplingParams, run_episode
+from agentrl.rollout import AgentConfig, RestoreError, RoutingShape, SamplingParams, run_episode
 from agentrl.rollout._step import Member
 from agentrl.rollout.restore import member_state, restore_groups
 from agentrl.rollout.scheduler import Scheduler, SchedulerConfig, SchedulerError, StepBatch
 from agentrl.testing.policy import FakePolicyClient, PolicyRequest
+from agentrl.token_data import ROUTED_EXPERTS
 from agentrl.trajectory import SegmentKind, Status, StopReason, Trajectory
 
 QUESTION = re.compile(r"What is (\d+) \* (\d+)\?")
@@ -99,10 +100,10 @@ class Drifting(ToyArithmeticEnv):
 
 
 def make(template: ChatTemplate, client: Any, env: Any = ToyArithmeticEnv, *, rows: list[dict[str, Any]] = ROWS,
-         **cfg: Any) -> Scheduler:
+         routing: RoutingShape | None = None, **cfg: Any) -> Scheduler:
     config = {"groups_per_step": 2, "group_size": 2, "over_sampling": 1.0, "partial_rollout": True, **cfg}
     return Scheduler(env, template, client, DataSource.from_rows(rows, shuffle=False), SchedulerConfig(**config),
-                     agent=AgentConfig(sampling=SamplingParams(max_new_tokens=PER_TURN)))
+                     agent=AgentConfig(sampling=SamplingParams(max_new_tokens=PER_TURN), routed_experts=routing))
 
 
 def client_for(tok: Any, policy: Callable[[PolicyRequest], str]) -> FakePolicyClient:
@@ -153,20 +154,21 @@ def suspended_turn(state: dict[str, Any]) -> list[int]:
     return parts
 
 
-@pytest.mark.parametrize("scenario", ["tool_turn", "fork"])
+@pytest.mark.parametrize("scenario", ["tool_turn", "fork", "moe_routing"])
 async def test_a_restored_buffer_continues_exactly_like_the_uninterrupted_run(tok: Any, template: ChatTemplate,
                                                                              scenario: str) -> None:
-    policy, env = (tool_then_answer, ToyArithmeticEnv) if scenario == "tool_turn" else (think_then_repeat, FollowUp)
-    original, original_client, state = await first_step(template, tok, policy, env)
+    policy, env = (think_then_repeat, FollowUp) if scenario == "fork" else (tool_then_answer, ToyArithmeticEnv)
+    routing = RoutingShape(layers=2, top_k=2, experts=8) if scenario == "moe_routing" else None
+    original, original_client, state = await first_step(template, tok, policy, env, routing=routing)
     partial = suspended_turn(state)
     assert all(p > 0 for p in partial), partial
     for member in (m for g in state["buffer"] for m in g["members"]):  # precondition: cut inside turn 2
         seqs = [Trajectory.from_dict(s) for s in member["sequences"]]
         turns = [len(t.segments_of(SegmentKind.MODEL)) for t in seqs]
-        assert turns == ([2] if scenario == "tool_turn" else [1, 1]), turns
+        assert turns == ([1, 1] if scenario == "fork" else [2]), turns
 
     resumed_client = client_for(tok, policy)
-    resumed = make(template, resumed_client, env)  # a new scheduler: new data source, new environments
+    resumed = make(template, resumed_client, env, routing=routing)  # a new scheduler: new data source, new environments
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state  # loaded, not yet run: saved exactly as it was loaded
     assert (resumed.policy_version, resumed.steps, resumed.buffered_groups) == (0, 1, 2)
@@ -178,10 +180,16 @@ async def test_a_restored_buffer_continues_exactly_like_the_uninterrupted_run(to
     assert got.report.members_restored == 4 and got.report.restored_mismatch == 0
     for traj in got.trajectories():
         assert traj.status is Status.COMPLETED and traj.reward is not None
-    if scenario == "tool_turn":  # the environment's state was rebuilt: its tool call counts
-        assert all(ep.trajectory.metrics["tool_calls"] == 1 for ep in got.episodes())
-    else:
+    if scenario == "fork":
         assert all(len(ep.sequences) == 2 for ep in got.episodes())  # the fork was replayed
+    else:  # the environment's state was rebuilt: its tool call counts
+        assert all(ep.trajectory.metrics["tool_calls"] == 1 for ep in got.episodes())
+    if routing is not None:  # the routing held before the cut was kept; the continuation asked for the rest only
+        for traj in got.trajectories():
+            channel = traj.channels[ROUTED_EXPERTS]
+            assert channel.present[:-1].all() and traj.metrics["routing/rows"] == len(traj.tokens) - 1
+        cut_requests = [r for r in resumed_client.requests if _question(r.text) in SLOW]
+        assert all(r.routed_experts_start == len(r.input_ids) - 1 for r in cut_requests)
     # the engine saw only the continuations of the cut turns, asking for what was left of their budget
     cut = [r for r in resumed_client.requests if _question(r.text) in SLOW]
     assert sorted(r.sampling.max_new_tokens for r in cut) == sorted(PER_TURN - p for p in partial)
