@@ -7,7 +7,8 @@ repository id half a minute later. agentrl loads models from local folders only:
 model first (``huggingface-cli download ORG/NAME --local-dir DIR``).
 
 :func:`model_vocab_size` reads ``vocab_size`` from ``config.json``: the model's embedding rows,
-which checkpoints pad beyond the tokenizer (``AgentConfig.vocab_size`` wants it).
+which checkpoints pad beyond the tokenizer (``AgentConfig.vocab_size`` wants it);
+:func:`model_routing_shape` the routing of a mixture-of-experts model (``AgentConfig.routed_experts``).
 
 Example::
 
@@ -21,10 +22,13 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from agentrl.rollout.types import RoutingShape
 
 __all__ = ["ModelFolderError", "Need", "check_model_folder", "has_tokenizer", "model_parameter_count",
-           "model_vocab_size"]
+           "model_routing_shape", "model_vocab_size"]
 
 Need = Literal["config", "weights", "tokenizer"]
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf", "*.safetensors.index.json", "*.bin.index.json")
@@ -87,6 +91,25 @@ def model_vocab_size(path: str | os.PathLike[str]) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     raise ModelFolderError(f"{folder / 'config.json'}: no positive integer vocab_size (nor text_config.vocab_size)")
+
+
+def model_routing_shape(path: str | os.PathLike[str]) -> RoutingShape | None:
+    """The routing a mixture-of-experts model's engine returns per token (layers, top-k, experts, from
+    ``config.json``; a multimodal config's ``text_config``); ``None`` for a dense model, or when the
+    folder or its config cannot be read here (a recipe checked on another machine)."""
+    from agentrl.rollout.types import RoutingShape
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    try:
+        return RoutingShape.from_model_config(config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelFolderError(f"{Path(path) / 'config.json'}: a mixture-of-experts config without a usable "
+                               f"num_hidden_layers / num_experts_per_tok / num_experts ({exc})") from exc
 
 
 def model_parameter_count(path: str | os.PathLike[str]) -> int | None:

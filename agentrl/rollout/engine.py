@@ -149,6 +149,9 @@ class EngineConfig:
     Values are checked at construction; the model folder itself is checked at launch (it may not
     exist on the machine that builds the config).
 
+    ``return_routed_experts``: a mixture-of-experts engine captures the experts of every position and
+    returns them to requests that ask (``--enable-return-routed-experts``; :mod:`agentrl.rollout.routing`).
+
     ``log_level_http`` is the level of the engine's HTTP server (uvicorn) log, ``error`` by default:
     sglang-router 0.3.2 probes every worker it registers for gRPC as well as HTTP, at once, and the
     gRPC probe's HTTP/2 preface reaches the engine's HTTP port, which logs each one as a warning,
@@ -182,6 +185,7 @@ class EngineConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     lora: EngineLora | None = None
+    return_routed_experts: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_path, (str, os.PathLike)) or not os.fspath(self.model_path):
@@ -244,6 +248,8 @@ class EngineConfig:
                 cmd += [flag, str(value)]
         if self.enable_memory_saver:
             cmd.append("--enable-memory-saver")
+        if self.return_routed_experts:
+            cmd.append("--enable-return-routed-experts")
         if self.lora is not None:
             cmd += self.lora.args()
         return [*cmd, *self.extra_args]

@@ -59,6 +59,7 @@ class StepStats:
     sequences: float = 0.0
     compactions: float = 0.0
     summary_turns: float = 0.0
+    routing: Counter[str] = field(default_factory=Counter)  # MoE routing rows received and missing (routing/*)
 
     def start(self) -> None:
         self.wall_start, self.cpu_start = time.perf_counter(), time.process_time()
@@ -83,6 +84,8 @@ class StepStats:
         for key, value in m.items():
             if key.startswith("failures/"):
                 self.failure_kinds[key.removeprefix("failures/")] += int(value)
+            elif key.startswith("routing/"):
+                self.routing[key] += int(value)
         for seq in episode.sequences:
             for error in seq.errors:
                 self.errors[error.kind.value] += 1
@@ -142,4 +145,5 @@ class StepStats:
             "abort/settle_s": self.abort_settle_s,
             "abort/idle_s": self.abort_idle_s,
             "abort/engine_requests_left": float(self.engine_requests_after_abort),
+            **{key: float(value) for key, value in self.routing.items()},
         })

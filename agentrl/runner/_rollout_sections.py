@@ -78,9 +78,11 @@ class EnginesSection(Section):
     urls: tuple[str, ...] = ()
 
     def to_config(self, model_path: str, *, dtype: str = "bfloat16", device: EngineDevice = "auto",
-                  release_memory: bool = False, lora: EngineLora | None = None) -> EngineConfig:
+                  release_memory: bool = False, lora: EngineLora | None = None,
+                  routed_experts: bool = False) -> EngineConfig:
         """One engine's :class:`EngineConfig`; ``release_memory`` is the default of ``enable_memory_saver``;
-        ``lora``: LoRA serving (the run derives it from ``train.lora``)."""
+        ``lora``: LoRA serving (the run derives it from ``train.lora``); ``routed_experts``: return the
+        routing of a mixture-of-experts model (the run turns it on for one)."""
         saver = self.enable_memory_saver if self.enable_memory_saver is not None else release_memory
         return EngineConfig(
             model_path=model_path, device=device, dtype=dtype, tp_size=self.tp_size, dp_size=self.dp_size,
@@ -88,6 +90,7 @@ class EnginesSection(Section):
             mem_fraction_static=self.mem_fraction_static, attention_backend=self.attention_backend,
             random_seed=self.random_seed, enable_memory_saver=saver, log_level=self.log_level,
             startup_timeout_s=self.startup_timeout_s, env=dict(self.env), extra_args=self.extra_args, lora=lora,
+            return_routed_experts=routed_experts,
         )
 
     @property

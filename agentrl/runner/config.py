@@ -48,6 +48,7 @@ from pydantic import Field, model_validator
 from agentrl._config import RunFields, Section
 from agentrl.rollout.agent import AgentConfig
 from agentrl.rollout.engine import EngineConfig, EngineLora
+from agentrl.rollout.types import RoutingShape
 from agentrl.runner._algorithm import AlgorithmSection
 from agentrl.runner._rollout_sections import EngineDevice, RolloutSection
 from agentrl.runner._sections import (
@@ -172,7 +173,17 @@ class RunConfig(Section):
         device = devices[self.cluster.accelerator]
         release = self.cluster.placement == "colocated" and self.cluster.accelerator != "cpu"
         return self.rollout.engines.to_config(self.model.path, dtype=self.model.dtype, device=device,
-                                              release_memory=release, lora=self.engine_lora())
+                                              release_memory=release, lora=self.engine_lora(),
+                                              routed_experts=self.model_routing() is not None)
+
+    def model_routing(self) -> RoutingShape | None:
+        """The routing of a mixture-of-experts model (from its folder's ``config.json``; ``None`` for a
+        dense model or a folder this machine cannot read): the engines return it and every episode
+        stores it, whatever ``algorithm.routing_replay`` says, so the routing figures are measured
+        with replay off too."""
+        from agentrl.model_folder import model_routing_shape
+
+        return model_routing_shape(self.model.path)
 
     @property
     def engines_launched(self) -> int:
@@ -197,7 +208,8 @@ class RunConfig(Section):
                           backend="torch_native" if self.cluster.accelerator == "cpu" else None)
 
     def agent_config(self) -> AgentConfig:
-        return self.rollout.to_agent_config()
+        """The agent loop's settings; for a mixture-of-experts model it asks for routing."""
+        return dataclasses.replace(self.rollout.to_agent_config(), routed_experts=self.model_routing())
 
     def batching_config(self) -> BatchingConfig:
         """The advantages: the algorithm's estimator, and the teacher's term when there is a ``teacher``."""

@@ -442,3 +442,18 @@ def test_megatron_backend_config_from_the_run_config() -> None:
     assert "dtype='float64' with backend='megatron'" in error_of(train={"backend": "megatron", "dtype": "float64"})
     with pytest.raises(ValueError, match="is for backend 'megatron'"):
         make().megatron_backend_config()
+
+
+def test_a_mixture_of_experts_model_gets_engines_that_return_routing_and_episodes_that_store_it() -> None:
+    from agentrl.rollout import RoutingShape
+    from agentrl.testing import build_tiny_model, build_tiny_moe_model
+
+    moe = make(model={"path": str(build_tiny_moe_model())})
+    assert moe.model_routing() == RoutingShape(layers=2, top_k=2, experts=8)
+    assert moe.engine_config().return_routed_experts
+    assert "--enable-return-routed-experts" in moe.engine_config().command(30000, "cpu")
+    assert moe.agent_config().routed_experts == RoutingShape(layers=2, top_k=2, experts=8)
+    dense = make(model={"path": str(build_tiny_model())})
+    assert dense.model_routing() is None and not dense.engine_config().return_routed_experts
+    assert dense.agent_config().routed_experts is None
+    assert make().model_routing() is None  # a folder this machine does not have: nothing asked
