@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from agentrl.algorithms.kinds import RoutingReplay
 
 __all__ = ["ATTENTION_MODULES", "REFUSED_MOE_TYPES", "SUPPORTED_MOE_TYPES", "MoeRouting", "RoutingStats",
-           "check_moe_lora", "check_moe_model", "fit_experts_kernel", "is_moe_config", "recompute_binding", "shared_prefix_routing"]
+           "check_moe_lora", "check_moe_model", "fit_experts_kernel", "is_moe_config", "per_expert_weights", "recompute_binding", "shared_prefix_routing"]
 
 SUPPORTED_MOE_TYPES = ("qwen3_moe",)
 """``model_type`` values whose experts the torch backend routes (and replays)."""
@@ -316,3 +316,25 @@ def fit_experts_kernel(model: torch.nn.Module, dtype: torch.dtype) -> None:
         return
     if dtype == torch.float64 and getattr(config, "_experts_implementation", None) != "eager":
         setter("eager")
+
+
+def per_expert_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` with transformers' stacked expert tensors split by expert, under the names the
+    published checkpoints (and SGLang's loader) use: ``...mlp.experts.gate_up_proj`` ``[E, 2I, H]``
+    becomes ``...mlp.experts.{e}.gate_proj.weight`` (rows ``[:I]``) and ``up_proj.weight`` (rows
+    ``[I:]``), ``...mlp.experts.down_proj`` ``[E, H, I]`` becomes ``...mlp.experts.{e}.down_proj.weight``;
+    views, no copies. Every other weight passes as it is. (SGLang skips a stacked name without a word:
+    a weight update in transformers' own names would leave the engine's experts as they were.)"""
+    for name, tensor in weights:
+        prefix, _, last = name.rpartition(".")
+        if prefix.endswith("mlp.experts") and last in ("gate_up_proj", "down_proj") and tensor.dim() == 3:
+            if last == "down_proj":
+                for e in range(tensor.shape[0]):
+                    yield f"{prefix}.{e}.down_proj.weight", tensor[e]
+            else:
+                half = tensor.shape[1] // 2
+                for e in range(tensor.shape[0]):
+                    yield f"{prefix}.{e}.gate_proj.weight", tensor[e, :half]
+                    yield f"{prefix}.{e}.up_proj.weight", tensor[e, half:]
+        else:
+            yield name, tensor

@@ -46,7 +46,7 @@ from agentrl.train.config import TorchBackendConfig
 from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
 from agentrl.train.lora import LoraAdapter
-from agentrl.train.moe import MoeRouting, check_moe_lora, fit_experts_kernel
+from agentrl.train.moe import MoeRouting, check_moe_lora, fit_experts_kernel, per_expert_weights
 from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
 from agentrl.train.packing import MicroBatch, collate, padding_micro_batch, plan_micro_batches
 from agentrl.train.prefix import plan_shared_prefix_micro_batches, shared_prefix_layout
@@ -456,8 +456,13 @@ class TorchTrainBackend:
         return torch_state.export_hf(self, directory, tokenizer)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` of the current weights, detached, for syncing inference engines.
+        """``(name, tensor)`` of the current weights, detached, for syncing inference engines, under the
+        checkpoint's names (a mixture of experts by expert: :func:`~agentrl.train.moe.per_expert_weights`).
         Under FSDP each tensor is gathered whole on every rank (every rank must iterate, in step)."""
+        weights = self._named_weights()
+        yield from per_expert_weights(weights) if self.routing is not None else weights
+
+    def _named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.sharded:
             yield from sharded_named_weights(self.model)
             return

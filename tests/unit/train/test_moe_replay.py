@@ -204,3 +204,18 @@ def test_unsupported_moe_models_and_adapters_are_refused() -> None:
     attention_only = TorchTrainBackend(moe_model(), TorchBackendConfig(
         device="cpu", dtype="float64", lora=LoraSettings(target_modules=("q_proj", "v_proj"))))
     assert attention_only.adapter is not None and attention_only.routing is not None
+
+
+def test_weights_sync_under_the_checkpoints_per_expert_names() -> None:
+    from safetensors.torch import load_file
+
+    from agentrl.testing import build_tiny_moe_model
+
+    folder = build_tiny_moe_model()
+    trained = TorchTrainBackend.from_pretrained(folder, TorchBackendConfig(device="cpu", dtype="bfloat16",
+                                                                          master_weights="none"))
+    synced = dict(trained.named_weights())
+    on_disk = load_file(str(folder / "model.safetensors"))
+    assert synced.keys() == on_disk.keys()  # model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight, router, ...
+    for name, tensor in on_disk.items():
+        assert torch.equal(synced[name], tensor), name
