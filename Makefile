@@ -7,7 +7,7 @@ DEMO_RUN := runs/demo-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
 REAL_RUN := runs/demo-real-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
 REAL_MODEL := models/smollm2-135m-instruct
 
-.PHONY: setup demo demo-real demo-test test lint typecheck unit
+.PHONY: setup demo demo-real demo-moe demo-test test lint typecheck unit
 setup:
 	bash scripts/setup.sh
 
@@ -28,6 +28,14 @@ demo-real: setup
 		logging.run_dir=$(REAL_RUN)
 	$(VENV)/agentrl inspect $(REAL_RUN)
 	$(VENV)/python examples/demo_real_summary.py $(REAL_RUN) --plot $(REAL_RUN)/inspect/plots/accuracy_minutes.png
+
+# The same demo on a mixture of experts: a 4-layer Qwen3-MoE (8 experts, top-2), routing replay on
+DEMO_MOE_RUN := runs/demo-moe-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
+demo-moe: setup
+	$(VENV)/python examples/demo_prepare.py --moe --seed $(SEED)
+	$(VENV)/agentrl train examples/demo_moe_cpu.toml train.seed=$(SEED) rollout.engines.random_seed=$(SEED) \
+		logging.run_dir=$(DEMO_MOE_RUN)
+	$(VENV)/agentrl inspect $(DEMO_MOE_RUN)
 
 lint: setup
 	$(VENV)/ruff check agentrl tools environments tests bench examples

@@ -3,6 +3,8 @@ local tokenizer, synthetic tool-use conversations for the warm-up, and the RL an
 
     python examples/demo_prepare.py                 # writes models/demo-tiny and data/demo/
     agentrl train examples/demo_cpu.toml            # warm-up, then GRPO on the real engine
+    python examples/demo_prepare.py --moe           # the mixture-of-experts demo: models/demo-moe-tiny
+    agentrl train examples/demo_moe_cpu.toml        # the same task, routing replay on
 
 Everything is drawn from fixed seeds, so two runs prepare the same files (``--seed`` moves the
 model's initial weights and the warm-up data together; the held-out rows never change). The
@@ -32,13 +34,18 @@ from typing import Any
 
 from agentrl.environments import make_arithmetic_rows
 from agentrl.sft import arithmetic_conversations
-from agentrl.testing import build_tiny_model
+from agentrl.testing import build_tiny_model, build_tiny_moe_model
 
 # hidden 128, 4 heads x 32, 2 KV heads, MLP 384, tied embeddings, and 4 layers: with 2 layers the
 # warm-up plateaus at ~89% held-out token accuracy because the model copies only the first digit of
 # each number from the question into the tool call; with 4 it copies all of them (97% after 400 steps)
 DEMO_SHAPE: dict[str, Any] = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
                               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+# the same attention and depth as a Qwen3-MoE: 8 experts of width 192, top-2 (the active MLP width is
+# the dense demo's 384), tied embeddings as the dense demo's
+DEMO_MOE_SHAPE: dict[str, Any] = {"hidden_size": 128, "moe_intermediate_size": 192, "num_experts": 8,
+                                  "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "head_dim": 32, "tie_word_embeddings": True}
 
 
 def _write(path: Path, items: list[dict[str, Any]]) -> None:
@@ -58,7 +65,9 @@ def six_digit_rows(count: int, seed: int, exclude: Collection[str] = ()) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path("models/demo-tiny"))
+    parser.add_argument("--model", type=Path, default=None, help="default: models/demo-tiny (models/demo-moe-tiny "
+                        "with --moe)")
+    parser.add_argument("--moe", action="store_true", help="a tiny Qwen3-MoE (8 experts, top-2) instead of the Qwen3")
     parser.add_argument("--data", type=Path, default=Path("data/demo"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup-rows", type=int, default=4096)
@@ -77,8 +86,13 @@ def main() -> None:
     _write(args.data / "warmup_check.jsonl", arithmetic_conversations(check_rows, direct_rate=0.0))
     _write(args.data / "train.jsonl", train_rows)
     _write(args.data / "held_out.jsonl", held_out)
-    folder = build_tiny_model(args.model, seed=args.seed, **DEMO_SHAPE)
-    print(f"model {folder} (Qwen3, {DEMO_SHAPE['num_hidden_layers']} layers, hidden {DEMO_SHAPE['hidden_size']}, "
+    if args.moe:
+        folder = build_tiny_moe_model(args.model or Path("models/demo-moe-tiny"), seed=args.seed, **DEMO_MOE_SHAPE)
+        kind = f"Qwen3-MoE, {DEMO_MOE_SHAPE['num_experts']} experts top-{DEMO_MOE_SHAPE['num_experts_per_tok']}"
+    else:
+        folder = build_tiny_model(args.model or Path("models/demo-tiny"), seed=args.seed, **DEMO_SHAPE)
+        kind = "Qwen3"
+    print(f"model {folder} ({kind}, {DEMO_SHAPE['num_hidden_layers']} layers, hidden {DEMO_SHAPE['hidden_size']}, "
           f"random weights from seed {args.seed})")
 
 

@@ -83,6 +83,14 @@ def _model(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
         plan.problems.append(f"model.path={cfg.model.path!r}: {conf.name} has no 'model_type'; expected a "
                              "Hugging Face model config")
         return {}
+    if cfg.train.backend == "torch":  # a mixture of experts the torch backend cannot route, or adapt
+        from agentrl.train.moe_models import check_moe_lora, check_moe_model
+
+        try:
+            check_moe_model(meta, what=f"model.path={cfg.model.path!r}")
+            check_moe_lora(meta, cfg.train.lora)
+        except ValueError as exc:
+            plan.problems.append(str(exc))
     tok = Path(cfg.model.tokenizer)
     if not any((tok / f).is_file() for f in _TOKENIZER_FILES):
         key = "model.tokenizer_path" if cfg.model.tokenizer_path is not None else "model.path"
@@ -427,7 +435,13 @@ def _algorithm_line(cfg: RunConfig) -> str:
     clip = f"±{low:g}" if high is None or high == low else f"{low:g}/{high:g}"
     out = f"{alg.estimator.value}, {alg.resolved_policy_loss.value} loss, clip {clip}"
     out += f", KL loss {alg.kl_kind} x {alg.kl_coef:g} to the reference model" if alg.kl_coef > 0 else ", no KL loss"
-    return out + ("" if alg.correction == "none" else f", {alg.correction} correction")
+    out += "" if alg.correction == "none" else f", {alg.correction} correction"
+    routing = cfg.model_routing()
+    if routing is not None:  # a mixture of experts: its engines return routing either way
+        replay = "replayed in every training forward" if alg.routing_replay.value == "rollout" else "compared, not replayed"
+        out += (f", MoE routing {replay} ({routing.layers} layers x top-{routing.top_k} of {routing.experts}, "
+                f"{routing.bytes_per_token} B/token)")
+    return out
 
 
 def preflight(cfg: RunConfig, *, environment: Any = None) -> Plan:

@@ -13,6 +13,10 @@ no request running on it: for the module that talks to a randomly initialised mo
 agent loop, the weight-sync tests, the eval endpoint) and would otherwise boot an engine of its own for it. Booting
 one costs 40-90 s on two cores; reloading the weights costs well under a second.
 
+``moe_engine`` is the pool's engine serving the tiny Qwen3-MoE (2 layers, 8 experts, top-2) in
+float32 with ``--enable-return-routed-experts``, for the modules that need a mixture of experts
+(engine vs trainer, routing, weight sync).
+
 ``docker_daemon`` uses a daemon that already answers (``DOCKER_HOST`` or the default socket); else
 it starts a private ``dockerd`` (own data root, socket and pidfile; no iptables rules, no bridge)
 and stops it (by PID) at the end of the session, checking that it left no network link behind.
@@ -90,6 +94,13 @@ def shared_engine(engine_pool: EnginePool) -> str:
 
     return engine_pool.url(build_tiny_model(), extra_args=("--chat-template", str(TEMPLATE),
                                                            "--tool-call-parser", "qwen25"))
+
+
+@pytest.fixture(scope="session")
+def moe_engine(engine_pool: EnginePool) -> str:
+    from agentrl.testing import build_tiny_moe_model
+
+    return engine_pool.url(build_tiny_moe_model(), extra_args=("--enable-return-routed-experts",))
 
 
 async def _reset_to_tiny_model(url: str) -> None:

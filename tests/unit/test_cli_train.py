@@ -549,3 +549,34 @@ def test_a_run_stopped_by_a_repeated_failure_is_one_error_with_where_and_exit_1(
             "the first: reward: RewardValueError: score result: expected a float or Reward, got str: 'yes'\n"
             "  at my_rewards.py:3 in score\n") in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_mixture_of_experts_models_the_torch_backend_cannot_train_are_refused_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny Qwen3-MoE dry-runs with routing replay; a Qwen3.5-MoE folder and a LoRA adapter on the
+    experts are refused with the reason; an attention-only adapter passes."""
+    import shutil
+
+    from agentrl.testing import build_tiny_moe_model
+
+    moe = build_tiny_moe_model()
+    monkeypatch.chdir(ROOT)
+    path = "examples/tiny_cpu.toml"
+    base = [path, f"model.path={moe}", *shipped_data(ROOT / path), "algorithm.routing_replay=rollout"]
+    result = invoke([*base, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "MoE routing replayed in every training forward (2 layers x top-2 of 8, 4 B/token)" in result.stdout
+    result = invoke([*base, "train.lora.rank=8", "--dry-run"])
+    assert result.exit_code == 2 and "LoRA adapts attention only" in result.stderr
+    result = invoke([*base, "train.lora.rank=8", "train.lora.target_modules=[\"q_proj\", \"v_proj\"]", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "qwen3_5_moe"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(moe / name, folder / name)
+    text = json.loads((moe / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": text}))
+    result = invoke([path, f"model.path={folder}", *shipped_data(ROOT / path), "--dry-run"])
+    assert result.exit_code == 2
+    assert "model_type='qwen3_5_moe': Qwen3.5-MoE (Gated DeltaNet layers and a vision tower) is not supported yet" \
+        in result.stderr
