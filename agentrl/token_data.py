@@ -43,6 +43,7 @@ from agentrl._enum import NamedEnum
 __all__ = [
     "DTYPES",
     "ROUTED_EXPERTS",
+    "ROUTING_DIFFERS",
     "TEACHER_LOGPROBS",
     "Alignment",
     "ChannelError",
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 ROUTED_EXPERTS = "routed_experts"  # [layers, top_k] expert ids per position (mixture-of-experts routing)
+ROUTING_DIFFERS = "routing_differs"  # per position, the MoE layers whose trainer routing differs from the engine's
 TEACHER_LOGPROBS = "teacher_logprobs"  # a teacher's logprob of each sampled token (on-policy distillation)
 
 # the element types a channel may hold (stored little-endian on disk)
@@ -68,7 +70,8 @@ class Alignment(NamedEnum):
 
 
 # the alignment of the channels agentrl itself writes; any other name defaults to ``token``
-_KNOWN_ALIGNMENT = {ROUTED_EXPERTS: Alignment.POSITION, TEACHER_LOGPROBS: Alignment.TOKEN}
+_KNOWN_ALIGNMENT = {ROUTED_EXPERTS: Alignment.POSITION, ROUTING_DIFFERS: Alignment.POSITION,
+                    TEACHER_LOGPROBS: Alignment.TOKEN}
 
 
 def default_alignment(name: str) -> Alignment:

@@ -59,7 +59,9 @@ CSS = """
   background:#fafafa;border:1px solid #ddd;border-radius:6px}
 .arl .bar label{cursor:pointer;user-select:none;padding:1px 8px;border:1px solid #bbb;border-radius:10px}
 .arl .tg-b:checked~.bar .lb-b,.arl .tg-i:checked~.bar .lb-i,.arl .tg-l:checked~.bar .lb-l,
-.arl .tg-h:checked~.bar .lb-h{background:#333;color:#fff;border-color:#333}
+.arl .tg-h:checked~.bar .lb-h,.arl .tg-r:checked~.bar .lb-r{background:#333;color:#fff;border-color:#333}
+.arl .tg-r:checked~.arl-body .t.nr{text-decoration:underline dotted #777 2px}
+.arl .tg-r:checked~.arl-body .t.rd{text-decoration:underline solid #c62828 3px}
 .arl .sw{display:inline-block;width:14px;height:14px;border:3px solid;border-radius:3px;vertical-align:-2px;margin-right:3px}
 .arl .hk{display:inline-block;width:12px;height:12px;vertical-align:-1px}
 .arl .seg{border-left:8px solid;margin:6px 0;padding:4px 8px 6px;border-radius:3px}
@@ -103,7 +105,9 @@ SCRIPT = """
 root.addEventListener('mouseover',function(e){var t=e.target;if(!t.classList||!t.classList.contains('t'))return;
 var box=t.parentNode,start=+box.getAttribute('data-s'),i=Array.prototype.indexOf.call(box.children,t);
 var s='pos '+(start+i)+' \\u00b7 id '+t.getAttribute('data-i');var lp=t.getAttribute('data-l');
-if(lp!==null){s+=' \\u00b7 logprob '+lp+' \\u00b7 p '+Math.exp(+lp).toFixed(3);}tip.textContent=s;
+if(lp!==null){s+=' \\u00b7 logprob '+lp+' \\u00b7 p '+Math.exp(+lp).toFixed(3);}
+var x=t.getAttribute('data-x');if(x!==null){s+=' \\u00b7 experts '+x;}
+var d=t.getAttribute('data-d');if(d!==null){s+=' \\u00b7 trainer routes differently in '+d+' layer(s)';}tip.textContent=s;
 tip.style.display='block';tip.style.left=(e.clientX+12)+'px';tip.style.top=(e.clientY+12)+'px';});
 root.addEventListener('mouseout',function(){tip.style.display='none';});})();
 """

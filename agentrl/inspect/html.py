@@ -6,7 +6,11 @@ block coloured by its provenance (prompt / model / tool / user / scaffold, see
 hatched one for a model segment masked out; its header gives the turn, the span, the weight
 version and finish reason of a model turn and its mean and lowest logprob. Tool calls sit under
 the turn that made them with their arguments, result, failure kind and duration. Toggles show
-token boundaries, token ids, logprobs and a logprob heat map over the model's tokens. The
+token boundaries, token ids, logprobs and a logprob heat map over the model's tokens; for a
+mixture-of-experts trajectory, "routing" underlines the positions without the engine's routing
+(dotted) and, when the trajectory carries a ``routing_differs`` channel
+(:func:`agentrl.train.moe.mark_routing_differences`), the positions where the trainer's router chose
+other experts than the engine (red); hovering shows the engine's experts per layer. The
 episode's outcome (status, stop reason, reward and its parts, failure counts, errors) heads the
 page, and the sequences of a forked episode link to each other.
 
@@ -36,6 +40,7 @@ from agentrl.episode import Episode
 from agentrl.inspect._style import CSS, PROVENANCE_COLOURS, SCRIPT, heat_class
 from agentrl.inspect.calls import TurnCalls, calls_by_message, message_text
 from agentrl.inspect.decode import TokenDecoder
+from agentrl.token_data import ROUTED_EXPERTS, ROUTING_DIFFERS
 from agentrl.trajectory import Segment, SegmentKind, Trajectory
 
 __all__ = ["episode_html", "page", "trajectory_html", "write_viewer"]
@@ -74,18 +79,40 @@ def page(title: str, body: str) -> str:
 
 
 # -- tokens --------------------------------------------------------------------------------------
+def _routing_marks(traj: Trajectory, seg: Segment) -> list[tuple[str, str]] | None:
+    """Per token of ``seg``, the extra classes and data attributes of its MoE routing (None without routing)."""
+    routing = traj.channels.get(ROUTED_EXPERTS)
+    if routing is None:
+        return None
+    differs = traj.channels.get(ROUTING_DIFFERS)
+    out = []
+    for p in range(seg.start, seg.end):
+        if not routing.present[p]:
+            out.append((" nr", ' data-x="no engine routing"'))
+            continue
+        experts = "; ".join(f"L{layer}: {','.join(map(str, row))}" for layer, row in enumerate(routing.values[p].tolist()))
+        attrs = f' data-x="{experts}"'
+        if differs is not None and differs.present[p] and int(differs.values[p]) > 0:
+            out.append((" rd", f'{attrs} data-d="{int(differs.values[p])}"'))
+        else:
+            out.append(("", attrs))
+    return out
+
+
 def _token_spans(traj: Trajectory, seg: Segment, texts: Sequence[str] | None) -> str:
     ids = traj.tokens[seg.start:seg.end]
     model = seg.kind is SegmentKind.MODEL
     lps = traj.logprobs[seg.start - traj.prompt_length:seg.end - traj.prompt_length] if model else ()
+    marks = _routing_marks(traj, seg)
     parts = []
     for j, tid in enumerate(ids):
         text = _esc(texts[j]) if texts is not None else str(tid)
+        cls, attrs = marks[j] if marks is not None else ("", "")
         if model:
             lp = lps[j]
-            parts.append(f'<span class="t h{heat_class(lp)}" data-i="{tid}" data-l="{lp:.2f}">{text}</span>')
+            parts.append(f'<span class="t h{heat_class(lp)}{cls}" data-i="{tid}" data-l="{lp:.2f}"{attrs}>{text}</span>')
         else:
-            parts.append(f'<span class="t" data-i="{tid}">{text}</span>')
+            parts.append(f'<span class="t{cls}" data-i="{tid}"{attrs}>{text}</span>')
     return "".join(parts)
 
 
@@ -277,9 +304,11 @@ def _viewer(sequences: Sequence[Trajectory], env_info: Sequence[Mapping[str, Any
     uid = _uid()
     last = sequences[-1]
     calls = calls_by_message(last.messages, env_info)
-    toggles = "".join(f'<input type="checkbox" class="tg tg-{c}" id="{uid}-{c}">' for c in "bilh")
-    labels = "".join(f'<label class="lb-{c}" for="{uid}-{c}">{name}</label>' for c, name in
-                     (("b", "token boundaries"), ("i", "token ids"), ("l", "logprobs"), ("h", "logprob heat map")))
+    names = [("b", "token boundaries"), ("i", "token ids"), ("l", "logprobs"), ("h", "logprob heat map")]
+    if any(ROUTED_EXPERTS in s.channels for s in sequences):
+        names.append(("r", "routing"))
+    toggles = "".join(f'<input type="checkbox" class="tg tg-{c}" id="{uid}-{c}">' for c, _ in names)
+    labels = "".join(f'<label class="lb-{c}" for="{uid}-{c}">{name}</label>' for c, name in names)
     note = "" if decoder is not None else ('<span class="note">no tokenizer given: segments show their messages; '
                                            "the toggles show the token ids</span>")
     body = "".join(_sequence_html(uid, s, len(sequences), decoder, calls) for s in sequences)

@@ -56,7 +56,8 @@ from agentrl.train.moe_models import (
 )
 
 __all__ = ["ATTENTION_MODULES", "REFUSED_MOE_TYPES", "SUPPORTED_MOE_TYPES", "MoeRouting", "RoutingStats",
-           "check_moe_lora", "check_moe_model", "fit_experts_kernel", "is_moe_config", "per_expert_weights", "recompute_binding", "shared_prefix_routing"]
+           "check_moe_lora", "check_moe_model", "fit_experts_kernel", "is_moe_config", "mark_routing_differences",
+           "per_expert_weights", "recompute_binding", "shared_prefix_routing"]
 
 @dataclasses.dataclass
 class RoutingStats:
@@ -91,6 +92,8 @@ class _Binding:
     used_differs: torch.Tensor | None = None  # [T] bool, OR over layers
     router_differs: torch.Tensor | None = None
     tokens: int = 0  # tokens the routers saw (per layer)
+    layer_counts: torch.Tensor | None = None  # [T] int: layers whose router differs (when collecting)
+    collect: bool = False
 
 
 _BINDING: contextvars.ContextVar[_Binding | None] = contextvars.ContextVar("agentrl_moe_binding", default=None)
@@ -158,6 +161,18 @@ class MoeRouting:
                    num_experts=int(config.num_experts), replay=RoutingReplay(replay))
 
     @contextlib.contextmanager
+    def collect(self, experts: torch.Tensor, present: torch.Tensor) -> Iterator[_Binding]:
+        """Like :meth:`bind` (nothing counted in the stats), with the binding given back: after the
+        forward, its ``layer_counts`` ``[T]`` holds per token the number of layers whose router
+        chose other experts than ``experts`` (0 where ``present`` is False)."""
+        with self.bind(experts, present, record=False):
+            binding = _BINDING.get()
+            assert binding is not None
+            binding.collect = True
+            binding.layer_counts = torch.zeros(experts.shape[0], dtype=torch.int32, device=experts.device)
+            yield binding
+
+    @contextlib.contextmanager
     def bind(self, experts: torch.Tensor | None, present: torch.Tensor | None, *, real: torch.Tensor | None = None,
              record: bool = True) -> Iterator[None]:
         """Route the tokens of the forward(s) inside with the engine's ``experts`` ``[T, layers, top_k]``
@@ -222,6 +237,9 @@ class MoeRouting:
                 if self.replay is RoutingReplay.ROLLOUT:
                     used = torch.where(present[:, None], engine, own)
                     weights = probs.gather(1, used)
+                if binding.collect and binding.layer_counts is not None:
+                    with torch.no_grad():
+                        binding.layer_counts += (~_same_sets(own, engine) & present).int()
                 if binding.record and not torch.compiler.is_compiling():
                     with torch.no_grad():
                         used_differs = ~_same_sets(used, engine)
@@ -295,3 +313,29 @@ def per_expert_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[
                     yield f"{prefix}.{e}.up_proj.weight", tensor[e, half:]
         else:
             yield name, tensor
+
+
+def mark_routing_differences(backend: Any, sequences: Iterable[Any]) -> int:
+    """Score ``sequences`` (trajectories with the engine's ``routed_experts``) on ``backend`` (a
+    :class:`~agentrl.train.TorchTrainBackend` of a mixture of experts) and write, per position with
+    engine routing, the number of layers whose trainer router picks other experts into their
+    ``routing_differs`` channel: what the viewer's "routing" toggle underlines. Returns how many
+    positions differ in at least one layer."""
+    from agentrl.token_data import ROUTED_EXPERTS, ROUTING_DIFFERS
+    from agentrl.train.batching import TrainingBatch, TrainSequence
+
+    trajectories = [t for t in sequences if ROUTED_EXPERTS in t.channels and len(t.tokens) > 1]
+    if not trajectories:
+        return 0
+    batch = TrainingBatch.from_sequences([
+        TrainSequence(tokens=list(t.tokens), loss_mask=[0] * len(t.tokens), rollout_logprobs=[0.0] * len(t.tokens),
+                      advantages=[0.0] * len(t.tokens), rollout_id=f"mark-{i}", group_id="mark", reward=0.0,
+                      denominator=1.0, channels={ROUTED_EXPERTS: t.channels[ROUTED_EXPERTS]})
+        for i, t in enumerate(trajectories)])
+    differing = 0
+    for traj, counts in zip(trajectories, backend.routing_differences(batch), strict=True):
+        present = traj.channels[ROUTED_EXPERTS].present
+        for start, end in traj.channels[ROUTED_EXPERTS].spans():
+            traj.write_channel(ROUTING_DIFFERS, start, counts[start:end].astype("uint8"))
+        differing += int(((counts > 0) & present).sum())
+    return differing

@@ -194,6 +194,23 @@ class TokenScorer:
         source = torch.cat([prefix_rows, suffix_out.reshape(k * width, -1)])
         return source, prefix_rows[p - 1].expand(k, -1)
 
+    def routing_differences(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """``[N]`` per position: the MoE layers whose router (the trainer's own) picks other experts than
+        the micro-batch's engine routing; -1 where the engine's is missing. One plain packed forward
+        without gradient (a shared prefix is not used: this is for inspection)."""
+        routing = self.routing(model)
+        channel = mb.channels.get(ROUTED_EXPERTS)
+        if routing is None or channel is None:
+            return torch.full((mb.num_tokens,), -1, dtype=torch.int32)
+        inputs = {"input_ids": mb.input_ids[None], "position_ids": mb.position_ids[None], "use_cache": False,
+                  **self.documents(mb.document_lengths)}
+        head = self.head(model)
+        with torch.no_grad(), self.autocast(), routing.collect(channel.values, channel.present) as binding:
+            with head.logits() if head is not None else contextlib.nullcontext():
+                model(**inputs)
+        assert binding.layer_counts is not None
+        return torch.where(channel.present, binding.layer_counts, -1).cpu()
+
     def logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Target log-probs without gradient."""
         with torch.no_grad():

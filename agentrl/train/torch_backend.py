@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -223,6 +224,22 @@ class TorchTrainBackend:
                 flat[offsets[idx]: offsets[idx + 1]] = piece.double()
         flat = all_reduce_sum(flat).cpu()
         return [[0.0, *flat[offsets[i]: offsets[i + 1]].tolist()] for i in range(len(batch.sequences))]
+
+    def routing_differences(self, batch: TrainingBatch) -> list[Any]:
+        """Per sequence, a numpy ``int32`` array over its tokens: at each position with the engine's
+        routing (the ``routed_experts`` channel), the number of MoE layers whose router here picks other
+        experts; -1 elsewhere (the last token included). For inspection
+        (:func:`~agentrl.train.moe.mark_routing_differences`); one forward without gradient."""
+        if self.routing is None:
+            raise ValueError("routing_differences: the model is not a mixture of experts")
+        out = [np.full(len(s.tokens), -1, dtype=np.int32) for s in batch.sequences]
+        for mb in self._plan(batch, None):
+            if mb.padding:
+                continue
+            counts = self.scorer.routing_differences(self.model, mb)
+            for idx, piece in zip(mb.indices, mb.split(counts), strict=True):
+                out[idx][: len(piece)] = piece.numpy()
+        return out
 
     def _scoring_model(self, reference: bool) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager[Any]]]:
         """The model that scores (the policy, or the reference) and the context it scores in: a LoRA

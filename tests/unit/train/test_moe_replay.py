@@ -219,3 +219,22 @@ def test_weights_sync_under_the_checkpoints_per_expert_names() -> None:
     assert synced.keys() == on_disk.keys()  # model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight, router, ...
     for name, tensor in on_disk.items():
         assert torch.equal(synced[name], tensor), name
+
+
+def test_the_viewer_shows_where_the_trainers_routing_differs() -> None:
+    from agentrl.inspect import trajectory_html
+    from agentrl.token_data import ROUTING_DIFFERS
+    from agentrl.train.moe import mark_routing_differences
+
+    reference = moe_model()
+    engine = own_routing(reference, IDS)
+    engine[[2, 5], 1] = (engine[[2, 5], 1].astype(np.int64) + 1) % EXPERTS  # layer 1 of two positions
+    traj = trajectory(IDS, engine)
+    trained = backend(copy.deepcopy(reference), "off")
+    assert mark_routing_differences(trained, [traj]) == 2
+    differs = traj.channels[ROUTING_DIFFERS]
+    assert differs.present[:-1].all() and not differs.present[-1]
+    assert [int(v) for v in differs.values[:-1]] == [1 if p in (2, 5) else 0 for p in range(len(IDS) - 1)]
+    page = trajectory_html(traj)
+    assert page.count(' rd"') == 2 and page.count(' nr"') == 1  # two red marks; the last token has no routing
+    assert 'data-d="1"' in page and "L0: " in page and "routing</label>" in page
