@@ -39,6 +39,8 @@ CURVES: tuple[Curve, ...] = (
                                                             "report/metrics/abort_rate")),
     Curve("mismatch", "Engine / trainer logprob mismatch", "|logprob difference|",
           ("mismatch/mean", "mismatch/p90", "mismatch/max")),
+    Curve("moe_routing", "MoE routing: trainer vs engine", "share of positions",
+          ("train/moe/routing_differs", "train/moe/router_disagrees")),
     Curve("throughput", "Rollout throughput", "tokens / s", ("report/metrics/tokens_per_s",)),
     Curve("staleness", "Staleness", "policy versions behind", ("rollout/staleness_max",)),
     Curve("context", "Sequences and compactions per episode", "per episode",
