@@ -55,9 +55,22 @@ from agentrl.train.moe_models import (
     is_moe_config,
 )
 
-__all__ = ["ATTENTION_MODULES", "REFUSED_MOE_TYPES", "SUPPORTED_MOE_TYPES", "MoeRouting", "RoutingStats",
-           "check_moe_lora", "check_moe_model", "fit_experts_kernel", "is_moe_config", "mark_routing_differences",
-           "per_expert_weights", "recompute_binding", "shared_prefix_routing"]
+__all__ = [
+    "ATTENTION_MODULES",
+    "REFUSED_MOE_TYPES",
+    "SUPPORTED_MOE_TYPES",
+    "MoeRouting",
+    "RoutingStats",
+    "check_moe_lora",
+    "check_moe_model",
+    "fit_experts_kernel",
+    "is_moe_config",
+    "mark_routing_differences",
+    "per_expert_weights",
+    "recompute_binding",
+    "routing_shares_prefix",
+    "shared_prefix_routing",
+]
 
 @dataclasses.dataclass
 class RoutingStats:
@@ -253,6 +266,18 @@ class MoeRouting:
             return logits, weights.to(logits.dtype), used
 
         return forward
+
+
+def routing_shares_prefix(mb: Any) -> bool:
+    """Whether a shared-prefix micro-batch's prefix can run once under the engine's routing: true
+    without routing, or when every sequence's routing of the prefix agrees."""
+    from agentrl.token_data import ROUTED_EXPERTS
+
+    channel = mb.channels.get(ROUTED_EXPERTS)
+    if mb.prefix is None or channel is None:
+        return True
+    return shared_prefix_routing(channel.values, channel.present, mb.document_lengths, mb.prefix.prefix_len,
+                                 int(mb.prefix.suffix_ids.shape[1])) is not None
 
 
 def shared_prefix_routing(

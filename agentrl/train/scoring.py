@@ -107,15 +107,15 @@ class TokenScorer:
         shared prefix once; the results are in the packed layout either way."""
         channel = mb.channels.get(ROUTED_EXPERTS)
         experts, present = (channel.values, channel.present) if channel is not None else (None, None)
-        passes: tuple[Any, Any] = (None, None)
-        if mb.prefix is not None and experts is not None and present is not None and self.routing(model) is not None:
-            split = shared_prefix_routing(experts, present, mb.document_lengths, mb.prefix.prefix_len,
-                                          int(mb.prefix.suffix_ids.shape[1]))
-            passes = split if split is not None else passes
-            use_prefix = split is not None  # sequences routed differently over the prefix: one row each
-        else:
-            use_prefix = mb.prefix is not None
-        if mb.prefix is not None and use_prefix:
+        if mb.prefix is not None:
+            passes: tuple[Any, Any] = (None, None)  # each pass's engine routing
+            if experts is not None and present is not None and self.routing(model) is not None:
+                split = shared_prefix_routing(experts, present, mb.document_lengths, mb.prefix.prefix_len,
+                                              int(mb.prefix.suffix_ids.shape[1]))
+                if split is None:  # the backend's plan leaves such a micro-batch unshared
+                    raise ValueError("shared prefix: the sequences' engine routing of the prefix differs; expected "
+                                     "a plain micro-batch (see agentrl.train.moe.routing_shares_prefix)")
+                passes = split
             source, extra = self._shared_forward(model, mb.prefix, passes, record=not mb.padding)
             lp_src, ent_src = self._score_rows(model, source, mb.prefix.source_targets, entropy)
             lp_first, _ = self._score_rows(model, extra, mb.prefix.first_targets, "none")
@@ -123,8 +123,8 @@ class TokenScorer:
             lp = torch.cat([lp_src, lp_first])[gather]
             if ent_src is None:
                 return lp, None, source
-            shared = ent_src[mb.prefix.prefix_len - 1: mb.prefix.prefix_len].expand(mb.prefix.num_sequences)
-            return lp, torch.cat([ent_src, shared])[gather], source
+            last = ent_src[mb.prefix.prefix_len - 1: mb.prefix.prefix_len].expand(mb.prefix.num_sequences)
+            return lp, torch.cat([ent_src, last])[gather], source
         inputs = {"input_ids": mb.input_ids[None], "position_ids": mb.position_ids[None], "use_cache": False,
                   **self.documents(mb.document_lengths)}
         head = self.head(model)

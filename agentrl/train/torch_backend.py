@@ -47,7 +47,13 @@ from agentrl.train.config import TorchBackendConfig
 from agentrl.train.device import resolve_device
 from agentrl.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
 from agentrl.train.lora import LoraAdapter
-from agentrl.train.moe import MoeRouting, check_moe_lora, fit_experts_kernel, per_expert_weights
+from agentrl.train.moe import (
+    MoeRouting,
+    check_moe_lora,
+    fit_experts_kernel,
+    per_expert_weights,
+    routing_shares_prefix,
+)
 from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
 from agentrl.train.packing import MicroBatch, collate, padding_micro_batch, plan_micro_batches
 from agentrl.train.prefix import plan_shared_prefix_micro_batches, shared_prefix_layout
@@ -198,6 +204,8 @@ class TorchTrainBackend:
             if self.shared_prefix:
                 mb.prefix = shared_prefix_layout([batch.sequences[i].tokens for i in idx],
                                                  min_prefix=cfg.shared_prefix_min_tokens, device=self.device)
+                if mb.prefix is not None and self.routing is not None and not routing_shares_prefix(mb):
+                    mb.prefix = None  # the engine routed the shared prefix differently per sequence: one row each
             mbs.append(mb)
         if self.sharded:  # every rank runs as many forwards (each gathers parameters collectively)
             most = torch.tensor([len(mbs)], device=self.device)

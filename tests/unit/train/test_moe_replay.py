@@ -150,12 +150,12 @@ def test_a_shared_prefix_runs_once_when_its_routing_agrees_and_per_sequence_when
     shifted = [((o.astype(np.int64) + 1) % EXPERTS).astype(np.uint8) for o in own]
     other_prefix = shifted[1].copy()
     other_prefix[:40] = own[1][:40]  # the second sequence's engine routed the shared prompt differently
-    for routing in (shifted, [shifted[0], other_prefix]):
+    for routing, runs_once in ((shifted, True), ([shifted[0], other_prefix], False)):
         batch = build_training_batch([trajectory(s, r, prompt=40, rid=f"r{i}", reward=float(i))
                                       for i, (s, r) in enumerate(zip(seqs, routing, strict=True))])
         shared = backend(copy.deepcopy(reference), "rollout", shared_prefix_min_tokens=8)
         plain = backend(copy.deepcopy(reference), "rollout", shared_prefix=False)
-        assert shared.shared_prefix and shared._plan(batch, None)[0].prefix is not None
+        assert shared.shared_prefix and (shared._plan(batch, None)[0].prefix is not None) == runs_once
         got, want = shared.compute_logprobs(batch), plain.compute_logprobs(batch)
         for a, b in zip(got, want, strict=True):
             assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-9
