@@ -2,7 +2,7 @@
 same batch; and what routing costs to store (per token, and a 32k-token Qwen3-30B-A3B sample).
 
 - **Step overhead**: a Qwen3-MoE of the tiny MoE demo's shape (hidden 128, 4 layers, 8 experts, top-2,
-  expert width 96, float32, one thread), 8 prompts x G = 8 rollouts of ~350 tokens (a 300-token shared
+  expert width 192, tied embeddings, float32, one thread), 8 prompts x G = 8 rollouts of ~350 tokens (a 300-token shared
   prompt, a multi-turn response); the routing channel holds the model's own routing with one layer
   of 10% of the positions sent elsewhere (an engine that disagrees). ``TorchTrainBackend.train_step``
   (old-logprob recompute, PPO-clip, backward, AdamW) with ``routing_replay="off"`` (the baseline: the
@@ -45,10 +45,10 @@ from agentrl.train import (
     TrainSequence,
 )
 
-MODEL = {"vocab_size": 1792, "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 96,
+MODEL = {"vocab_size": 1792, "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 192,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
          "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True, "max_position_embeddings": 4096,
-         "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+         "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
 SHAPES = {"tiny_moe": RoutingShape(layers=2, top_k=2, experts=8),
           "qwen3_30b_a3b": RoutingShape(layers=48, top_k=8, experts=128),
           "qwen3_235b_a22b": RoutingShape(layers=94, top_k=8, experts=128)}
