@@ -36,7 +36,7 @@ from agentrl.runner.weights import WeightSync, WeightSyncConfig
 from agentrl.testing import build_tiny_moe_model
 from agentrl.token_data import ROUTED_EXPERTS
 from agentrl.train import TorchBackendConfig, TorchTrainBackend
-from agentrl.trajectory import StopReason, Trajectory
+from agentrl.trajectory import SegmentKind, StopReason, Trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(600)]
@@ -136,9 +136,10 @@ class FollowUps(Environment):
 async def test_an_episode_through_the_router_stores_every_positions_routing(
         engine: SGLangEngine, hf: Any, tok: Any, tmp_path: Path) -> None:
     template = ChatTemplate.from_name("qwen3", tokenizer=tok)
-    end = int(tok.convert_tokens_to_ids("<|im_end|>"))
-    # the random model rarely ends a turn by itself: a turn ends at its 4th token (it is closed with <|im_end|>)
-    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=(end,))
+    # the random model rarely ends a turn by itself: every id stops a turn once it has two tokens, so the
+    # follow-up question comes (appended or forked, as the bridge finds) and a second turn is sampled
+    sampling = SamplingParams(max_new_tokens=8, min_new_tokens=2, temperature=1.0,
+                              stop_token_ids=tuple(range(len(tok))))
     group = await EngineGroup.attach([engine.url], RouterConfig(log_dir=tmp_path))
     try:
         async with group.client() as client:
@@ -146,6 +147,7 @@ async def test_an_episode_through_the_router_stores_every_positions_routing(
                 sampling=sampling, routed_experts=SHAPE), group_id="g")
     finally:
         await group.shutdown()  # an attached engine keeps running
+    assert sum(len(t.segments_of(SegmentKind.MODEL)) for t in episode.sequences) == 2  # two turns
     for traj in episode.sequences:
         channel = traj.channels[ROUTED_EXPERTS]
         assert channel.present[:-1].all() and not channel.present[-1]
