@@ -72,6 +72,7 @@ __all__ = [
     "shared_prefix_routing",
 ]
 
+
 @dataclasses.dataclass
 class RoutingStats:
     """Routing figures summed over forwards until :meth:`take`: positions that had engine routing
