@@ -2,16 +2,21 @@
 model in the same setting: a bfloat16 CPU SGLang engine samples, a float32 torch trainer scores.
 
 The precisions differ, so the trainer's routers sometimes pick other experts than the engine's did
-(near ties flip). For each model, ``--prompts`` random prompts of 48 tokens each get ``--tokens``
-sampled tokens (T = 1) from the engine, with their logprobs and (MoE) the routing of every position;
-the trainer (``TorchTrainBackend``, float32, the same folder) then scores the same sequences:
+(near ties flip). The setting where that happens often: a 4-layer Qwen3-MoE (hidden 128, 8 experts of
+width 64, top-2) whose routers keep transformers' own initialisation (std 0.02: router logits of std
+~0.2, so the top-2 of many tokens is a near tie; the tiny test model's routers, at std 0.1, flip on
+~0.5% of positions only). For each model, ``--prompts`` random prompts of 48 tokens each get
+``--tokens`` sampled tokens (T = 1) from the engine, with their logprobs and (MoE) the routing of
+every position; the trainer (``TorchTrainBackend``, float32, the same folder) then scores the same
+sequences:
 
 - **MoE, replay off**: the trainer routes; reported: the share of positions whose trainer experts
   differ from the engine's in at least one layer (``moe/routing_differs`` of a forward over the
   batch) and the mean |logprob_engine - logprob_trainer| over the sampled tokens;
 - **MoE, replay on**: the same with the engine's experts replayed (``routing_replay="rollout"``);
-- **dense**: a Qwen3 of the same attention and depth with a dense MLP as wide as the MoE's active
-  experts (hidden 128, MLP 128), same engine precision, same trainer.
+- **dense**: the MoE's dense twin: the same embeddings, attention, norms and output head, and per
+  layer one dense MLP made of the layer's first two experts side by side (width 128, the active
+  width), each weighted 1/2: the same network with its routing fixed, served and scored the same way.
 
 Targets (the issue's acceptance): replay-on mismatch <= the dense model's, and <= half of replay-off.
 
@@ -24,7 +29,9 @@ import argparse
 import asyncio
 import json
 import random
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,11 +47,53 @@ from agentrl.rollout import (
     SGLangEngine,
 )
 from agentrl.runner.cpu import plan_cpu
-from agentrl.testing import build_tiny_model, build_tiny_moe_model
+from agentrl.testing import build_tokenizer
 from agentrl.token_data import ROUTED_EXPERTS, Alignment, TokenChannel
 from agentrl.train import LossConfig, TorchBackendConfig, TorchTrainBackend, TrainingBatch, TrainSequence
 
-DENSE_SHAPE = {"hidden_size": 128, "intermediate_size": 128, "tie_word_embeddings": False}
+MOE_SHAPE = {"hidden_size": 128, "moe_intermediate_size": 64, "num_experts": 8, "num_experts_per_tok": 2,
+             "norm_topk_prob": True, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 32, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+ROUTER_STD = 0.02  # transformers' initializer_range
+
+
+def build_models(root: Path) -> tuple[str, str]:
+    """The MoE (routers at ``ROUTER_STD``) and its dense twin, saved in bfloat16 with the test tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = build_tokenizer()
+    vocab = (len(tokenizer) + 63) // 64 * 64
+    ids = {"vocab_size": vocab, "bos_token_id": None, "eos_token_id": int(tokenizer.convert_tokens_to_ids("<|im_end|>")),
+           "pad_token_id": int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))}
+    torch.manual_seed(0)
+    moe = Qwen3MoeForCausalLM(Qwen3MoeConfig(**ids, **MOE_SHAPE))
+    with torch.no_grad():
+        moe.get_input_embeddings().weight.normal_(0.0, 0.1)
+        moe.get_output_embeddings().weight.normal_(0.0, 0.1)
+        for layer in moe.model.layers:
+            layer.mlp.gate.weight.normal_(0.0, ROUTER_STD)
+    dense_shape = {k: v for k, v in MOE_SHAPE.items() if k not in ("moe_intermediate_size", "num_experts",
+                                                                    "num_experts_per_tok", "norm_topk_prob")}
+    dense = Qwen3ForCausalLM(Qwen3Config(**ids, **dense_shape, intermediate_size=2 * MOE_SHAPE["moe_intermediate_size"]))
+    own = dense.state_dict()
+    with torch.no_grad():
+        for name, tensor in moe.state_dict().items():
+            if ".mlp." not in name and name in own:
+                own[name].copy_(tensor)
+        width = MOE_SHAPE["moe_intermediate_size"]
+        for i, layer in enumerate(moe.model.layers):
+            gate_up, down = layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj  # [E, 2I, H], [E, H, I]
+            mlp = dense.model.layers[i].mlp
+            mlp.gate_proj.weight.copy_(torch.cat([gate_up[0, :width], gate_up[1, :width]]))
+            mlp.up_proj.weight.copy_(torch.cat([gate_up[0, width:], gate_up[1, width:]]))
+            mlp.down_proj.weight.copy_(torch.cat([down[0], down[1]], dim=1) * 0.5)
+    folders = []
+    for name, model in (("moe", moe), ("dense", dense)):
+        folder = root / name
+        model.to(torch.bfloat16).save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+        folders.append(str(folder))
+    return folders[0], folders[1]
 
 
 async def sample(folder: str, routing: RoutingShape | None, prompts: list[list[int]], tokens: int,
@@ -108,11 +157,11 @@ def main() -> None:
     rng = random.Random(0)
     prompt_len = 48
     prompts = [[rng.randrange(3, 1700) for _ in range(prompt_len)] for _ in range(args.prompts)]
-    moe = str(build_tiny_moe_model())
-    dense = str(build_tiny_model(**DENSE_SHAPE))
+    moe, dense = build_models(Path(tempfile.mkdtemp(prefix="bench-moe-mismatch-")))
     started = time.perf_counter()
-    moe_samples = asyncio.run(sample(moe, RoutingShape(layers=2, top_k=2, experts=8), prompts, args.tokens,
-                                     args.log_dir))
+    shape = RoutingShape(layers=MOE_SHAPE["num_hidden_layers"], top_k=MOE_SHAPE["num_experts_per_tok"],
+                         experts=MOE_SHAPE["num_experts"])
+    moe_samples = asyncio.run(sample(moe, shape, prompts, args.tokens, args.log_dir))
     dense_samples = asyncio.run(sample(dense, None, prompts, args.tokens, args.log_dir))
     moe_batch, dense_batch = batch_of(moe_samples, prompt_len), batch_of(dense_samples, prompt_len)
     results = {"moe_replay_off": mismatch(moe, moe_batch, prompt_len, "off"),
