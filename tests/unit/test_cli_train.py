@@ -580,3 +580,17 @@ def test_mixture_of_experts_models_the_torch_backend_cannot_train_are_refused_be
     assert result.exit_code == 2
     assert "model_type='qwen3_5_moe': Qwen3.5-MoE (Gated DeltaNet layers and a vision tower) is not supported yet" \
         in result.stderr
+
+
+def test_the_moe_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make demo-moe``'s two steps, the second as a dry run: a 4-layer Qwen3-MoE, routing replayed."""
+    monkeypatch.chdir(tmp_path)
+    prep = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_prepare.py"), "--moe", "--warmup-rows", "64",
+                           "--train-rows", "64"], capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    config = json.loads((tmp_path / "models" / "demo-moe-tiny" / "config.json").read_text())
+    assert (config["model_type"], config["num_hidden_layers"], config["num_local_experts"]) == ("qwen3_moe", 4, 8)
+    result = invoke([str(ROOT / "examples" / "demo_moe_cpu.toml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "MoE routing replayed in every training forward (4 layers x top-2 of 8, 8 B/token)" in result.stdout
