@@ -46,6 +46,8 @@ CURVES: tuple[Curve, ...] = (
     Curve("context", "Sequences and compactions per episode", "per episode",
           ("report/metrics/sequences_per_episode", "report/metrics/context/compactions_per_episode",
            "report/metrics/context/summaries_per_episode")),
+    Curve("distill", "Distillation: the samples under teacher and student", "per sampled token",
+          ("distill/reverse_kl", "distill/teacher_logprob", "distill/student_logprob", "distill/teacher_share")),
 )
 
 

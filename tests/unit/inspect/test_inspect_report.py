@@ -97,3 +97,14 @@ def test_cli_run_folder_file_and_errors(partial_run: Path, tmp_path: Path) -> No
     (tmp_path / "junk.jsonl").write_text("{nope\n")
     result = runner.invoke(app, ["inspect", str(tmp_path / "junk.jsonl")])
     assert result.exit_code == 2 and "junk.jsonl: unreadable" in result.output
+
+
+def test_a_distillation_run_draws_its_figures() -> None:
+    lines = [{"step": 1, "distill/reverse_kl": 0.33, "distill/teacher_logprob": -1.2, "distill/student_logprob": -0.9,
+              "distill/teacher_share": 1.0, "distill/tokens": 990.0},
+             {"step": 2, "distill/reverse_kl": 0.25, "distill/teacher_logprob": -1.0, "distill/student_logprob": -0.75,
+              "distill/teacher_share": 1.0, "distill/tokens": 980.0}]
+    series = curve_series(next(c for c in CURVES if c.name == "distill"), lines)
+    assert series["distill/reverse_kl"] == [(1, 0.33), (2, 0.25)]
+    assert set(series) == {"distill/reverse_kl", "distill/teacher_logprob", "distill/student_logprob",
+                           "distill/teacher_share"}
