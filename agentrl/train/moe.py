@@ -256,8 +256,11 @@ class MoeRouting:
                         binding.layer_counts += (~_same_sets(own, engine) & present).int()
                 if binding.record and not torch.compiler.is_compiling():
                     with torch.no_grad():
-                        used_differs = ~_same_sets(used, engine)
+                        # replaying, the used experts are the engine's element for element where present
+                        # (only those rows count): the check needs no sort
                         router_differs = ~_same_sets(own, engine)
+                        used_differs = (used != engine).any(dim=-1) if self.replay is RoutingReplay.ROLLOUT \
+                            else router_differs
                         binding.used_differs = used_differs if binding.used_differs is None else \
                             binding.used_differs | used_differs
                         binding.router_differs = router_differs if binding.router_differs is None else \
