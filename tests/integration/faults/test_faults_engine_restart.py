@@ -1,7 +1,9 @@
 """``agentrl train`` with its only engine SIGKILLed after the first step: the whole run is the real CLI
 (Ray, the engine's host actor, a CPU SGLang engine of its own serving the tiny Qwen3, the real
 sglang-router, the torch trainer, disk weight sync), in a child process; the test kills the engine's
-process tree (SGLang's scheduler and detokenizer included) once step 1 is in the metrics.
+process tree (SGLang's scheduler and detokenizer included) once step 1 is in the metrics. The run's
+reward (``_gate.py``) holds it inside step 2 until the test has done so: with the tiny model a whole
+run can take two seconds past step 1, and a test that only polled the run folder could find it over.
 
 Expected: the run's health monitor sees the engine die, takes it out of the router's rotation,
 restarts it, loads the current weight version into it before it serves again (the post-sync probe of
@@ -20,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import _gate
 import orjson
 import psutil
 import pytest
@@ -29,7 +32,7 @@ from agentrl.testing import build_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
-STEPS, GROUPS = 3, 2
+STEPS, GROUPS, GROUP_SIZE = 3, 2, 2
 
 
 def _config(root: Path) -> Path:
@@ -44,7 +47,7 @@ def _config(root: Path) -> Path:
                         "startup_timeout_s": 300},
             "health": {"check_interval_s": 0.5},
             "sampling": {"max_new_tokens": 32, "temperature": 1.0},
-            "scheduler": {"groups_per_step": GROUPS, "group_size": 2},
+            "scheduler": {"groups_per_step": GROUPS, "group_size": GROUP_SIZE},
         },
         "train": {"steps": STEPS, "optimizer": {"lr": 1e-3}, "max_tokens_per_micro_batch": 2048},
         "logging": {"run_dir": str(root / "run")},
@@ -57,7 +60,7 @@ def _config(root: Path) -> Path:
 
 def _engine_tree(run: Path) -> list[psutil.Process]:
     """The run's SGLang server (found by the port its log is named after) and its children: empty while
-    no server of that port runs (before it started, or between a stop and a restart)."""
+    no server of that port runs."""
     for log in (run / "logs").glob("sglang-*.log"):
         port = log.stem.split("-", 1)[1]
         for proc in psutil.process_iter(["cmdline"]):
@@ -67,17 +70,6 @@ def _engine_tree(run: Path) -> list[psutil.Process]:
                     return [proc, *proc.children(recursive=True)]
                 except psutil.NoSuchProcess:
                     return []
-    return []
-
-
-def _serving_engine_tree(run: Path, deadline: float) -> list[psutil.Process]:
-    """The run's engine tree once it is whole (the server and its scheduler), waiting for it: the test
-    must not depend on the moment it looks (the health monitor may be restarting the engine then)."""
-    while time.monotonic() < deadline:
-        tree = _engine_tree(run)
-        if any("sglang::scheduler" in " ".join(_cmdline(p)) for p in tree):
-            return tree
-        time.sleep(0.2)
     return []
 
 
@@ -93,8 +85,8 @@ MARKER = "AGENTRL_TEST_RUN_MARKER"  # set in the run's environment: every proces
 
 def _marked(token: str) -> list[psutil.Process]:
     """Every live process on this machine whose environment carries the run's marker: the driver, Ray's
-    processes and actors, the reaper, the router, the engine and its scheduler and detokenizer, whenever
-    each started (a restarted engine included)."""
+    processes and actors, the reaper, the router, the engine and its scheduler and detokenizer, the reward
+    workers, whenever each started."""
     out = []
     for proc in psutil.process_iter():
         try:
@@ -103,6 +95,25 @@ def _marked(token: str) -> list[psutil.Process]:
         except psutil.Error:  # gone meanwhile, or not ours to read
             continue
     return out
+
+
+def _start_held(config: Path, tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """``agentrl train`` with the gated reward: after step 1 the run waits inside step 2 (its first
+    reward held, its engine up) until the test opens the gate, however fast its steps are."""
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli.main", "train", str(config), "--quiet", "--reward", "_gate:gated_reward"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **_gate.close(gate, GROUPS * GROUP_SIZE), **env})
+    return proc, gate
+
+
+def _wait_held(proc: subprocess.Popen[bytes], run: Path, gate: Path, deadline: float) -> None:
+    """Until step 1 is recorded and step 2's first reward waits at the gate (the run cannot end meanwhile)."""
+    while (_steps_done(run) < 1 or not _gate.held(gate, GROUPS * GROUP_SIZE)) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the run did not reach step 2's rewards in time"
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
 
 
 def _steps_done(run: Path) -> int:
@@ -117,25 +128,23 @@ def _steps_done(run: Path) -> int:
 def test_an_engine_killed_mid_run_is_restarted_resynced_and_no_prompt_is_lost(tmp_path: Path) -> None:
     config = _config(tmp_path)
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli.main", "train", str(config), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc, gate = _start_held(config, tmp_path)
     killed: list[int] = []
     try:
         deadline = time.monotonic() + 420
-        while _steps_done(run) < 1 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        tree = _serving_engine_tree(run, deadline)
-        assert tree, "the run's SGLang server was not found"
+        _wait_held(proc, run, gate, deadline)
+        tree = _engine_tree(run)
+        assert any("sglang::scheduler" in " ".join(_cmdline(p)) for p in tree), "the run's engine was not found whole"
         for victim in tree:
             killed.append(victim.pid)
             victim.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate(timeout=max(10.0, deadline - time.monotonic()))
+        _gate.open_gate(gate)  # step 2 goes on; step 3's requests need the engine back
+        raw, _ = proc.communicate(timeout=max(10.0, deadline - time.monotonic()))
+        out = raw.decode(errors="replace")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             proc.wait()
     assert proc.returncode == 0, out[-4000:]
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -162,17 +171,12 @@ def test_kill_9_of_the_driver_leaves_nothing_behind(tmp_path: Path) -> None:
     config = _config(tmp_path)
     run = tmp_path / "run"
     token = os.urandom(8).hex()
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli.main", "train", str(config), "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, MARKER: token})
+    proc, gate = _start_held(config, tmp_path, **{MARKER: token})
     try:
         deadline = time.monotonic() + 420
-        while _steps_done(run) < 1 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert proc.poll() is None, "the run ended before step 1"
-        # the whole engine (server, scheduler) is up: the kill must find it, not a restart in between
-        engines = _serving_engine_tree(run, deadline)
-        assert engines, "the run's SGLang server and scheduler were not found after step 1"
+        _wait_held(proc, run, gate, deadline)  # mid-run, its engine serving, a reward of step 2 held
+        engines = _engine_tree(run)
+        assert any("sglang::scheduler" in " ".join(_cmdline(p)) for p in engines), "the run's engine was not found"
         before = _marked(token)
         assert {p.pid for p in engines} <= {p.pid for p in before} and len(before) > 5, \
             ([(p.pid, _cmdline(p)[:3]) for p in before], [p.pid for p in engines])
@@ -191,3 +195,4 @@ def test_kill_9_of_the_driver_leaves_nothing_behind(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
