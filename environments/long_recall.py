@@ -1,8 +1,9 @@
 """A long-horizon task that a tiny model can learn only with a context policy that keeps facts.
 
-Each row is a document of ``pages`` pages (20 by default); every page holds one code digit and a long
-stretch of filler words. The model reads the pages one ``read`` call at a time, in order (each page
-names the next one, the last says ``next none``), then answers with every page's code::
+Each row is a document of ``pages`` pages (20 by default); every page holds one code digit (after the
+previous page's, ``p4=9 p5=2``) and a long stretch of filler words. The model reads the pages one
+``read`` call at a time, in order (each page names the next one, the last says ``next none``), then
+answers with every page's code::
 
     codes: p1=3 p2=7 p3=1 ... p20=5
 
@@ -51,7 +52,6 @@ FILLER_WORDS = (" the", " of", " to", " in", " is", " was", " for", " on", " tha
                 " from")
 """Words one token each with the test tokenizer: a page's filler costs about one token a word."""
 _PAIR = re.compile(r"p(\d+)=(\d)")
-_PAGE = re.compile(r"page (\d+) code (\d)")
 _NEXT = re.compile(r"next (\d+|none)")
 
 
@@ -74,11 +74,16 @@ def make_recall_rows(n: int, *, pages: int = 20, seed: int = 0) -> list[dict[str
 
 
 def page_text(codes: str, seed: int, page: int, filler_words: int) -> str:
-    """The text of ``page`` (1-based): its code, ``filler_words`` filler words, and the next page."""
+    """The text of ``page`` (1-based): the previous page's code and its own (``p4=9 p5=2``; page 1 has its
+    own only), ``filler_words`` filler words, and the next page (``next 6``, ``next none`` on the last).
+
+    Each page repeating its predecessor's pair makes the document one chain (``p4=9`` is followed by
+    ``p5=2`` wherever it appears), so writing the codes in order is copying, which a tiny model learns."""
     rng = random.Random(seed * 1_000 + page)
     words = "".join(rng.choice(FILLER_WORDS) for _ in range(filler_words)).strip()
     follow = f"next {page + 1}" if page < len(codes) else "next none"
-    return f"page {page} code {codes[page - 1]}\n{words}\n{follow}"
+    pairs = f"p{page - 1}={codes[page - 2]} " if page > 1 else ""
+    return f"{pairs}p{page}={codes[page - 1]}\n{words}\n{follow}"
 
 
 class _ReadTool:
@@ -152,7 +157,6 @@ def recall_policy(instruction: str, *, lossy: float = 0.0, seed: int = 0) -> Cal
             text = text[:opened + len("<|im_start|>assistant\n")]
         rng = random.Random(f"{seed}:{len(text)}:{text[-200:]}")
         codes = {int(k): d for k, d in _PAIR.findall(text)}
-        codes.update({int(k): d for k, d in _PAGE.findall(text)})
         follow = _NEXT.findall(text)
         asked = text.rstrip().endswith("<|im_start|>assistant") and instruction in text[text.rfind("<|im_start|>user"):]
         if asked:

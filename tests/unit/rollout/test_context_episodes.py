@@ -59,7 +59,7 @@ async def test_without_a_policy_the_pages_overflow_the_context(qwen3: ChatTempla
     ep = await _play(qwen3, None)
     assert (ep.status, ep.stop_reason, ep.reward) == (Status.TRUNCATED, StopReason.CONTEXT_BUDGET, 0.0)
     assert len(ep.sequences) == 1 and len(ep.trajectory.tokens) <= 2048
-    assert ep.trajectory.info["unsent_messages"][0]["role"] == "tool"
+    assert 15 <= ep.trajectory.num_model_turns <= 18  # still reading when the context ran out
 
 
 async def test_window_goes_on_in_new_sequences_but_loses_the_early_codes(qwen3: ChatTemplate) -> None:
@@ -142,8 +142,7 @@ async def test_a_separate_summarizer_writes_environment_tokens(qwen3: ChatTempla
     async def notes(messages: Sequence[Message]) -> str:
         seen.append(len(messages))
         text = " ".join(str(m.content) for m in messages)
-        codes = " ".join(f"p{k + 1}={c}" for k, c in enumerate(ROW["codes"]) if f"p{k + 1}={c}" in text
-                         or f"page {k + 1} code" in text)
+        codes = " ".join(f"p{k + 1}={c}" for k, c in enumerate(ROW["codes"]) if f"p{k + 1}={c}" in text)
         return f"{codes} next {text.rsplit('next ', 1)[1].split()[0]}"
 
     ep = await _play(qwen3, Summarize(trigger=1100, summarizer=notes))
@@ -165,7 +164,8 @@ async def test_a_summary_without_room_for_the_reply_carries_the_last_turn(qwen3:
     assert second.info["compaction"]["carried_messages"] == 2
     summary, call, page = second.messages[2:5]
     assert summary.content.startswith("Summary of the earlier turns:\np1=") and call == first.messages[-3]
-    assert page.role == "tool" and page.content.startswith(f"page {call.tool_calls[0].arguments['page']} code")
+    k = call.tool_calls[0].arguments["page"]
+    assert page.role == "tool" and page.content.startswith(f"p{k - 1}={ROW['codes'][k - 2]} p{k}={ROW['codes'][k - 1]}\n")
 
 
 async def test_the_rollouts_sampled_token_budget_spans_its_sequences(qwen3: ChatTemplate) -> None:
