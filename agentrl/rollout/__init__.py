@@ -18,6 +18,8 @@
   partial rollouts, staleness; :class:`StepReport` accounts for
   every prompt. :func:`evaluate` / :class:`EvalConfig` / :class:`EvalReport`: eval rollouts;
   :class:`ChatEndpoint` / :func:`evaluate_endpoint`: message-level episodes against an OpenAI-compatible server.
+- :class:`Window`, :class:`ElideToolOutput`, :class:`Summarize` (:class:`ContextPolicy` for your own): what an
+  episode does when its next request would not fit (:mod:`agentrl.rollout.context`).
 """
 
 import lazy_loader
