@@ -69,7 +69,7 @@ from agentrl.tools.fleet.config import FleetConfig
 from agentrl.train.config import BatchingConfig, LossConfig, TorchBackendConfig
 from agentrl.train.megatron.config import MegatronBackendConfig
 
-__all__ = ["HASH_EXCLUDED", "RUN_SANDBOX", "RunConfig"]
+__all__ = ["HASH_EXCLUDED", "HASH_OMITTED_WHEN_EMPTY", "RUN_SANDBOX", "RunConfig"]
 
 RUN_SANDBOX = RunFields(FleetConfig)
 """Where tools execute (every :class:`~agentrl.tools.fleet.FleetConfig` field, with its default)."""
@@ -80,6 +80,11 @@ HASH_EXCLUDED: tuple[tuple[str, ...], ...] = (("checkpoint", "resume"), ("cluste
 where its tools execute, how it logs and how many steps it runs do not change what a step trains, and a resumed run must
 match its checkpoint's hash (so ``--resume train.steps=N`` extends a run; with a cosine schedule and
 no ``decay_steps``, the decay then stretches to the new end)."""
+
+
+HASH_OMITTED_WHEN_EMPTY: tuple[tuple[str, ...], ...] = (("environment", "limits"), ("environment", "context"))
+"""Fields added after runs were checkpointed, left out of :meth:`RunConfig.hash` while empty (their
+default), so a config that does not use them keeps the hash its checkpoints were written with."""
 
 
 class RunConfig(Section):
@@ -127,6 +132,12 @@ class RunConfig(Section):
             for key in path[:-1]:
                 node = node[key]
             node.pop(path[-1], None)
+        for path in HASH_OMITTED_WHEN_EMPTY:
+            node = data
+            for key in path[:-1]:
+                node = node[key]
+            if not node.get(path[-1]):
+                node.pop(path[-1], None)
         return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
 
     def hash(self) -> str:

@@ -202,3 +202,10 @@ def test_bad_budgets_and_policies_in_a_run_config_name_the_key(environment: dict
 
     with pytest.raises(ValidationError, match=message):
         _config(environment)
+
+
+def test_a_config_without_budgets_or_a_policy_keeps_its_hash() -> None:
+    plain, budgeted = _config({}), _config({"limits": {"max_turns": 40}})
+    assert b'"limits"' not in plain.canonical_json() and b'"context"' not in plain.canonical_json()  # type: ignore[attr-defined]
+    assert b'"limits":{"max_turns":40}' in budgeted.canonical_json()  # type: ignore[attr-defined]
+    assert plain.hash() != budgeted.hash()  # type: ignore[attr-defined]
