@@ -7,13 +7,18 @@ tools ``bash``, ``python`` (a kernel), ``read_file``, ``write_file``, ``edit_fil
 A GRPO group's members fork one prepared workspace.
 
 Reward: the task's **hidden tests**, run after the episode (before the workspace is removed) on the
-model's source only, with a pristine harness. A grader program copies the package's regular ``.py``
-files (no symlinks, nothing else) into a fresh folder, writes the hidden tests there and runs them
-with ``python3 -I`` (no ``PYTHONPATH``, no user site): nothing the model changed outside its package
-— the visible tests, ``run_tests.py``, a ``conftest.py``, a ``sitecustomize.py`` — is even read. The
+model's source only, with a pristine harness, through :meth:`Workspace.grade
+<agentrl.tools.workspace.Workspace.grade>`: every process the model started is gone first, and the
+grader runs where none of them could reach it, from files the model never could write (the grader
+program and the hidden tests, read-only at ``/grader``). It copies the package's regular ``.py``
+files (no symlinks, nothing else) into a fresh folder and runs the hidden tests on that copy with
+``python3 -I`` (no ``PYTHONPATH``, no user site): nothing the model changed outside its package —
+the visible tests, ``run_tests.py``, a ``conftest.py``, a ``sitecustomize.py`` — is even read. The
 verdict is the grader's own count line (the expected number of tests ran, none failed), carrying a
 per-grading nonce, not an exit status. 1.0 when all hidden tests pass, else 0.0
-(``reward_info``: tests run, failures, errors).
+(``reward_info``: tests run, failures, errors). The package's own code runs in the grader's process,
+as tests do: what it could do there is the limit of in-process tests (see docs/sandbox.md, "What a
+reward may trust").
 
 Options: ``backend`` (``"bwrap"`` or ``"docker"``), ``size_mb`` (the workspace's writable cap).
 
@@ -40,7 +45,7 @@ from agentrl.tools.sandbox import SandboxLimits
 from agentrl.tools.workspace import WorkspaceSpec
 from agentrl.trajectory import Trajectory
 
-__all__ = ["FIX_SPEC", "FIX_SYSTEM_PROMPT", "FixTask", "FixTestEnv", "grader_program"]
+__all__ = ["FIX_SPEC", "FIX_SYSTEM_PROMPT", "GRADER_COMMAND", "FixTask", "FixTestEnv", "grader_files"]
 
 FIX_SYSTEM_PROMPT = (
     "You are a software engineer working in a sandbox. The folder /work holds a Python package with a bug. "
@@ -65,16 +70,22 @@ class FixTask(BaseModel):
     fix: dict[str, str] = Field(default_factory=dict)
 
 
-def grader_program(package: str, tests: dict[str, str], nonce: str) -> str:
-    """The bash command that grades ``/work/<package>`` with the hidden ``tests`` (see the module doc);
-    its last output line is ``GRADE <nonce> <tests run> <failures> <errors>``."""
-    spec = json.dumps({"package": package, "tests": tests, "nonce": nonce})
-    return f"python3 -I - <<'AGENTRL_GRADER_{nonce}'\n{_GRADER.replace('SPEC', repr(spec))}\nAGENTRL_GRADER_{nonce}\n"
+GRADER_COMMAND = "python3 -I -B /grader/grade.py"
+"""The command :meth:`FixTestEnv.reward` grades with (the files of :func:`grader_files` at /grader)."""
+
+
+def grader_files(package: str, tests: dict[str, str], nonce: str) -> dict[str, str]:
+    """The grader's files (its program, ``spec.json``, the hidden ``tests`` under ``tests/``) that
+    grade ``/work/<package>`` (see the module doc); the program's last output line is
+    ``GRADE <nonce> <tests run> <failures> <errors>``."""
+    spec = json.dumps({"package": package, "nonce": nonce})
+    return {"grade.py": _GRADER, "spec.json": spec, **{f"tests/{name}": text for name, text in tests.items()}}
 
 
 _GRADER = r'''
 import io, json, os, shutil, sys, tempfile, unittest
-spec = json.loads(SPEC)
+with open("/grader/spec.json") as f:
+    spec = json.load(f)
 root = tempfile.mkdtemp(prefix="grade-", dir="/tmp")
 source = os.path.join("/work", spec["package"])
 for folder, dirs, files in os.walk(source):
@@ -85,12 +96,9 @@ for folder, dirs, files in os.walk(source):
         path = os.path.join(folder, name)
         if name.endswith(".py") and os.path.isfile(path) and not os.path.islink(path):
             shutil.copyfile(path, os.path.join(target, name))
-for name, text in spec["tests"].items():
-    with open(os.path.join(root, name), "w") as f:
-        f.write(text)
 os.chdir(root)
-sys.path.insert(0, root)
-suite = unittest.defaultTestLoader.discover(root, pattern="test_hidden*.py", top_level_dir=root)
+sys.path[:0] = [root, "/grader/tests"]  # the copy of the package; the hidden tests, read-only
+suite = unittest.defaultTestLoader.discover("/grader/tests", pattern="test_hidden*.py", top_level_dir="/grader/tests")
 result = unittest.TextTestRunner(stream=io.StringIO()).run(suite)
 sys.stdout.write(f"\nGRADE {spec['nonce']} {result.testsRun} {len(result.failures)} {len(result.errors)}\n")
 '''
@@ -129,7 +137,8 @@ class FixTestEnv(Environment):
         task = self.task
         nonce = secrets.token_hex(8)
         ws = await self.workspace_session.get()  # created now if the model never used a tool
-        result = await ws.run(grader_program(task.package, task.hidden_tests, nonce), timeout_s=60.0)
+        result = await ws.grade(GRADER_COMMAND, files=grader_files(task.package, task.hidden_tests, nonce),
+                                timeout_s=60.0)
         counts = _grade_line(result.stdout, nonce)
         info = {"grader_exit": result.exit_code, "grader_timed_out": result.timed_out}
         if counts is None:

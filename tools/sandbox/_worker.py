@@ -160,6 +160,40 @@ def script_path(req: dict[str, Any]) -> str:
     return "/tmp/" + (name if name.replace(".", "").replace("-", "").isalnum() else ".cell.sh")
 
 
+def _memfd(name: str, data: bytes) -> int:
+    """An in-memory file holding ``data``, read from its start, inherited across exec."""
+    fd = os.memfd_create(name, 0)
+    _write_all(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def _script(req: dict[str, Any]) -> str:
+    """The path bash reads the program from: :func:`script_path` (never the working directory: a
+    workspace's files stay the program's own), or an in-memory file where /tmp has no room left (a
+    full /tmp must not stop every later command, a cleanup included)."""
+    data = str(req["code"]).encode("utf-8", "replace")
+    path = script_path(req)
+    try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        return path
+    except OSError:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return f"/proc/self/fd/{_memfd('cell.sh', data)}"
+
+
 def _read_to_end(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
@@ -178,14 +212,19 @@ def _wire_fds(fds: dict[str, int]) -> None:
     isolation.close_fds_except(tuple(range(len(high))))
 
 
-def _prepared_child(fds: dict[str, int], state: dict[str, Any], tmp_bytes: int) -> NoReturn:
+def _tmp(req: dict[str, Any]) -> tuple[int, int]:
+    """The size and the inode cap of an execution's /tmp and /dev/shm (0: the kernel's default)."""
+    return int(req.get("tmp_bytes") or 64 << 20), int(req.get("tmp_inodes") or 0)
+
+
+def _prepared_child(fds: dict[str, int], state: dict[str, Any], tmp: tuple[int, int]) -> NoReturn:
     """Builds the execution's sandbox, reports ready, waits for the request and runs it. Never returns."""
     code = EXIT_SETUP
     try:
         isolation.prctl(PR_SET_DUMPABLE, 1)
         os.setsid()
         if state["namespaces"]:
-            isolation.fresh_namespaces(tmp_bytes)
+            isolation.fresh_namespaces(*tmp)
             isolation.drop_capabilities(state["bounding"])
             isolation.supervise(fds["wait"])  # returns in the program's process only
         try:
@@ -201,18 +240,12 @@ def _prepared_child(fds: dict[str, int], state: dict[str, Any], tmp_bytes: int) 
         os.close(FD_REQUEST)
         workdir = req.get("workdir") or "/tmp"
         os.chdir(workdir)
+        if req.get("stdin") is not None:  # the program's input (a file tool's request): in memory, any size
+            os.dup2(_memfd("stdin", base64.b64decode(req["stdin"])), 0)
+        path = _script(req) if req.get("language") == "bash" else ""
         _set_limits(req)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        if req.get("language") == "bash":
-            # in /tmp, never in the working directory: a workspace's files stay the program's own
-            path = script_path(req)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(req["code"])
+        if path:
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8",
                    **{str(k): str(v) for k, v in (req.get("env") or {}).items()}}
             os.write(FD_READY, b"G")
@@ -301,7 +334,7 @@ def _tree_cpu(pid: int) -> float:
     return total
 
 
-def prepare(state: dict[str, Any], tmp_bytes: int) -> dict[str, Any]:
+def prepare(state: dict[str, Any], tmp: tuple[int, int]) -> dict[str, Any]:
     """Forks a prepared child (see the module doc); returns the worker's ends of its pipes."""
     names = ("out", "err", "status", "request", "ready") + (("wait",) if state["namespaces"] else ())
     pipes = {name: os.pipe() for name in names}
@@ -310,13 +343,13 @@ def prepare(state: dict[str, Any], tmp_bytes: int) -> dict[str, Any]:
         isolation.check(isolation.libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
     pid = os.fork()
     if pid == 0:
-        _prepared_child(child_ends, state, tmp_bytes)
+        _prepared_child(child_ends, state, tmp)
     if state["namespaces"]:  # the worker's next fork must again start from its own PID namespace
         isolation.check(isolation.libc.setns(state["pidns_fd"], CLONE_NEWPID), "setns(CLONE_NEWPID)")
     for fd in child_ends.values():
         os.close(fd)
     handle: dict[str, Any] = {name: (w if name == "request" else r) for name, (r, w) in pipes.items()}
-    handle.update(pid=pid, tmp_bytes=tmp_bytes, pidfd=None)
+    handle.update(pid=pid, tmp=tmp, pidfd=None)
     if hasattr(os, "pidfd_open"):
         try:
             handle["pidfd"] = os.pidfd_open(pid)
@@ -352,17 +385,17 @@ def _discard(handle: dict[str, Any]) -> str:
     return message
 
 
-def _take_prepared(state: dict[str, Any], tmp_bytes: int) -> tuple[dict[str, Any], str]:
+def _take_prepared(state: dict[str, Any], tmp: tuple[int, int]) -> tuple[dict[str, Any], str]:
     """A prepared child that has reported ready (set up now if none is waiting)."""
     reason = ""
     for _ in range(2):
         handle = state.pop("prepared", None)
         how = "ahead"
-        if handle is not None and handle["tmp_bytes"] != tmp_bytes:
+        if handle is not None and handle["tmp"] != tmp:
             _discard(handle)
             handle = None
         if handle is None:
-            handle, how = prepare(state, tmp_bytes), "on_demand"
+            handle, how = prepare(state, tmp), "on_demand"
         ready, _, _ = select.select([handle["ready"]], [], [], READY_TIMEOUT_S)
         if ready and os.read(handle["ready"], 1) == b"R":
             return handle, how
@@ -385,8 +418,7 @@ def _classify(status: int, timed_out: bool, cpu_s: float, req: dict[str, Any]) -
 
 def execute(req: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     """Runs one request in a prepared child and returns the result dict."""
-    tmp_bytes = int(req.get("tmp_bytes") or 64 << 20)
-    handle, how = _take_prepared(state, tmp_bytes)
+    handle, how = _take_prepared(state, _tmp(req))
     start = time.monotonic()
     pid = handle["pid"]
     try:
@@ -547,14 +579,15 @@ def serve(sweep: bool, seccomp: bytes | None, writable: tuple[str, ...] = ()) ->
         _write_frame(proto_out, result)
         if state["ahead"] and "error" not in result:  # the next execution's sandbox, built while idle
             try:
-                state["prepared"] = prepare(state, int(req.get("tmp_bytes") or 64 << 20))
+                state["prepared"] = prepare(state, _tmp(req))
             except OSError:
                 pass  # the next execution sets its own up (and reports why it cannot)
 
 
 def once(chunks: list[str], sweep: bool, seccomp: bytes | None) -> None:
-    """Runs the single request carried (base64 JSON, split over arguments) and prints its result."""
-    req = json.loads(base64.b64decode("".join(chunks)))
+    """Runs the single request carried (base64 JSON, split over arguments; ``-``: JSON on stdin, which
+    no other process sees) and prints its result."""
+    req = json.loads(_read_to_end(0) if chunks == ["-"] else base64.b64decode("".join(chunks)))
     state = _state(sweep, seccomp, ahead=False)
     try:
         if state["layout_error"]:

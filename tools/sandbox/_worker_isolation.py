@@ -125,11 +125,12 @@ def _mount(source: bytes, target: bytes, fstype: bytes, flags: int, data: bytes 
     check(libc.mount(source, target, fstype, _ulong(flags), data), f"mount {fstype.decode()} on {target.decode()}")
 
 
-def fresh_namespaces(tmp_bytes: int) -> None:
-    """Own mount, IPC and UTS namespaces, with fresh /tmp, /dev/shm, /proc and /dev/pts."""
+def fresh_namespaces(tmp_bytes: int, tmp_inodes: int = 0) -> None:
+    """Own mount, IPC and UTS namespaces, with fresh /tmp, /dev/shm (``tmp_bytes`` and, unless 0,
+    ``tmp_inodes`` files each), /proc and /dev/pts."""
     check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare(mount, ipc, uts)")
     check(libc.mount(b"none", b"/", None, _ulong(MS_REC | MS_PRIVATE), None), "mount --make-rprivate /")
-    size = f"size={int(tmp_bytes)},mode=1777".encode()
+    size = (f"size={int(tmp_bytes)},mode=1777" + (f",nr_inodes={int(tmp_inodes)}" if tmp_inodes else "")).encode()
     _mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size)
     _mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, size)
     _mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)

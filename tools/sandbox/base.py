@@ -57,7 +57,8 @@ class SandboxClosedError(RuntimeError):
 class SandboxLimits:
     """Per-execution limits. ``timeout_s`` is wall time; the rest are enforced where the backend can
     (see :meth:`Sandbox.capabilities`); a limit a backend cannot apply is reported, never ignored
-    silently."""
+    silently. ``tmp_mb`` sizes each of ``/tmp`` and ``/dev/shm``, which then hold at most one file
+    per 4 KiB of it (:func:`tmpfs_files`)."""
 
     timeout_s: float = 10.0
     cpu_s: int = 10
@@ -230,6 +231,18 @@ def worker_binds(directory: str) -> list[tuple[str, str]]:
     """``(host path, sandbox path)`` of the worker program and its parts in ``directory``."""
     return [(str(WORKER_SOURCE), f"{directory}/worker.py"),
             *((str(part), f"{directory}/{part.name}") for part in WORKER_PARTS)]
+BYTES_PER_FILE = 4096
+"""A tmpfs the sandbox mounts holds at most one file (inode) per this many bytes of its size (at
+least :data:`MIN_FILES`): a file costs kernel memory (about 1-2 KiB with its directory entry) that
+no size limit counts, so empty files would otherwise fill memory, not the tmpfs."""
+MIN_FILES = 1024
+
+
+def tmpfs_files(size_bytes: int) -> int:
+    """The file (inode) cap of a tmpfs of ``size_bytes`` (see :data:`BYTES_PER_FILE`)."""
+    return max(MIN_FILES, int(size_bytes) // BYTES_PER_FILE)
+
+
 WORKER_MEMORY_OVERHEAD_MB = 32
 """Memory for the worker itself, on top of ``memory_mb`` in a worker's (or container's) cgroup."""
 EXTRA_PIDS = 8
@@ -283,6 +296,7 @@ def worker_request(code: str, language: str, timeout_s: float, limits: SandboxLi
         "code": code, "language": language, "timeout_s": timeout_s, "cpu_s": limits.cpu_s,
         "max_output_bytes": limits.max_output_bytes, "max_file_bytes": limits.max_file_mb * mb,
         "max_open_files": limits.max_open_files, "tmp_bytes": limits.tmp_mb * mb,
+        "tmp_inodes": tmpfs_files(limits.tmp_mb * mb),
         "address_space_bytes": limits.memory_mb * mb if memory_rlimit else 0,
         "max_processes": limits.max_processes if nproc_rlimit else 0,
     }

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import logging
 import os
@@ -135,10 +136,10 @@ class BwrapSandbox(Sandbox):
         return ctrl in self._cgroup_support.controllers
 
     def bwrap_argv(self, program: Sequence[str] | None = None, *, capabilities: bool = True,
-                   tmp_bytes: int | None = None, env: dict[str, str] | None = None) -> list[str]:
+                   tmp_dir: str | None = None, env: dict[str, str] | None = None) -> list[str]:
         """The bwrap command line of one worker (without the cgroup/uid prefix). ``program`` replaces
-        the worker program (a workspace's kernel: ``capabilities=False``, its own tmpfs ``/tmp`` of
-        ``tmp_bytes``, ``env`` added to its environment)."""
+        the worker program (a workspace's kernel: ``capabilities=False``, ``tmp_dir`` bound at
+        ``/tmp``: a tmpfs its holder capped in size and files, ``env`` added to its environment)."""
         # --disable-userns (bubblewrap >= 0.8): the program cannot create nested user namespaces.
         nested = ["--unshare-user", "--disable-userns"] if "--disable-userns" in _bwrap_help(self._bwrap) else []
         if self._enter:  # inside a workspace's user namespace the user is its root: run as 65534 as elsewhere
@@ -152,7 +153,7 @@ class BwrapSandbox(Sandbox):
             if os.path.islink(f"/{name}") or os.path.isdir(f"/usr/{name}"):
                 argv += ["--symlink", f"usr/{name}", f"/{name}"]
         # /etc/alternatives holds only symlinks (Debian's choice of e.g. libblas.so.3, which numpy loads)
-        tmp = ["--size", str(tmp_bytes), "--tmpfs", "/tmp"] if tmp_bytes else ["--dir", "/tmp"]
+        tmp = ["--bind", tmp_dir, "/tmp"] if tmp_dir else ["--dir", "/tmp"]
         argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
                  "--proc", "/proc", "--dev", "/dev", *tmp]
         for host, inside in [*worker_binds(WORKER_DIR), *self._ro_binds]:
@@ -207,9 +208,11 @@ class BwrapSandbox(Sandbox):
         return await self.execute(code, language=language, timeout_s=timeout_s)
 
     async def execute(self, code: str, *, language: str = "python", timeout_s: float | None = None,
-                      workdir: str | None = None, env: dict[str, str] | None = None) -> ExecResult:
+                      workdir: str | None = None, env: dict[str, str] | None = None,
+                      stdin: bytes | None = None) -> ExecResult:
         """:meth:`run` in ``workdir`` (default ``/tmp``) with ``env`` added to a bash program's
-        environment (a workspace's commands)."""
+        environment (a workspace's commands) and ``stdin`` as the program's input (default: empty;
+        not counted in ``max_code_bytes``: a workspace's file tools send their data there)."""
         timeout = self._check_request(code, language, timeout_s)
         request = worker_request(code, language, timeout, self.limits, memory_rlimit=not self._has("memory"),
                                  nproc_rlimit=not self._has("pids"))
@@ -217,6 +220,8 @@ class BwrapSandbox(Sandbox):
             request["workdir"] = workdir
         if env:
             request["env"] = dict(env)
+        if stdin is not None:
+            request["stdin"] = base64.b64encode(stdin).decode("ascii")
         started = time.monotonic()
         try:
             data = await self._pool.execute(request, timeout, observe=_observe_oom)

@@ -40,6 +40,7 @@ from agentrl.tools.sandbox.base import (
     default_pool_size,
     result_from_worker,
     retire_reason,
+    tmpfs_files,
     worker_binds,
     worker_request,
 )
@@ -119,7 +120,8 @@ class DockerSandbox(Sandbox):
         mem = f"{lim.memory_mb + WORKER_MEMORY_OVERHEAD_MB}m"
         container = self._client.containers.run(
             self.image, ["python3", "-I", "-S", WORKER_IN_CONTAINER, "reaper"], detach=True, network_mode="none", read_only=True,
-            tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777,nosuid,nodev"}, user=NOBODY, cap_drop=["ALL"],
+            tmpfs={"/tmp": f"size={lim.tmp_mb}m,nr_inodes={tmpfs_files(lim.tmp_mb << 20)},mode=1777,nosuid,nodev"},
+            user=NOBODY, cap_drop=["ALL"],
             ipc_mode="private", shm_size=lim.tmp_mb << 20,
             security_opt=["no-new-privileges"], mem_limit=mem, memswap_limit=mem,
             pids_limit=lim.max_processes + EXTRA_PIDS, nano_cpus=int(lim.cpu_cores * 1e9), environment={},

@@ -15,38 +15,43 @@ mount, whatever the base's size. The host's view never changes (the mounts exist
 only), and the kernel removes all of them when the namespace's last process exits: a holder that
 dies, however it dies, leaves nothing mounted.
 
+Every tmpfs is capped in size and in files (``nr_inodes``: an empty file costs kernel memory that no
+size counts). A layer's hash is not the holder's work: it runs in the episode's own sandbox
+(``_layer.py``), so one member's files never hold up the requests of its group.
+
 Requests on fd 0 and answers on fd 1 are framed like the sandbox worker's (4-byte big-endian length
-+ JSON). The holder exits at end of input. Operations: ``mount``, ``freeze``, ``remove``, ``digest``,
-``snapshot``, ``restore``, ``write``, ``usage`` (see :data:`OPS`); an answer is the operation's
-result or ``{"error": message}``.
++ JSON). The holder exits at end of input. Operations: ``mount``, ``scratch``, ``freeze``,
+``remove``, ``snapshot``, ``restore``, ``write``, ``usage`` (see :data:`OPS`); an answer is the
+operation's result or ``{"error": message}``. Two carry raw bytes besides their frame: ``restore``
+reads its snapshot (``payload`` bytes) right after its request, and ``snapshot`` answers
+``{"stream": true}``, then the snapshot as frames of raw bytes (a 4-byte length each, a zero length
+at the end), then its result frame.
 """
 
 from __future__ import annotations
 
 import base64
 import ctypes
-import fnmatch
-import hashlib
 import json
 import os
-import stat
 import struct
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentrl.tools.workspace import _resolve
+    from agentrl.tools.workspace import _layer, _resolve
 else:  # run by the holder's interpreter from its own folder, standard library only
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
+        import _layer
         import _resolve
     finally:
         sys.path.pop(0)  # only for this import: the folder holds modules named like installed packages
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 0x1, 0x2, 0x4, 0x20
 MNT_DETACH = 2
-OPAQUE = "user.overlay.opaque"
+STREAM_CHUNK = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -75,6 +80,7 @@ class Holder:
         os.mkdir(f"{mountpoint}/.empty", 0o755)
         self.frozen: set[str] = set()
         self.mounted: set[str] = set()
+        self.scratches: set[str] = set()
 
     def _dir(self, name: str) -> str:
         if not name or "/" in name or name.startswith("."):
@@ -93,12 +99,12 @@ class Holder:
                 raise ValueError(f"lower layer {name!r}: expected '@base' or a frozen layer")
         return ":".join(paths) or f"{self.root}/.empty"
 
-    def _layer(self, name: str, size: int) -> str:
+    def _layer(self, name: str, size: int, inodes: int) -> str:
         where = self._dir(name)
-        if name in self.mounted or name in self.frozen:
+        if name in self.mounted or name in self.frozen or name in self.scratches:
             raise ValueError(f"layer {name!r} exists already")
         os.mkdir(where, 0o755)
-        _mount("tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)},mode=0755")
+        _mount("tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)},nr_inodes={int(inodes)},mode=0755")
         for sub in ("upper", "work", "merged"):
             os.mkdir(f"{where}/{sub}", 0o755)
         return where
@@ -107,12 +113,27 @@ class Holder:
         options = f"lowerdir={self._lowers(lowers)},upperdir={where}/upper,workdir={where}/work,userxattr"
         _mount("overlay", f"{where}/merged", "overlay", MS_NOSUID | MS_NODEV, options)
 
-    def mount(self, name: str, size: int, lowers: list[str]) -> dict[str, Any]:
-        """A writable layer ``name`` over ``lowers`` (top first), capped at ``size`` bytes."""
-        where = self._layer(name, size)
+    def mount(self, name: str, size: int, lowers: list[str], inodes: int) -> dict[str, Any]:
+        """A writable layer ``name`` over ``lowers`` (top first), capped at ``size`` bytes and
+        ``inodes`` files."""
+        where = self._layer(name, size, inodes)
         self._overlay(where, lowers)
         self.mounted.add(name)
-        return {"merged": f"{where}/merged"}
+        return {"merged": f"{where}/merged", "upper": f"{where}/upper"}
+
+    def scratch(self, name: str, size: int, inodes: int) -> dict[str, Any]:
+        """An empty tmpfs ``name`` anyone may write (a kernel's ``/tmp``), capped at ``size`` bytes and
+        ``inodes`` files; one of that name is replaced."""
+        where = self._dir(name)
+        if name in self.scratches:
+            _umount(where)
+        else:
+            if name in self.mounted or name in self.frozen:
+                raise ValueError(f"layer {name!r} exists already")
+            os.mkdir(where, 0o755)
+        _mount("tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)},nr_inodes={int(inodes)},mode=1777")
+        self.scratches.add(name)
+        return {"path": where}
 
     def freeze(self, name: str) -> dict[str, Any]:
         """Makes layer ``name`` read-only and usable as a lower layer (its overlay is unmounted)."""
@@ -130,11 +151,12 @@ class Holder:
         where = self._dir(name)
         if name in self.mounted:
             _umount(f"{where}/merged")
-        if name in self.mounted or name in self.frozen:
+        if name in self.mounted or name in self.frozen or name in self.scratches:
             _umount(where)
             os.rmdir(where)
         self.mounted.discard(name)
         self.frozen.discard(name)
+        self.scratches.discard(name)
         return {}
 
     def usage(self, name: str) -> dict[str, Any]:
@@ -158,126 +180,68 @@ class Holder:
             os.close(root)
         return {"files": len(files)}
 
-    def digest(self, name: str, ignore: list[str]) -> dict[str, Any]:
-        """A hash of layer ``name``'s writable part: every path, type, mode, content and symlink target,
-        deletions and opaque folders (not times), leaving out names matching ``ignore``."""
-        h = hashlib.sha256()
-        count = 0
-        for rel, kind, st, payload in _walk(f"{self._dir(name)}/upper", ignore, contents=True):
-            h.update(f"{rel}\0{kind}\0{st.st_mode & 0o7777:o}\0".encode())
-            h.update(hashlib.sha256(payload).digest())
-            count += 1
-        return {"digest": h.hexdigest(), "entries": count}
+    def snapshot(self, name: str, cap: int) -> dict[str, Any]:
+        """Streams layer ``name``'s writable part (``_layer.write_snapshot``, at most ``cap`` bytes) as
+        raw frames after ``{"stream": true}``; the result frame follows (see the module doc)."""
+        _send(1, {"stream": True})
+        pending = bytearray()
 
-    def snapshot(self, name: str) -> dict[str, Any]:
-        """Layer ``name``'s writable part as a list of entries (what :meth:`restore` takes)."""
-        entries = [{"path": rel, "kind": kind, "mode": st.st_mode & 0o7777,
-                    "data": base64.b64encode(payload).decode("ascii")}
-                   for rel, kind, st, payload in _walk(f"{self._dir(name)}/upper", [], contents=True)]
-        return {"entries": entries}
+        def out(data: bytes) -> None:
+            pending.extend(data)
+            while len(pending) >= STREAM_CHUNK:
+                _send_raw(1, bytes(pending[:STREAM_CHUNK]))
+                del pending[:STREAM_CHUNK]
 
-    def restore(self, name: str, size: int, lowers: list[str], entries: list[dict[str, Any]]) -> dict[str, Any]:
-        """A new layer ``name`` whose writable part is ``entries`` (from :meth:`snapshot`) over ``lowers``."""
-        where = self._layer(name, size)
         try:
-            _unpack(f"{where}/upper", entries)
+            size = _layer.write_snapshot(f"{self._dir(name)}/upper", out, int(cap))
+        except BaseException:
+            _send_raw(1, b"")
+            raise
+        if pending:
+            _send_raw(1, bytes(pending))
+        _send_raw(1, b"")
+        return {"bytes": size}
+
+    def restore(self, name: str, size: int, lowers: list[str], inodes: int, payload: _Payload) -> dict[str, Any]:
+        """A new layer ``name`` whose writable part is the snapshot in ``payload`` over ``lowers``."""
+        where = self._layer(name, size, inodes)
+        try:
+            entries = _layer.read_snapshot(f"{where}/upper", payload.read)
             self._overlay(where, lowers)
         except BaseException:
             _umount(where)
             os.rmdir(where)
             raise
         self.mounted.add(name)
-        return {"merged": f"{where}/merged"}
+        return {"merged": f"{where}/merged", "upper": f"{where}/upper", "entries": entries}
 
 
-def _walk(top: str, ignore: list[str], *, contents: bool) -> Any:
-    """``(relative path, kind, stat, payload)`` for everything below ``top`` in sorted order, never
-    following a symlink; kind is ``dir``, ``opaque`` (a folder hiding the layers below), ``file``,
-    ``link`` (payload: the target), ``whiteout`` (a deletion) or ``other``."""
-    stack = [("", os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))]
-    while stack:
-        prefix, fd = stack.pop()
-        try:
-            subdirs = []
-            for entry in sorted(os.listdir(fd)):
-                if any(fnmatch.fnmatchcase(entry, pattern) for pattern in ignore):
-                    continue
-                rel = prefix + entry
-                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    sub = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                    opaque = _is_opaque(sub)
-                    yield rel, "opaque" if opaque else "dir", st, b""
-                    subdirs.append((rel + "/", sub))
-                elif stat.S_ISLNK(st.st_mode):
-                    yield rel, "link", st, os.fsencode(os.readlink(entry, dir_fd=fd))
-                elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                    yield rel, "whiteout", st, b""
-                elif stat.S_ISREG(st.st_mode):
-                    yield rel, "file", st, _read(fd, entry) if contents else b""
-                else:
-                    yield rel, "other", st, b""
-            stack.extend(reversed(subdirs))
-        finally:
-            os.close(fd)
+class _Payload:
+    """The raw bytes that follow a request (``payload`` of them), read as needed."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.left = fd, int(size)
+
+    def read(self, n: int) -> bytes:
+        if n > self.left:
+            raise ValueError(f"the snapshot ends early: {n} bytes wanted, {self.left} left")
+        data = _read_exact(self.fd, n)
+        if data is None:
+            raise EOFError("the host closed the pipe")
+        self.left -= n
+        return data
+
+    def drain(self) -> None:
+        while self.left:
+            data = os.read(self.fd, min(self.left, STREAM_CHUNK))
+            if not data:
+                return
+            self.left -= len(data)
 
 
-def _is_opaque(fd: int) -> bool:
-    try:
-        return os.getxattr(fd, OPAQUE) == b"y"
-    except OSError:
-        return False
-
-
-def _read(dir_fd: int, name: str) -> bytes:
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-    try:
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-
-
-def _unpack(upper: str, entries: list[dict[str, Any]]) -> None:
-    """Recreates a snapshot's entries in an empty ``upper`` (parents come before their children)."""
-    root = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for e in entries:
-            path, kind, mode = str(e["path"]), str(e["kind"]), int(e["mode"]) & 0o7777
-            data = base64.b64decode(e.get("data") or "")
-            parent_fd = _resolve.make_parents(root, path)
-            name = _resolve.split_parent(path)[1]
-            try:
-                if kind in ("dir", "opaque"):
-                    os.mkdir(name, 0o700, dir_fd=parent_fd)
-                    sub = _resolve.open_beneath(parent_fd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-                    try:
-                        if kind == "opaque":
-                            os.setxattr(sub, OPAQUE, b"y")
-                        os.fchmod(sub, mode)
-                    finally:
-                        os.close(sub)
-                elif kind == "file":
-                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=parent_fd)
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                        os.fchmod(f.fileno(), mode)
-                elif kind == "link":
-                    os.symlink(os.fsdecode(data), name, dir_fd=parent_fd)
-                elif kind == "whiteout":
-                    os.mknod(name, stat.S_IFCHR | mode, 0, dir_fd=parent_fd)
-            finally:
-                os.close(parent_fd)
-    finally:
-        os.close(root)
-
-
-OPS: dict[str, Callable[..., dict[str, Any]]] = {"mount": Holder.mount, "freeze": Holder.freeze, "remove": Holder.remove, "usage": Holder.usage,
-       "write": Holder.write, "digest": Holder.digest, "snapshot": Holder.snapshot, "restore": Holder.restore}
+OPS: dict[str, Callable[..., dict[str, Any]]] = {
+    "mount": Holder.mount, "scratch": Holder.scratch, "freeze": Holder.freeze, "remove": Holder.remove,
+    "usage": Holder.usage, "write": Holder.write, "snapshot": Holder.snapshot, "restore": Holder.restore}
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -290,11 +254,14 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return buf
 
 
+def _send_raw(fd: int, data: bytes) -> None:
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _send(fd: int, obj: dict[str, Any]) -> None:
-    data = json.dumps(obj).encode()
-    data = struct.pack(">I", len(data)) + data
-    while data:
-        data = data[os.write(fd, data):]
+    _send_raw(fd, json.dumps(obj).encode())
 
 
 def main(argv: list[str]) -> None:
@@ -306,10 +273,13 @@ def main(argv: list[str]) -> None:
         if body is None:
             return  # the host closed the pipe (or died): the namespace and its mounts go with this process
         request = json.loads(body)
+        payload = _Payload(0, request.pop("payload")) if "payload" in request else None
         try:
-            result = OPS[request.pop("op")](holder, **request)
+            result = OPS[request.pop("op")](holder, **request, **({"payload": payload} if payload else {}))
         except Exception as exc:
             result = {"error": f"{type(exc).__name__}: {exc}"}
+        if payload is not None:
+            payload.drain()  # what the operation did not read: the next request starts after it
         _send(1, result)
 
 

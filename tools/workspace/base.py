@@ -13,22 +13,32 @@ every process it started and frees every resource, is idempotent, and afterwards
 ``removed`` raises :class:`WorkspaceRemovedError`. A backend's ``close()`` removes every workspace
 it created. A crash of the owning process is covered by the reaper (:mod:`agentrl._reaper`):
 processes, containers and folders a workspace registered are removed when its owner dies.
+
+What a reward may trust: :meth:`Workspace.grade` runs a command after every process the episode
+started is gone, where nothing of the model runs, with files the model never could write (at
+:data:`GRADER_DIR`, read-only); its result is what that command did. ``run``, ``python`` and the file
+operations run next to the model's processes, and a cell runs in the model's own interpreter (which
+it can patch): their output is the model's claim, never a verdict.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import hashlib
 import os
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.tools.sandbox.base import ExecResult, SandboxLimits
+from agentrl.tools.sandbox.base import ExecResult, SandboxLimits, tmpfs_files
 
 __all__ = [
     "BACKENDS",
+    "GRADER_DIR",
     "TOOL_NAMES",
     "CellResult",
     "Prepared",
@@ -38,11 +48,14 @@ __all__ = [
     "WorkspaceRemovedError",
     "WorkspaceSpec",
     "files_key",
+    "grader_folder",
 ]
 
 BACKENDS: tuple[str, ...] = ("bwrap", "docker")
 TOOL_NAMES: tuple[str, ...] = ("bash", "python", "read_file", "write_file", "edit_file", "list_dir")
 ROOT = "/work"
+GRADER_DIR = "/grader"
+"""Where :meth:`Workspace.grade` puts its files, read-only."""
 
 
 class WorkspaceError(RuntimeError):
@@ -70,6 +83,8 @@ class WorkspaceSpec:
       were written (each within ``setup_timeout_s``; a failure fails every episode that needs it);
     - ``size_mb``: the cap of what an episode may write (a tmpfs: **RAM**, charged while the episode
       runs); on Docker the base's copy counts too;
+    - ``max_files``: the cap of files (inodes) there, which cost kernel memory no size counts
+      (``None``: one per 4 KiB of ``size_mb``, at least 1024: :attr:`file_cap`);
     - ``limits``: per command and file operation (the sandbox's ``SandboxLimits``);
     - ``kernel_memory_mb``, ``cell_timeout_s``: the Python kernel's memory (per kernel) and time
       (per cell);
@@ -85,6 +100,7 @@ class WorkspaceSpec:
     setup: tuple[str, ...] = ()
     backend: str = "bwrap"
     size_mb: int = 256
+    max_files: int | None = None
     limits: SandboxLimits = field(default_factory=lambda: SandboxLimits(timeout_s=30.0, cpu_s=60, memory_mb=1024))
     kernel_memory_mb: int = 1024
     cell_timeout_s: float = 30.0
@@ -108,6 +124,8 @@ class WorkspaceSpec:
         object.__setattr__(self, "setup", tuple(self.setup))
         for name in ("size_mb", "kernel_memory_mb"):
             _positive(name, getattr(self, name))
+        if self.max_files is not None:
+            _positive("max_files", self.max_files)
         for name in ("cell_timeout_s", "setup_timeout_s"):
             _positive(name, getattr(self, name), float)
         if not isinstance(self.limits, SandboxLimits):
@@ -120,6 +138,12 @@ class WorkspaceSpec:
         if isinstance(self.tools, str) or unknown:
             raise ValueError(f"WorkspaceSpec.tools: expected names from {TOOL_NAMES}, got {self.tools!r}")
         object.__setattr__(self, "tools", tuple(self.tools))
+
+    @property
+    def file_cap(self) -> int:
+        """How many files (inodes) the workspace's writable layer may hold: ``max_files``, or one per
+        4 KiB of ``size_mb``."""
+        return self.max_files if self.max_files is not None else tmpfs_files(self.size_mb << 20)
 
     def replace(self, **changes: Any) -> WorkspaceSpec:
         return dataclasses.replace(self, **changes)
@@ -141,9 +165,32 @@ def task_files(files: Mapping[str, str | bytes]) -> dict[str, bytes]:
     return out
 
 
+@contextlib.contextmanager
+def grader_folder(files: Mapping[str, str | bytes]) -> Iterator[str]:
+    """A fresh host folder holding ``files`` (validated like the task's), readable by the sandbox
+    user, removed afterwards: what :meth:`Workspace.grade` binds read-only at :data:`GRADER_DIR`."""
+    clean = task_files(files)
+    folder = tempfile.mkdtemp(prefix="agentrl-grader-")
+    try:
+        os.chmod(folder, 0o755)
+        for path, data in clean.items():
+            target = os.path.join(folder, path)
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+            os.chmod(target, 0o644)
+        for root, dirs, _ in os.walk(folder):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o755)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def files_key(spec: WorkspaceSpec, files: Mapping[str, bytes]) -> str:
     """What makes two prepared workspaces the same: the spec and the task's files."""
-    h = hashlib.sha256(repr((spec.backend, spec.base, spec.image, spec.setup, spec.size_mb, spec.env)).encode())
+    h = hashlib.sha256(repr((spec.backend, spec.base, spec.image, spec.setup, spec.size_mb, spec.file_cap,
+                             spec.env)).encode())
     for path in sorted(files):
         h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
     return h.hexdigest()[:24]
@@ -214,6 +261,21 @@ class Workspace(abc.ABC):
     @abc.abstractmethod
     async def snapshot(self) -> bytes:
         """The workspace's writable state, for :meth:`WorkspaceBackend.restore` on the same backend."""
+
+    async def grade(self, command: str, *, files: Mapping[str, str | bytes] | None = None,
+                    timeout_s: float | None = None, env: Mapping[str, str] | None = None) -> ExecResult:
+        """Runs a reward's bash ``command`` where nothing the model started can see or change it.
+
+        First every process of the episode is ended (the kernel and whatever any cell or command
+        left running); then ``command`` runs in ``/work`` (the files as the model left them: data to
+        judge, never code to trust) in a fresh sandbox of its own (bwrap: a new sandbox on the
+        workspace's layer; Docker: a new container holding a copy of ``/work``), with its own
+        ``/tmp`` and ``files`` (relative path -> content) read-only at :data:`GRADER_DIR`, written
+        by the host where the model never could. A failure of the machinery is an
+        :class:`ExecResult` with ``killed_reason="sandbox_error"``, never an exception. A later
+        ``python`` call starts a fresh kernel. A backend that cannot isolate a grader does not have
+        this method: it raises :class:`WorkspaceError`."""
+        raise WorkspaceError(f"{type(self).__name__} cannot run a grader apart from the model's processes")
 
     @abc.abstractmethod
     async def remove(self) -> None:

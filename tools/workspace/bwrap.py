@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -40,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from agentrl._reaper import reap_path_with_this_process, reap_with_this_process, unreap, unreap_path
-from agentrl.tools.sandbox.base import ExecResult, SandboxUnavailableError
+from agentrl.tools.sandbox.base import ExecResult, SandboxUnavailableError, tmpfs_files
 from agentrl.tools.sandbox.bwrap import NOBODY, BwrapSandbox
 from agentrl.tools.sandbox.cgroups import CgroupSet, WorkerCgroup, detect_cgroups
 from agentrl.tools.sandbox.seccomp import SeccompUnsupported, filter_b64
 from agentrl.tools.workspace.base import (
+    GRADER_DIR,
     ROOT,
     CellResult,
     Prepared,
@@ -52,14 +54,17 @@ from agentrl.tools.workspace.base import (
     WorkspaceBackend,
     WorkspaceError,
     WorkspaceSpec,
+    grader_folder,
 )
 from agentrl.tools.workspace.kernel import Kernel, KernelDied
 from agentrl.tools.workspace.programs import (
+    LAYER_IN_SANDBOX,
     PROGRAM_DIR,
     fsops_code,
     fsops_result,
+    layer_code,
     program_binds,
-    snapshot_bytes,
+    snapshot_cap,
 )
 
 __all__ = ["BwrapWorkspaces"]
@@ -68,6 +73,8 @@ HOLDER = PROGRAM_DIR / "_holder.py"
 PYTHON = "/usr/bin/python3"
 HOLDER_READY_S = 30.0
 MOUNTPOINTS = ("/mnt", "/media", "/srv", "/opt", "/home")
+FRAME_CAP = 1 << 20  # a holder's answer frame (JSON) or a raw chunk of a snapshot
+STREAM_CHUNK = 1 << 20
 
 
 class _Holder:
@@ -85,9 +92,11 @@ class _Holder:
         if os.geteuid() == 0:
             argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
         try:
+            # env={}: no process of a workspace gets the trainer's environment (a sandbox could read a
+            # holder's or a bwrap init's /proc/<pid>/environ); the sandbox sets what a setting names
             proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                        env={}, start_new_session=True)
         except OSError as exc:
             raise SandboxUnavailableError(f"cannot start a workspace holder ({exc}); needs util-linux's unshare "
                                           "and setpriv") from exc
@@ -103,31 +112,66 @@ class _Holder:
             ) from exc
         return holder
 
-    async def _frame(self) -> dict[str, Any]:
+    async def _raw(self) -> bytes:
         assert self.proc.stdout is not None
         try:
-            head = await self.proc.stdout.readexactly(4)
-            data = json.loads(await self.proc.stdout.readexactly(struct.unpack(">I", head)[0]))
-        except (asyncio.IncompleteReadError, ValueError) as exc:
+            size = struct.unpack(">I", await self.proc.stdout.readexactly(4))[0]
+            if size > FRAME_CAP:
+                raise WorkspaceError(f"the workspace holder (pid {self.pid}) sent a frame of {size} bytes")
+            return await self.proc.stdout.readexactly(size)
+        except asyncio.IncompleteReadError as exc:
             raise WorkspaceError(f"the workspace holder (pid {self.pid}) is gone") from exc
+
+    async def _frame(self) -> dict[str, Any]:
+        try:
+            data = json.loads(await self._raw())
+        except ValueError as exc:
+            raise WorkspaceError(f"the workspace holder (pid {self.pid}) sent a frame that is not JSON") from exc
         if not isinstance(data, dict):
             raise WorkspaceError("the workspace holder sent something that is not an object")
         return data
 
-    async def request(self, op: str, **arguments: Any) -> dict[str, Any]:
-        """One operation of ``_holder.py``; raises :class:`WorkspaceError` with its message if it failed."""
+    async def _send(self, op: str, payload: bytes | None, arguments: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
-        body = json.dumps({"op": op, **arguments}).encode()
-        async with self._lock:
-            try:
-                self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+        body = json.dumps({"op": op, **arguments, **({"payload": len(payload)} if payload is not None else {})})
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body.encode())
+            view = memoryview(payload or b"")
+            for i in range(0, len(view), STREAM_CHUNK):  # a bounded buffer: never a second copy of a snapshot
+                self.proc.stdin.write(view[i:i + STREAM_CHUNK])
                 await self.proc.stdin.drain()
-            except (ConnectionError, BrokenPipeError) as exc:
-                raise WorkspaceError(f"the workspace holder (pid {self.pid}) is gone") from exc
+            await self.proc.stdin.drain()
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise WorkspaceError(f"the workspace holder (pid {self.pid}) is gone") from exc
+
+    async def request(self, op: str, *, payload: bytes | None = None, **arguments: Any) -> dict[str, Any]:
+        """One operation of ``_holder.py`` (``payload``: raw bytes sent after the request); raises
+        :class:`WorkspaceError` with its message if it failed."""
+        async with self._lock:
+            await self._send(op, payload, arguments)
             data = await self._frame()
         if "error" in data:
             raise WorkspaceError(f"workspace {op} failed: {data['error']}")
         return data
+
+    async def stream(self, op: str, limit: int, **arguments: Any) -> bytes:
+        """An operation that answers with raw bytes (``snapshot``): at most ``limit`` of them are kept;
+        more is a :class:`WorkspaceError` (the rest is read and dropped, so the channel stays usable)."""
+        async with self._lock:
+            await self._send(op, None, arguments)
+            first = await self._frame()
+            out, over = io.BytesIO(), False
+            if "error" not in first:
+                while chunk := await self._raw():
+                    over = over or out.tell() + len(chunk) > limit
+                    if not over:
+                        out.write(chunk)
+                first = await self._frame()
+        if "error" in first:
+            raise WorkspaceError(f"workspace {op} failed: {first['error']}")
+        if over:
+            raise WorkspaceError(f"workspace {op}: more than its cap of {limit} bytes")
+        return out.getvalue()  # (no copy: the buffer becomes the bytes)
 
     async def close(self) -> str:
         """Ends the holder (its mounts go with its namespace); returns what it wrote on stderr."""
@@ -169,9 +213,8 @@ class _Group:
 class _ProcessChannel:
     """A kernel's pipes (``KernelChannel``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, cgroup: WorkerCgroup | None,
-                 release: Any) -> None:
-        self.proc, self.cgroup, self._release = proc, cgroup, release
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
         self.pid: int | None = proc.pid
 
     async def send(self, data: bytes) -> None:
@@ -192,26 +235,27 @@ class _ProcessChannel:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         code = await self.proc.wait()
         unreap(self.proc.pid)
-        self._release(self.cgroup)
         return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
 
 
 class BwrapWorkspace(Workspace):
     """One episode's workspace in a holder (see the module doc)."""
 
-    def __init__(self, spec: WorkspaceSpec, name: str, group: _Group, merged: str, backend: BwrapWorkspaces) -> None:
+    def __init__(self, spec: WorkspaceSpec, name: str, group: _Group, layer: dict[str, Any],
+                 backend: BwrapWorkspaces) -> None:
         super().__init__(spec, name)
-        self.group, self.merged, self.backend = group, merged, backend
+        self.group, self.backend = group, backend
+        self.merged, self.upper = str(layer["merged"]), str(layer["upper"])
         self._sandbox: BwrapSandbox | None = None
         self._sandbox_lock = asyncio.Lock()
         self.kernel = Kernel(self._start_kernel, timeout_s=spec.cell_timeout_s,
                              max_output_bytes=spec.limits.max_output_bytes, memory_mb=spec.kernel_memory_mb,
                              oom=self._kernel_oom)
         self._kernel_oom_base = 0
+        # one group for the workspace's kernels, kept across restarts: what a killed kernel left
+        # charged to it (its files in /work) stays the member's, and a restart is no fresh budget
         self._kernel_cgroup: WorkerCgroup | None = None
-
-    def _enter(self) -> list[str]:
-        return ["nsenter", "-t", str(self.group.holder.pid), "-U", "-m", "--"]
+        self._kernel_tmp = f"{name}-tmp"
 
     async def sandbox(self) -> BwrapSandbox:
         """The workspace's sandbox (one worker, started at the first command or file operation)."""
@@ -219,39 +263,59 @@ class BwrapWorkspace(Workspace):
         async with self._sandbox_lock:
             if self._sandbox is None:
                 started = time.perf_counter()
-                box = await _start_sandbox(self.spec, self.group.holder.pid, self.merged, self.backend.seccomp)
+                box = await _start_sandbox(self.spec, self.group.holder.pid, self.merged, self.backend.seccomp,
+                                           [(self.upper, LAYER_IN_SANDBOX)])
                 self._sandbox = box
                 self.timings["sandbox_start_s"] = time.perf_counter() - started
             return self._sandbox
 
+    async def _box(self) -> BwrapSandbox | ExecResult:
+        try:
+            return await self.sandbox()
+        except SandboxUnavailableError as exc:
+            return ExecResult.sandbox_error(f"the workspace's sandbox did not start: {exc}")
+
     async def run(self, command: str, *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
                   workdir: str = ROOT) -> ExecResult:
-        box = await self.sandbox()
+        box = await self._box()
+        if isinstance(box, ExecResult):
+            return box
         return await box.execute(command, language="bash", timeout_s=timeout_s, workdir=workdir,
                                  env={**dict(self.spec.env), **dict(env or {})})
 
+    async def _program(self, code: str, stdin: bytes | None = None) -> ExecResult:
+        box = await self._box()
+        if isinstance(box, ExecResult):
+            return box
+        return await box.execute(code, workdir=ROOT, stdin=stdin)
+
     async def file_op(self, op: str, **arguments: Any) -> dict[str, Any]:
-        box = await self.sandbox()
-        result = await box.execute(fsops_code(op, arguments), workdir=ROOT)
-        return fsops_result(result)
+        self._check()
+        code, payload = fsops_code(op, arguments)
+        return fsops_result(await self._program(code, payload))
 
     async def _start_kernel(self) -> _ProcessChannel:
         box = await self.sandbox()
         spec = self.spec
+        tmp = await self.group.holder.request("scratch", name=self._kernel_tmp, size=spec.limits.tmp_mb << 20,
+                                              inodes=tmpfs_files(spec.limits.tmp_mb << 20))
         argv = box.bwrap_argv([PYTHON, "-I", "-S", "/opt/agentrl/kernel.py", f"--cwd={ROOT}",
                                *(f"--seccomp={self.backend.seccomp_b64}" for _ in [0] if self.backend.seccomp_b64),
                                f"--max-files={spec.limits.max_open_files}",
                                *([f"--memory={spec.kernel_memory_mb << 20}"] if not self.backend.cgroups else [])],
-                              capabilities=False, tmp_bytes=spec.limits.tmp_mb << 20, env=dict(spec.env))
-        cgroup = self.backend.kernel_cgroup(spec)
+                              capabilities=False, tmp_dir=str(tmp["path"]), env=dict(spec.env))
+        if self._kernel_cgroup is None:
+            self._kernel_cgroup = self.backend.kernel_cgroup(spec)
+        cgroup = self._kernel_cgroup
         self._kernel_oom_base = cgroup.oom_kills() if cgroup is not None else 0
-        self._kernel_cgroup = cgroup
         argv = box.launch_argv(argv, cgroup)
+        # env={}: bwrap's own init (PID 1 of the kernel's namespace, whose /proc/1/environ a cell can
+        # read) must not hold the trainer's environment; the kernel's comes from --setenv
         proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+                                                    stderr=asyncio.subprocess.DEVNULL, env={}, start_new_session=True)
         reap_with_this_process(proc.pid)
-        return _ProcessChannel(proc, cgroup, self.backend.release_cgroup)
+        return _ProcessChannel(proc)
 
     def _kernel_oom(self) -> bool:
         cgroup = self._kernel_cgroup
@@ -261,20 +325,53 @@ class BwrapWorkspace(Workspace):
         self._check()
         try:
             return await self.kernel.run(code, timeout_s)
-        except KernelDied as exc:
+        except (KernelDied, WorkspaceError, SandboxUnavailableError) as exc:
             return CellResult("", "", exception="KernelDied", restarted=str(exc))
 
     async def digest(self, ignore: tuple[str, ...] = ()) -> str:
+        """The hash of the writable layer, computed in the workspace's own sandbox (its time and memory
+        are this member's, never its group's holder's)."""
         self._check()
-        return str((await self.group.holder.request("digest", name=self.name, ignore=list(ignore)))["digest"])
+        data = fsops_result(await self._program(layer_code("digest", {"top": LAYER_IN_SANDBOX,
+                                                                     "ignore": list(ignore)})))
+        if "error" in data or not isinstance(data.get("digest"), str):
+            raise WorkspaceError(f"workspace digest failed: {data.get('error', data)}")
+        return str(data["digest"])
 
     async def snapshot(self) -> bytes:
         self._check()
-        return snapshot_bytes((await self.group.holder.request("snapshot", name=self.name))["entries"])
+        cap = snapshot_cap(self.spec.size_mb, self.spec.file_cap)
+        return await self.group.holder.stream("snapshot", cap, name=self.name, cap=cap)
 
     async def usage(self) -> dict[str, int]:
         self._check()
         return {k: int(v) for k, v in (await self.group.holder.request("usage", name=self.name)).items()}
+
+    async def end_processes(self) -> None:
+        """Ends every process the episode started: the kernel (and its PID namespace, so everything a
+        cell started) and the sandbox's worker (a call's processes die with the call anyway)."""
+        await self.kernel.close()
+        if self._sandbox is not None:
+            box, self._sandbox = self._sandbox, None
+            await _close_sandbox(box)
+
+    async def grade(self, command: str, *, files: Mapping[str, str | bytes] | None = None,
+                    timeout_s: float | None = None, env: Mapping[str, str] | None = None) -> ExecResult:
+        self._check()
+        await self.end_processes()
+        started = time.monotonic()
+        with grader_folder(files or {}) as folder:
+            try:
+                box = await _start_sandbox(self.spec, self.group.holder.pid, self.merged, self.backend.seccomp,
+                                           [(folder, GRADER_DIR)])
+            except (SandboxUnavailableError, OSError) as exc:
+                return ExecResult.sandbox_error(f"the grader's sandbox did not start: {exc}",
+                                                time.monotonic() - started)
+            try:
+                return await box.execute(command, language="bash", timeout_s=timeout_s, workdir=ROOT,
+                                         env={**dict(self.spec.env), **dict(env or {})})
+            finally:
+                await _close_sandbox(box)
 
     def processes(self) -> list[int]:
         pids = list(self._sandbox.worker_pids()) if self._sandbox is not None else []
@@ -284,10 +381,11 @@ class BwrapWorkspace(Workspace):
         if self._removed:
             return
         self._removed = True
-        await self.kernel.close()
-        if self._sandbox is not None:
-            await _close_sandbox(self._sandbox)
+        await self.end_processes()
+        self.backend.release_cgroup(self._kernel_cgroup)
+        self._kernel_cgroup = None
         try:
+            await self.group.holder.request("remove", name=self._kernel_tmp)
             await self.group.holder.request("remove", name=self.name)
         except WorkspaceError:
             pass  # the holder is gone: so are its mounts
@@ -296,11 +394,12 @@ class BwrapWorkspace(Workspace):
             await self.group.decref()
 
 
-async def _start_sandbox(spec: WorkspaceSpec, holder_pid: int, merged: str, seccomp: bool) -> BwrapSandbox:
-    """A one-worker sandbox in the holder's namespaces with ``merged`` at /work; its cgroups are
-    registered with the reaper (the worker itself dies with this process)."""
+async def _start_sandbox(spec: WorkspaceSpec, holder_pid: int, merged: str, seccomp: bool,
+                         ro_binds: list[tuple[str, str]] | None = None) -> BwrapSandbox:
+    """A one-worker sandbox in the holder's namespaces with ``merged`` at /work (and ``ro_binds``);
+    its cgroups are registered with the reaper (the worker itself dies with this process)."""
     box = BwrapSandbox(spec.limits, pool_size=1, enter=["nsenter", "-t", str(holder_pid), "-U", "-m", "--"],
-                       binds=[(merged, ROOT)], ro_binds=program_binds(), seccomp=seccomp,
+                       binds=[(merged, ROOT)], ro_binds=[*program_binds(), *(ro_binds or [])], seccomp=seccomp,
                        register_cgroup=reap_path_with_this_process)
     try:
         await box.start()
@@ -393,7 +492,8 @@ class BwrapWorkspaces(WorkspaceBackend):
         group = _Group(holder, mountpoint)
         self._groups.append(group)
         try:
-            prep = await holder.request("mount", name="prep", size=spec.size_mb << 20, lowers=["@base"])
+            prep = await holder.request("mount", name="prep", size=spec.size_mb << 20, lowers=["@base"],
+                                        inodes=spec.file_cap)
             if files:
                 await holder.request("write", name="prep", files={p: base64.b64encode(d).decode("ascii")
                                                                    for p, d in files.items()})
@@ -419,32 +519,28 @@ class BwrapWorkspaces(WorkspaceBackend):
             await _close_sandbox(box)
 
     async def fork(self, prepared: Prepared) -> BwrapWorkspace:
-        group: _Group = prepared.handle
-        name = group.new_name()
-        group.refs += 1
-        try:
-            merged = (await group.holder.request("mount", name=name, size=prepared.spec.size_mb << 20,
-                                                 lowers=["prep", "@base"]))["merged"]
-        except BaseException:
-            await group.decref()
-            raise
+        ws = await self._new(prepared, "mount", None)
         prepared.forks += 1
-        ws = BwrapWorkspace(prepared.spec, name, group, merged, self)
-        self.live.add(ws)
         return ws
 
     async def restore(self, prepared: Prepared, snapshot: bytes) -> BwrapWorkspace:
+        spec = prepared.spec
+        if len(snapshot) > snapshot_cap(spec.size_mb, spec.file_cap):
+            raise WorkspaceError(f"workspace restore: a snapshot of {len(snapshot)} bytes, more than a workspace of "
+                                 f"size_mb={spec.size_mb} can hold")
+        return await self._new(prepared, "restore", snapshot)
+
+    async def _new(self, prepared: Prepared, op: str, snapshot: bytes | None) -> BwrapWorkspace:
         group: _Group = prepared.handle
         name = group.new_name()
         group.refs += 1
         try:
-            merged = (await group.holder.request("restore", name=name, size=prepared.spec.size_mb << 20,
-                                                 lowers=["prep", "@base"],
-                                                 entries=json.loads(snapshot)["entries"]))["merged"]
+            layer = await group.holder.request(op, payload=snapshot, name=name, size=prepared.spec.size_mb << 20,
+                                               lowers=["prep", "@base"], inodes=prepared.spec.file_cap)
         except BaseException:
             await group.decref()
             raise
-        ws = BwrapWorkspace(prepared.spec, name, group, merged, self)
+        ws = BwrapWorkspace(prepared.spec, name, group, layer, self)
         self.live.add(ws)
         return ws
 

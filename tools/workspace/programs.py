@@ -12,28 +12,47 @@ from typing import Any
 
 from agentrl.tools.sandbox.base import ExecResult
 
-__all__ = ["IN_SANDBOX", "PROGRAM_DIR", "fsops_code", "fsops_result", "program_binds", "snapshot_bytes"]
+__all__ = ["IN_SANDBOX", "LAYER_IN_SANDBOX", "PROGRAM_DIR", "fsops_code", "fsops_result", "layer_code",
+           "program_binds", "snapshot_cap"]
 
 PROGRAM_DIR = Path(__file__).resolve().parent
 IN_SANDBOX = "/opt/agentrl"
+LAYER_IN_SANDBOX = f"{IN_SANDBOX}/layer"
+"""Where a bwrap workspace's sandbox sees its own writable layer (read-only), which it hashes."""
 
 
 def program_binds() -> list[tuple[str, str]]:
-    """``(host path, sandbox path)`` of the kernel and the file tools' program."""
+    """``(host path, sandbox path)`` of the kernel, the file tools' and the layer's programs."""
     return [(str(PROGRAM_DIR / "_kernel.py"), f"{IN_SANDBOX}/kernel.py"),
-            (str(PROGRAM_DIR / "_fsops.py"), f"{IN_SANDBOX}/_fsops.py"),
-            (str(PROGRAM_DIR / "_resolve.py"), f"{IN_SANDBOX}/_resolve.py")]
+            *((str(PROGRAM_DIR / f"{name}.py"), f"{IN_SANDBOX}/{name}.py") for name in ("_fsops", "_resolve", "_layer"))]
 
 
-def fsops_code(op: str, arguments: dict[str, Any]) -> str:
-    """The Python program of one file operation (``_fsops.main``), its arguments as a literal."""
+def _program_code(module: str, op: str, arguments: dict[str, Any]) -> str:
     request = json.dumps({"op": op, **arguments})
-    return (f"import sys\nsys.path.insert(0, {IN_SANDBOX!r})\nimport _fsops\n"
-            f"_fsops.main(__import__('json').loads({request!r}))\n")
+    return (f"import sys\nsys.path.insert(0, {IN_SANDBOX!r})\nimport {module}\n"
+            f"{module}.main(__import__('json').loads({request!r}))\n")
 
 
-def snapshot_bytes(entries: list[dict[str, Any]]) -> bytes:
-    return json.dumps({"format": "agentrl-bwrap-layer-1", "entries": entries}).encode()
+FSOPS_PROGRAM = (f"import sys\nsys.path.insert(0, {IN_SANDBOX!r})\nimport _fsops\n"
+                 "_fsops.main(__import__('json').loads(sys.stdin.buffer.read()))\n")
+
+
+def fsops_code(op: str, arguments: dict[str, Any]) -> tuple[str, bytes]:
+    """The Python program of one file operation (``_fsops.main``) and its request, which the program
+    reads on stdin (any size: a file's content is never part of the code)."""
+    return FSOPS_PROGRAM, json.dumps({"op": op, **arguments}).encode()
+
+
+def layer_code(op: str, arguments: dict[str, Any]) -> str:
+    """The Python program of one operation of ``_layer.main`` (the per-step hash)."""
+    return _program_code("_layer", op, arguments)
+
+
+def snapshot_cap(size_mb: int, file_cap: int) -> int:
+    """The most bytes a snapshot of a workspace of ``size_mb`` and ``file_cap`` files may take: what
+    the layer can hold, an eighth more for the data extents' bookkeeping, 512 bytes of header per
+    file and 1 MiB."""
+    return (size_mb << 20) * 9 // 8 + file_cap * 512 + (1 << 20)
 
 
 def fsops_result(result: ExecResult) -> dict[str, Any]:

@@ -18,12 +18,15 @@ cannot break the replay. What must match is the files: after every step that ran
 :meth:`after_step` records a hash of everything the episode wrote (``info["workspace"]["digest"]``,
 kept in the checkpoint with the step's info); a replayed step whose files hash differently (a command
 whose effect is not deterministic) fails the replay, and the episode restarts from scratch — counted
-by the scheduler, never continued on files it did not have.
+by the scheduler, never continued on files it did not have. A step whose files could not be hashed
+records ``digest: None`` with the error (and a warning is logged); replaying it fails the same way,
+since there is nothing to check the rebuilt files against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,8 @@ from agentrl.tools.workspace.base import ROOT, TOOL_NAMES, Workspace, WorkspaceE
 from agentrl.tools.workspace.manager import WorkspaceHost, default_workspaces
 
 __all__ = ["Answer", "WorkspaceReplayError", "WorkspaceSession"]
+
+log = logging.getLogger(__name__)
 
 FilesFn = Callable[[], Mapping[str, str | bytes]]
 
@@ -142,14 +147,23 @@ class WorkspaceSession:
             return
         assert self.workspace is not None
         try:
-            digest = (await self.workspace.digest(self.spec.ignore))[:16]
-        except WorkspaceError as exc:  # the workspace broke: the tools say so; nothing to record
+            digest: str | None = (await self.workspace.digest(self.spec.ignore))[:16]
+        except WorkspaceError as exc:  # the workspace broke: the tools say so; the record says it too
+            log.warning("workspace %s: the step's files could not be hashed, so a resumed replay of this episode "
+                        "cannot be checked and restarts it: %s", self.workspace.name, exc)
             info["workspace"] = {"digest": None, "error": str(exc)[:300]}
-            return
-        info["workspace"] = {"digest": digest}
+            digest = None
+        else:
+            info["workspace"] = {"digest": digest}
         if self._digests:
             expected = self._digests.pop(0)
-            if expected is not None and expected != digest:
+            if expected is None or digest is None:
+                self._answers.clear()
+                self._digests.clear()
+                raise WorkspaceReplayError(
+                    "a replayed step's files cannot be checked (the record or the replay could not hash them), "
+                    "so the episode restarts")
+            if expected != digest:
                 self._answers.clear()
                 self._digests.clear()
                 raise WorkspaceReplayError(

@@ -11,7 +11,11 @@ or a raised exception is ``tool_error``, a timeout ``tool_timeout``, a failure o
   kernel that dies (crash, memory cap, a cell that would not stop) is restarted and the result says
   so: every variable is gone.
 - file tools: paths relative to ``/work`` (or absolute under it); neither ``..`` nor a symlink leads
-  out (the kernel refuses it: ``openat2(RESOLVE_BENEATH)``, inside the sandbox).
+  out (the kernel refuses it: ``openat2(RESOLVE_BENEATH)``, inside the sandbox). ``read_file`` shows
+  a page (whole lines up to ``max_output_chars``) and says which lines it left out and where to read
+  on; ``write_file`` and ``edit_file`` take content up to ``SandboxLimits.max_file_mb`` (more is a
+  ``tool_error`` saying so); names that are not UTF-8 are listed with their odd bytes escaped
+  (``caf\\xe9.txt``), and that spelling names the file.
 
 Example::
 
@@ -29,6 +33,7 @@ from typing import Any, ClassVar
 from agentrl.chat.types import FailureKind
 from agentrl.tools.base import ToolResult, tool_schema, validate_call
 from agentrl.tools.builtin import render_exec_result, truncate_middle
+from agentrl.tools.sandbox.base import SandboxLimits
 from agentrl.tools.workspace.base import ROOT, TOOL_NAMES, WorkspaceError
 from agentrl.tools.workspace.session import WorkspaceSession
 
@@ -138,21 +143,54 @@ class KernelPythonTool(WorkspaceTool):
 
 class ReadFileTool(WorkspaceTool):
     name = "read_file"
-    description = f"Read a text file of the workspace (path relative to {ROOT}, or absolute under it)."
+    description = (f"Read a text file of the workspace (path relative to {ROOT}, or absolute under it). A long file "
+                   "is shown a page at a time; the note at the end says how to read on.")
     PARAMETERS: ClassVar[dict[str, Any]] = {"type": "object", "properties": {
         "path": {**_STR, "description": "The file to read."},
         "start_line": {**_INT, "description": "First line to show (1-based; default 1)."},
-        "max_lines": {**_INT, "description": "How many lines to show (default: all)."}}, "required": ["path"]}
+        "max_lines": {**_INT, "description": "How many lines to show at most (default: as many as fit a page)."}},
+        "required": ["path"]}
 
     async def run(self, **arguments: Any) -> ToolResult:
+        # the page and its note fit max_output_chars; the program's answer fits the sandbox's output cap
+        budget = max(50, min(self.max_output_chars - NOTE_CHARS, self.session.spec.limits.max_output_bytes // 8))
         data = await self.file_op("read", path=arguments["path"], start_line=arguments.get("start_line", 1),
-                                  max_lines=arguments.get("max_lines", 0))
+                                  max_lines=arguments.get("max_lines", 0), max_chars=budget)
         if isinstance(data, ToolResult):
             return data
-        content = str(data["content"])
-        if len(content) > self.max_output_chars:
-            content = truncate_middle(content, self.max_output_chars) + "\n(use start_line and max_lines to read parts)"
-        return ToolResult(content or "(empty file)")
+        return ToolResult(page_text(data, budget))
+
+
+NOTE_CHARS = 160
+
+
+def page_text(data: dict[str, Any], budget: int) -> str:
+    """A ``read`` page of ``_fsops`` as the model sees it: the lines, then a note saying what was left
+    out and how to read on."""
+    content, first, last, total = str(data["content"]), int(data["first"]), int(data["last"]), data.get("lines")
+    of = f"{total}" if isinstance(total, int) else "more than can be counted"
+    if not content:
+        if first > 1:
+            return f"(start_line {first} is past the end: the file has {of} lines)"
+        return "(empty file)"
+    notes = []
+    if data.get("cut_line"):
+        notes.append(f"line {first} is longer than {budget} characters: only its start is shown")
+    if not isinstance(total, int) or last < total:
+        notes.append(f"lines {first}-{last} of {of} shown; read on with start_line={last + 1}")
+    elif first > 1:
+        notes.append(f"lines {first}-{last} of {total} shown")
+    if not notes:
+        return content
+    return content + ("" if content.endswith("\n") else "\n") + f"[{'; '.join(notes)}]"
+
+
+def _too_big(text: str, limits: SandboxLimits, what: str) -> ToolResult | None:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size <= limits.max_file_mb << 20:
+        return None
+    return ToolResult.error(FailureKind.TOOL_ERROR, f"Error: {what} is {size} bytes; a file may hold at most "
+                                                    f"{limits.max_file_mb} MiB here (max_file_mb)")
 
 
 class WriteFileTool(WorkspaceTool):
@@ -163,6 +201,9 @@ class WriteFileTool(WorkspaceTool):
         "content": {**_STR, "description": "The whole new content of the file."}}, "required": ["path", "content"]}
 
     async def run(self, **arguments: Any) -> ToolResult:
+        refused = _too_big(arguments["content"], self.session.spec.limits, "content")
+        if refused is not None:
+            return refused
         data = await self.file_op("write", path=arguments["path"], content=arguments["content"])
         if isinstance(data, ToolResult):
             return data
@@ -181,6 +222,9 @@ class EditFileTool(WorkspaceTool):
         "required": ["path", "old_text", "new_text"]}
 
     async def run(self, **arguments: Any) -> ToolResult:
+        refused = _too_big(arguments["new_text"], self.session.spec.limits, "new_text")
+        if refused is not None:
+            return refused
         data = await self.file_op("edit", path=arguments["path"], old=arguments["old_text"], new=arguments["new_text"],
                                   replace_all=bool(arguments.get("replace_all", False)))
         if isinstance(data, ToolResult):

@@ -5,6 +5,7 @@ line, the scripted policy's moves, and the workspace declaration of ``Environmen
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import sys
 import types
@@ -15,7 +16,7 @@ import pytest
 
 from agentrl.chat.types import Message
 from agentrl.environments import Environment
-from agentrl.environments.fix_test import FixTask, FixTestEnv, _grade_line, grader_program
+from agentrl.environments.fix_test import GRADER_COMMAND, FixTask, FixTestEnv, _grade_line, grader_files
 from agentrl.environments.fix_test_data import make_fix_rows, scripted_fix_policy
 from agentrl.tools.workspace import TOOL_NAMES, WorkspaceSpec
 from agentrl.trajectory import Trajectory
@@ -84,8 +85,10 @@ def test_grade_line_needs_the_nonce() -> None:
     assert _grade_line("noise\nGRADE abc 3 0 0\n", "abc") == (3, 0, 0)
     assert _grade_line("GRADE forged 3 0 0\n", "abc") is None
     assert _grade_line("GRADE abc 3 0 0\nGRADE abc three 0 0", "abc") is None
-    program = grader_program("pkg", {"test_hidden.py": "x"}, "n0nce")
-    assert program.startswith("python3 -I - <<'AGENTRL_GRADER_n0nce'\n") and program.endswith("AGENTRL_GRADER_n0nce\n")
+    files = grader_files("pkg", {"test_hidden.py": "x"}, "n0nce")
+    assert sorted(files) == ["grade.py", "spec.json", "tests/test_hidden.py"] and "/grader/grade.py" in GRADER_COMMAND
+    assert json.loads(files["spec.json"]) == {"package": "pkg", "nonce": "n0nce"}
+    compile(files["grade.py"], "grade.py", "exec")
 
 
 class Req:
