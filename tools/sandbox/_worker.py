@@ -70,12 +70,16 @@ FD_STATUS, FD_REQUEST, FD_READY = 3, 4, 5
 
 def _sibling(name: str) -> ModuleType:
     """Loads ``name``.py from this program's directory (``-I`` keeps that directory off sys.path)."""
+    return _load(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+
+
+def _load(name: str, path: str) -> ModuleType:
+    """Imports the module ``name`` from the file ``path`` (once)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                     f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ImportError(f"the worker program's part {name}.py is missing")
+        raise ImportError(f"the worker program's part {path} is missing")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -553,12 +557,18 @@ def _state(sweep: bool, seccomp: bytes | None, ahead: bool, writable: tuple[str,
     return state
 
 
-def serve(sweep: bool, seccomp: bytes | None, writable: tuple[str, ...] = ()) -> None:
-    """The request loop of a pooled worker: frames in on fd 0, frames out on fd 1."""
+def serve(sweep: bool, seccomp: bytes | None, writable: tuple[str, ...] = (), preload: tuple[str, ...] = ()) -> None:
+    """The request loop of a pooled worker: frames in on fd 0, frames out on fd 1. The ``preload``
+    programs are imported now, so every execution finds them loaded."""
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
+    for path in preload:
+        try:
+            _load(os.path.splitext(os.path.basename(path))[0], path)
+        except Exception:
+            pass  # an execution that needs it imports it itself (and reports why it cannot)
     state = _state(sweep, seccomp, ahead=True, writable=writable)
     gc.freeze()  # the worker's objects stay out of the children's collections (fewer copy-on-write faults)
     _write_frame(proto_out, {"ready": True, "namespaces": state["namespaces"], "pid": os.getpid(),
@@ -603,11 +613,14 @@ def main(argv: list[str]) -> None:
     seccomp = None
     args: list[str] = []
     writable: list[str] = []
+    preload: list[str] = []
     for arg in argv:
         if arg.startswith("--seccomp="):
             seccomp = base64.b64decode(arg.split("=", 1)[1])
         elif arg.startswith("--writable="):
             writable.append(arg.split("=", 1)[1])
+        elif arg.startswith("--preload="):
+            preload.append(arg.split("=", 1)[1])
         elif arg != "--sweep":
             args.append(arg)
     if args and args[0] == "once":
@@ -620,7 +633,7 @@ def main(argv: list[str]) -> None:
             site.main()  # -S skipped it: make the interpreter's dist-packages importable by user code
         except Exception:
             pass
-        serve(sweep, seccomp, tuple(writable))
+        serve(sweep, seccomp, tuple(writable), tuple(preload))
 
 
 if __name__ == "__main__":

@@ -89,14 +89,18 @@ class BwrapSandbox(Sandbox):
         binds: Sequence[tuple[str, str]] = (),
         ro_binds: Sequence[tuple[str, str]] = (),
         register_cgroup: Callable[[str], None] | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
         super().__init__(limits or SandboxLimits())
         # A workspace's sandbox (agentrl.tools.workspace): ``enter`` is the command that puts bwrap into
         # the namespaces holding the workspace's mounts (nsenter; it also sets the user), ``binds`` are
-        # the writable places it keeps across calls, ``ro_binds`` extra read-only files.
+        # the writable places it keeps across calls, ``ro_binds`` extra read-only files, ``preload``
+        # programs (paths inside the sandbox) the worker imports once, so that each execution that
+        # runs them finds them loaded (a workspace's file tools and per-step hash).
         self._enter = list(enter)
         self._binds = list(binds)
         self._ro_binds = list(ro_binds)
+        self._preload = list(preload)
         self._register_cgroup = register_cgroup  # each cgroup folder, before it is made (the reaper's list)
         found = bwrap or shutil.which("bwrap")
         if found is None or not os.access(found, os.X_OK):
@@ -169,7 +173,7 @@ class BwrapSandbox(Sandbox):
         if program is not None:
             return [*argv, *program]
         argv += [self._python, "-I", "-S", WORKER_IN_SANDBOX, "--sweep",
-                 *(f"--writable={inside}" for _, inside in self._binds)]
+                 *(f"--writable={inside}" for _, inside in self._binds), *(f"--preload={p}" for p in self._preload)]
         if self._seccomp is not None:
             argv.append(f"--seccomp={self._seccomp}")
         return argv

@@ -52,6 +52,7 @@ else:  # run by the holder's interpreter from its own folder, standard library o
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 0x1, 0x2, 0x4, 0x20
 MNT_DETACH = 2
 STREAM_CHUNK = 1 << 20
+MOUNT_INODES = 64
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -204,10 +205,16 @@ class Holder:
 
     def restore(self, name: str, size: int, lowers: list[str], inodes: int, payload: _Payload) -> dict[str, Any]:
         """A new layer ``name`` whose writable part is the snapshot in ``payload`` over ``lowers``."""
-        where = self._layer(name, size, inodes)
+        # overlayfs makes files of its own in its work folder while it mounts: room for them first
+        # (a layer filled to its cap was mounted while empty), then the cap itself
+        where = self._layer(name, size, int(inodes) + MOUNT_INODES)
         try:
             entries = _layer.read_snapshot(f"{where}/upper", payload.read)
             self._overlay(where, lowers)
+            try:
+                _mount("none", where, "tmpfs", MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={int(size)},nr_inodes={int(inodes)}")
+            except OSError:
+                pass  # more in use than the cap (a snapshot of another spec): the room above stays
         except BaseException:
             _umount(where)
             os.rmdir(where)

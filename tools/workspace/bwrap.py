@@ -59,6 +59,7 @@ from agentrl.tools.workspace.base import (
 from agentrl.tools.workspace.kernel import Kernel, KernelDied
 from agentrl.tools.workspace.programs import (
     LAYER_IN_SANDBOX,
+    PRELOAD,
     PROGRAM_DIR,
     fsops_code,
     fsops_result,
@@ -400,7 +401,7 @@ async def _start_sandbox(spec: WorkspaceSpec, holder_pid: int, merged: str, secc
     its cgroups are registered with the reaper (the worker itself dies with this process)."""
     box = BwrapSandbox(spec.limits, pool_size=1, enter=["nsenter", "-t", str(holder_pid), "-U", "-m", "--"],
                        binds=[(merged, ROOT)], ro_binds=[*program_binds(), *(ro_binds or [])], seccomp=seccomp,
-                       register_cgroup=reap_path_with_this_process)
+                       register_cgroup=reap_path_with_this_process, preload=PRELOAD)
     try:
         await box.start()
     except BaseException:

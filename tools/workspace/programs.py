@@ -12,13 +12,18 @@ from typing import Any
 
 from agentrl.tools.sandbox.base import ExecResult
 
-__all__ = ["IN_SANDBOX", "LAYER_IN_SANDBOX", "PROGRAM_DIR", "fsops_code", "fsops_result", "layer_code",
+__all__ = ["IN_SANDBOX", "LAYER_IN_SANDBOX", "PRELOAD", "PROGRAM_DIR", "fsops_code", "fsops_result", "layer_code",
            "program_binds", "snapshot_cap"]
 
 PROGRAM_DIR = Path(__file__).resolve().parent
 IN_SANDBOX = "/opt/agentrl"
 LAYER_IN_SANDBOX = f"{IN_SANDBOX}/layer"
 """Where a bwrap workspace's sandbox sees its own writable layer (read-only), which it hashes."""
+
+
+PRELOAD: tuple[str, ...] = tuple(f"{IN_SANDBOX}/{name}.py" for name in ("_resolve", "_fsops", "_layer"))
+"""The programs a workspace's sandbox worker imports once (each file operation and hash then runs
+without compiling them): ``_resolve`` first, which the others use."""
 
 
 def program_binds() -> list[tuple[str, str]]:
