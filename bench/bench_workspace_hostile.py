@@ -14,7 +14,12 @@ under it: holders, sandbox workers, kernels; sampled every 10 ms) over its level
 the same for a benign episode of the same steps on small files (the baseline, same run); the machine's
 ``MemAvailable`` drop at the peak (tmpfs pages and kernel memory live there, charged to the sandboxes'
 cgroups, not to any process); the snapshot's size. Target: the hostile episode's tree gain
-<= 2 x ``size_mb`` + 64 MiB (the fixed part: the workspace's own processes).
+<= 2 x ``size_mb`` + 160 MiB. The fixed part is the workspace's own processes (the holder, the
+sandbox worker with its waiter and prepared child, the kernel's supervisor and interpreter: about
+110 MiB of resident memory counted per process, which the benign episode shows) and their transient
+work; what the sandboxed processes hold under their own caps (``memory_mb`` per call,
+``kernel_memory_mb``) comes on top, and the hostile episode here holds little of it (its forged
+12 MiB frame, for a moment).
 
 Group stall: a sibling's ``run("true")`` p50 while another member of its group hashes ``--holes-gib``
 GiB of holes again and again, against the same call with that member idle; target <= 2x.
@@ -43,7 +48,7 @@ from agentrl.tools.sandbox.dockerd import PrivateDockerDaemon, daemon_unavailabl
 from agentrl.tools.workspace import Workspace, Workspaces, WorkspaceSession, WorkspaceSpec, workspace_tools
 
 MB = 1 << 20
-FIXED_MB = 64
+FIXED_MB = 160
 
 
 class Peak:

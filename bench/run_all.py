@@ -45,6 +45,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "bench_inspect": ("chromium",),
     "bench_sandbox": ("bwrap",),
     "bench_workspace": ("bwrap",),
+    "bench_workspace_hostile": ("bwrap",),
     "bench_scheduler": ("bwrap",),
 }
 # Benches started through a launcher (after the Python, before the script).

@@ -98,14 +98,26 @@ class Interpreter:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         signal.signal(signal.SIGALRM, _alarm)
+        self.pipes = [os.dup(1), os.dup(2)]  # (a cell that closes or redirects fd 1 or 2 breaks only itself)
+        for fd in self.pipes:
+            os.set_inheritable(fd, False)
+        self.cells = 0
+
+    def _wire(self) -> None:
+        """fds 1 and 2, and sys.stdout/stderr, on the output pipes again."""
+        for fd, target in zip(self.pipes, (1, 2), strict=True):
+            os.dup2(fd, target)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                       errors="backslashreplace", line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                       errors="backslashreplace", line_buffering=True)
-        self.cells = 0
 
     def run(self, code: str, timeout_s: float) -> dict[str, Any]:
         self.cells += 1
+        try:
+            self._wire()
+        except OSError:
+            pass  # (the cell before closed the kept pipes too: its output is lost, its status is not)
         name = f"<cell {self.cells}>"
         linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         started = time.monotonic()
@@ -133,7 +145,10 @@ class Interpreter:
             try:
                 traceback.print_exception(type(exc), exc, tb)
             except BaseException:
-                print("(error while formatting the traceback)", file=sys.stderr)
+                try:
+                    print("(error while formatting the traceback)", file=sys.stderr)
+                except BaseException:
+                    pass  # (the cell closed its stderr: its status still goes out)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -213,6 +228,7 @@ class Supervisor:
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.status = bytearray()
+        self.ended: set[int] = set()  # output pipes at their end (every writer closed them)
         self.pid = self.pidfd = self.request = self.status_fd = self.out = self.err = -1
 
     def start(self) -> dict[str, Any]:
@@ -307,7 +323,8 @@ class Supervisor:
                 stray += 1  # a frame the cell wrote, or one of an earlier cell: not this cell's status
                 if stray > MAX_STRAY:
                     return ("broken", f"more than {MAX_STRAY} status frames of other cells")
-            watch = [self.status_fd, *captures] + ([self.pidfd] if self.pidfd >= 0 else [])
+            watch = [self.status_fd, *(fd for fd in captures if fd not in self.ended)]
+            watch += [self.pidfd] if self.pidfd >= 0 else []
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait = 0.05 if self.pidfd < 0 else left
             ready, _, _ = select.select(watch, [], [], wait if left is None or wait is None else min(wait, left))
@@ -328,15 +345,15 @@ class Supervisor:
             if deadline is not None and time.monotonic() >= deadline:
                 return ("broken", "no status frame in time")
 
-    @staticmethod
-    def _pump(fd: int, capture: _Capture | None) -> None:
+    def _pump(self, fd: int, capture: _Capture | None) -> None:
         """Reads what ``fd`` holds now (into ``capture``, or nowhere)."""
-        while True:
+        while fd not in self.ended:
             try:
                 data = os.read(fd, 1 << 16)
             except BlockingIOError:
                 return
             if not data:
+                self.ended.add(fd)  # (never watched again: it would always be ready)
                 return
             if capture is not None:
                 capture.feed(data)
