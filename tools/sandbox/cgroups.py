@@ -162,6 +162,13 @@ class WorkerCgroup:
     def procs_files(self) -> list[Path]:
         return sorted({p / "cgroup.procs" for p in self.paths.values()})
 
+    def pids(self) -> list[int]:
+        """The processes in the group now (those of its first controller)."""
+        for path in self.procs_files():
+            with contextlib.suppress(OSError, ValueError):
+                return [int(line) for line in path.read_text().split()]
+        return []
+
     def oom_kills(self) -> int:
         """How many processes the OOM killer has killed in this group so far."""
         mem = self.paths.get("memory")

@@ -350,8 +350,13 @@ class BwrapWorkspace(Workspace):
 
     async def end_processes(self) -> None:
         """Ends every process the episode started: the kernel (and its PID namespace, so everything a
-        cell started) and the sandbox's worker (a call's processes die with the call anyway)."""
+        cell started: waited for until its cgroup is empty) and the sandbox's worker (a call's
+        processes die with the call anyway)."""
         await self.kernel.close()
+        for _ in range(300):  # the namespace's processes die as its init does, a moment after the kill
+            if self._kernel_cgroup is None or not self._kernel_cgroup.pids():
+                break
+            await asyncio.sleep(0.01)
         if self._sandbox is not None:
             box, self._sandbox = self._sandbox, None
             await _close_sandbox(box)
