@@ -217,7 +217,8 @@ class Fleet:
             assert pinned is not None, "an unadmitted call names its executor"
             slot = pinned
             slot.inflight += 1
-        self.metrics.waited(slot.node, loop.time() - queued)
+        if admitted:  # the figures are the tools' calls, not the router's own (removals, stats, close)
+            self.metrics.waited(slot.node, loop.time() - queued)
         limit = None if limit_s is None else limit_s + self.config.call_grace_s
         try:
             value, inside = await asyncio.wait_for(slot.link.call(method, *args, **kwargs), limit)
@@ -232,7 +233,8 @@ class Fleet:
             raise
         finally:
             self.admission.release(slot)
-        self.metrics.ran(slot.node, inside)
+        if admitted:
+            self.metrics.ran(slot.node, inside)
         return value
 
     def sandbox(self, backend: str = "bwrap", limits: SandboxLimits | None = None, **options: Any) -> Any:
