@@ -32,7 +32,8 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from agentrl.chat import ChatTemplate
-from agentrl.sft import SftConfig, arithmetic_conversations, run_sft
+from agentrl.sft import SftConfig, TranscriptBuilder, arithmetic_conversations, run_sft
+from agentrl.sft.trainer import sft_sequences
 from agentrl.train import TeacherModel, TorchBackendConfig
 
 
@@ -52,6 +53,22 @@ def call_probability(model: Path, questions: list[dict[str, str]], template: Cha
         first = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)  # <tool_call> vs <think>
         sequences.append(a[: first + 1])
     return sum(math.exp(row[-1]) for row in teacher.score(sequences)) / len(sequences)
+
+
+def copy_accuracy(model: Path, questions: list[dict[str, str]], template: ChatTemplate) -> float:
+    """The share of the answer's tokens after the first (the call) that ``model`` predicts with p >= 0.5 in
+    conversations that call the tool: how well it copies the question into the call and the tool's result
+    into the answer (the warm-up check's measure)."""
+    scorer = TeacherModel.from_pretrained(model, TorchBackendConfig(device="cpu"))
+    builder = TranscriptBuilder(template)
+    sequences = [s for i, c in enumerate(arithmetic_conversations(questions, direct_rate=0.0))
+                 for s in sft_sequences(builder.episode(c["messages"], tools=c["tools"]), f"q{i}")]
+    hit = total = 0
+    for seq, row in zip(sequences, scorer.score([s.tokens for s in sequences]), strict=True):
+        trained = [p for p in range(1, len(seq.tokens)) if seq.loss_mask[p]][1:]  # the call-or-answer token aside
+        hit += sum(row[p] >= math.log(0.5) for p in trained)
+        total += len(trained)
+    return hit / total
 
 
 def main() -> None:
@@ -78,8 +95,9 @@ def main() -> None:
     if args.teacher.exists():
         shutil.rmtree(args.teacher)
     shutil.copytree(versions[-1], args.teacher)
-    print(f"teacher: {versions[-1]} -> {args.teacher}; P(call) {call_probability(args.teacher, held_out, template):.4f}")
-    print(f"warmed-up model {versions[0]}: P(call) {call_probability(versions[0], held_out, template):.4f}")
+    for name, folder in (("teacher", args.teacher), ("warmed-up model", versions[0])):
+        print(f"{name} {folder}: P(call) {call_probability(folder, held_out, template):.4f}, copy accuracy "
+              f"{copy_accuracy(folder, held_out, template):.4f}")
     rows = [json.loads(line) for line in (args.data / "warmup.jsonl").read_text().splitlines() if line.strip()]
     questions = [{"question": next(m["content"] for m in r["messages"] if m["role"] == "user")} for r in rows]
     conversations = arithmetic_conversations(questions, direct_rate=1.0 - args.call_rate, seed=args.seed + 7)
@@ -107,7 +125,7 @@ def main() -> None:
         if prob <= args.call_prob:
             break
     shutil.rmtree(args.student.with_name(args.student.name + "-prev"), ignore_errors=True)
-    print(f"student: {args.student}")
+    print(f"student {args.student}: copy accuracy {copy_accuracy(args.student, held_out, template):.4f}")
 
 
 if __name__ == "__main__":
