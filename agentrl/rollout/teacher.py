@@ -136,9 +136,10 @@ async def score_episodes(episodes: Sequence[Episode], score: SequenceScores, *,
 
 
 class EngineTeacher:
-    """Scores sequences by prefill on SGLang engines, one :class:`ScoringClient` per engine (an :class:`~agentrl.rollout.InferenceClient` fits). Sequences that share their first
-    ``share_tokens`` tokens go to the same engine, so its prefix cache serves a group's common prompt
-    once; at most ``concurrency`` requests per engine are in flight."""
+    """Scores sequences by prefill on SGLang engines, one :class:`ScoringClient` per engine (an
+    :class:`~agentrl.rollout.InferenceClient` fits). Sequences that share their first ``share_tokens``
+    tokens go to the same engine, so its prefix cache serves a group's common prompt once; at most
+    ``concurrency`` requests per engine are in flight."""
 
     def __init__(self, clients: Sequence[ScoringClient], *, concurrency: int = 32, share_tokens: int = 64) -> None:
         if not clients:
