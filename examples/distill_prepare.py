@@ -12,9 +12,11 @@ demo's task and a much weaker student, both from one ``make demo`` run.
 - **Student** (``models/distill-student``): the demo's warmed-up model (``weights/v000000``: it copies
   digits and calls the calculator ~40% of the time) fine-tuned for a few steps on the warm-up's
   conversations with the tool called only ``--call-rate`` of the time. At the warm-up's learning rate
-  the call probability follows the share of calls in the last batches (docs/demo.md), so the student
-  keeps the format and the copying but almost never calls the tool: its T = 1 success is a few percent
-  at most and GRPO's reward is sparse, while the teacher says at every sampled token what it would do.
+  the call probability follows the share of calls in the last batches (docs/demo.md). A direct answer
+  trains its first token only (the decision not to call; its digits are a guess, and fitting guessed
+  digits unlearns the copying), so the student keeps the format and the copying but almost never calls
+  the tool: its T = 1 success is a few percent at most and GRPO's reward is sparse, while the teacher
+  says at every sampled token what it would do.
 
 The demo run must have kept version 0 (``sync.keep_folders`` >= its steps + 1); ``make demo`` keeps
 only the last, so run the demo's command with ``sync.keep_folders=20`` (the Makefile target
@@ -24,17 +26,20 @@ only the last, so run the demo's command with ``sync.keep_folders=20`` (the Make
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer
 
 from agentrl.chat import ChatTemplate
-from agentrl.sft import SftConfig, TranscriptBuilder, arithmetic_conversations, run_sft
+from agentrl.sft import TranscriptBuilder, arithmetic_conversations
 from agentrl.sft.trainer import sft_sequences
-from agentrl.train import TeacherModel, TorchBackendConfig
+from agentrl.train import TeacherModel, TorchBackendConfig, TrainSequence
 
 
 def _versions(run: Path) -> list[Path]:
@@ -71,6 +76,45 @@ def copy_accuracy(model: Path, questions: list[dict[str, str]], template: ChatTe
     return hit / total
 
 
+def _decision_only(seq: TrainSequence) -> TrainSequence:
+    """``seq`` trained on its first assistant token alone: the call-or-answer decision."""
+    first = seq.loss_mask.index(1)
+    return dataclasses.replace(seq, loss_mask=[int(i == first) for i in range(len(seq.loss_mask))], denominator=1.0)
+
+
+def fine_tune(start: Path, out: Path, conversations: list[dict[str, Any]], template: ChatTemplate, *, steps: int,
+              lr: float, seed: int, batch_size: int = 32) -> float:
+    """Fine-tunes ``start`` into ``out`` for ``steps`` steps on ``conversations`` (batches of ``batch_size``);
+    returns the last step's loss. A conversation that calls the tool trains every assistant token; one that
+    answers directly trains only its first token (the decision not to call): its answer is a guess, and
+    fitting guessed digits would unlearn the copying the student keeps from the warm-up."""
+    from transformers import AutoTokenizer
+
+    from agentrl.model_folder import model_vocab_size
+    from agentrl.train import OptimizerConfig, PackingConfig, TorchTrainBackend, TrainingBatch
+
+    builder = TranscriptBuilder(template)
+    sequences = []
+    for i, conv in enumerate(conversations):
+        seqs = sft_sequences(builder.episode(conv["messages"], tools=conv["tools"]), f"c{i}")
+        sequences.append(seqs if any("tool_calls" in m for m in conv["messages"]) else [_decision_only(s) for s in seqs])
+    config = TorchBackendConfig(device="cpu", packing=PackingConfig(max_tokens=1536), seed=seed,
+                                optimizer=OptimizerConfig(lr=lr, weight_decay=0.0, schedule="constant"))
+    tokenizer = AutoTokenizer.from_pretrained(str(start))
+    staged = out.with_name(out.name + "-next")  # ``start`` may be ``out``: written aside, then moved
+    backend = TorchTrainBackend.from_pretrained(start, config, vocab_size=model_vocab_size(start))
+    rng = random.Random(seed)
+    loss = math.nan
+    for _ in range(steps):
+        picked = rng.sample(range(len(sequences)), min(batch_size, len(sequences)))
+        loss = backend.sft_step(TrainingBatch.from_sequences([s for i in picked for s in sequences[i]]))["loss"]
+    backend.export_hf(staged, tokenizer=tokenizer)
+    if out.exists():
+        shutil.rmtree(out)
+    staged.rename(out)
+    return loss
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo-run", type=Path, required=True, help="a demo run folder with weights/v000000")
@@ -101,30 +145,16 @@ def main() -> None:
     rows = [json.loads(line) for line in (args.data / "warmup.jsonl").read_text().splitlines() if line.strip()]
     questions = [{"question": next(m["content"] for m in r["messages"] if m["role"] == "user")} for r in rows]
     conversations = arithmetic_conversations(questions, direct_rate=1.0 - args.call_rate, seed=args.seed + 7)
-    data = args.data / "distill_student.jsonl"
-    data.write_text("".join(json.dumps(c) + "\n" for c in conversations), encoding="utf-8")
     start = versions[0]
     for round_ in range(1, args.rounds + 1):
-        config = SftConfig.from_dict({
-            "model": {"path": str(start), "template": "qwen3"},
-            "data": {"path": str(data), "seed": args.seed + round_},
-            "train": {"steps": args.steps, "batch_size": 32, "max_tokens_per_micro_batch": 1536, "device": "cpu",
-                      "threads": 1, "log_every": args.steps,
-                      "optimizer": {"lr": args.lr, "weight_decay": 0.0, "schedule": "constant"}},
-            "output": str(args.student), "overwrite": True,
-        })
-        if start == args.student:  # fine-tune the student in place: from a copy
-            shutil.copytree(args.student, args.student.with_name(args.student.name + "-prev"), dirs_exist_ok=True)
-            config = SftConfig.from_dict({**config.to_dict(), "model": {
-                "path": str(args.student.with_name(args.student.name + "-prev")), "template": "qwen3"}})
-        result = run_sft(config)
+        loss = fine_tune(start, args.student, conversations, template, steps=args.steps, lr=args.lr,
+                         seed=args.seed + round_)
         start = args.student
         prob = call_probability(args.student, held_out, template)
         print(f"round {round_}: {round_ * args.steps} SFT steps (tool called in {args.call_rate:.0%} of the "
-              f"conversations), loss {result.losses[-1]:.4f}, P(call) {prob:.4f}")
+              f"conversations), loss {loss:.4f}, P(call) {prob:.4f}")
         if prob <= args.call_prob:
             break
-    shutil.rmtree(args.student.with_name(args.student.name + "-prev"), ignore_errors=True)
     print(f"student {args.student}: copy accuracy {copy_accuracy(args.student, held_out, template):.4f}")
 
 
