@@ -15,12 +15,21 @@ sequences:
   batch) and the mean |logprob_engine - logprob_trainer| over the sampled tokens;
 - **MoE, replay on**: the same with the engine's experts replayed (``routing_replay="rollout"``);
 - **dense**: the MoE's dense twin: the same embeddings, attention, norms and output head, and per
-  layer one dense MLP made of the layer's first two experts side by side (width 128, the active
-  width), each weighted 1/2: the same network with its routing fixed, served and scored the same way.
+  layer one dense MLP made of the layer's first top-k experts side by side (the active width), each
+  weighted 1/k: the same network with its routing fixed, served and scored the same way.
+
+Per MoE case also the mean over the sampled tokens predicted at a position where the trainer's own
+router picks other experts than the engine's in at least one layer (``flipped``), and over the rest:
+replay's direct effect, apart from the precision noise every token carries.
+
+``--engine transformers`` lets a transformers bfloat16 forward stand in for the engine (random
+continuations scored, no sampling; no engine boot): the same comparison with the trainer's own
+kernels on both sides. ``--experts``/``--top-k`` change the MoE's shape (more experts, more near ties).
 
 Targets (the issue's acceptance): replay-on mismatch <= the dense model's, and <= half of replay-off.
 
     .venv/bin/python bench/bench_moe_mismatch.py          # --prompts 32 --tokens 48 (two engine boots)
+    .venv/bin/python bench/bench_moe_mismatch.py --engine transformers --experts 128 --top-k 8
 """
 
 from __future__ import annotations
@@ -74,19 +83,19 @@ def build_models(root: Path) -> tuple[str, str]:
             layer.mlp.gate.weight.normal_(0.0, ROUTER_STD)
     dense_shape = {k: v for k, v in MOE_SHAPE.items() if k not in ("moe_intermediate_size", "num_experts",
                                                                     "num_experts_per_tok", "norm_topk_prob")}
-    dense = Qwen3ForCausalLM(Qwen3Config(**ids, **dense_shape, intermediate_size=2 * MOE_SHAPE["moe_intermediate_size"]))
+    width, k = MOE_SHAPE["moe_intermediate_size"], MOE_SHAPE["num_experts_per_tok"]
+    dense = Qwen3ForCausalLM(Qwen3Config(**ids, **dense_shape, intermediate_size=k * width))
     own = dense.state_dict()
     with torch.no_grad():
         for name, tensor in moe.state_dict().items():
             if ".mlp." not in name and name in own:
                 own[name].copy_(tensor)
-        width = MOE_SHAPE["moe_intermediate_size"]
         for i, layer in enumerate(moe.model.layers):
             gate_up, down = layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj  # [E, 2I, H], [E, H, I]
             mlp = dense.model.layers[i].mlp
-            mlp.gate_proj.weight.copy_(torch.cat([gate_up[0, :width], gate_up[1, :width]]))
-            mlp.up_proj.weight.copy_(torch.cat([gate_up[0, width:], gate_up[1, width:]]))
-            mlp.down_proj.weight.copy_(torch.cat([down[0], down[1]], dim=1) * 0.5)
+            mlp.gate_proj.weight.copy_(torch.cat([gate_up[e, :width] for e in range(k)]))
+            mlp.up_proj.weight.copy_(torch.cat([gate_up[e, width:] for e in range(k)]))
+            mlp.down_proj.weight.copy_(torch.cat([down[e] for e in range(k)], dim=1) / k)
     folders = []
     for name, model in (("moe", moe), ("dense", dense)):
         folder = root / name
@@ -132,15 +141,49 @@ def batch_of(samples: list[tuple[list[int], list[float], np.ndarray | None]], pr
     return TrainingBatch.from_sequences(seqs)
 
 
+def transformers_samples(folder: str, routing: RoutingShape | None, prompts: list[list[int]], tokens: int,
+                         ) -> list[tuple[list[int], list[float], np.ndarray | None]]:
+    """``--engine transformers``: a transformers bfloat16 forward stands in for the engine. Each prompt
+    continues with ``tokens`` random ids (scored, not sampled: the mismatch is a property of scoring
+    the same ids), their bfloat16 logprobs, and the experts its routers chose at every position."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    captured: list[torch.Tensor] = []
+    if routing is not None:
+        for layer in model.model.layers:
+            layer.mlp.gate.register_forward_hook(lambda _m, _i, out: captured.append(out[2]))
+    rng = random.Random(1)
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = [*prompt, *(rng.randrange(3, 1700) for _ in range(tokens))]
+            captured.clear()
+            logits = model(torch.tensor([ids])).logits[0].float()
+            lps = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+            rows = np.stack([c.numpy() for c in captured], 1).astype(np.uint8) if routing is not None else None
+            out.append((ids, lps[len(prompt) - 1:].tolist(), rows))
+    return out
+
+
 def mismatch(folder: str, batch: TrainingBatch, prompt_len: int, replay: str) -> dict[str, float]:
+    """Mean and max |engine - trainer| logprob of the sampled tokens; for the MoE also the routing
+    figures and the same mean over the tokens predicted at a position whose trainer routing (its own
+    router's, whatever the replay) differs from the engine's in at least one layer, and over the rest."""
     backend = TorchTrainBackend.from_pretrained(folder, TorchBackendConfig(
         device="cpu", dtype="float32", loss=LossConfig(routing_replay=RoutingReplay(replay))))
     scored = backend.compute_logprobs(batch)
-    diffs = [abs(e - t) for seq, lps in zip(batch.sequences, scored, strict=True)
-             for e, t in zip(seq.rollout_logprobs[prompt_len:], lps[prompt_len:], strict=True)]
+    diffs = np.array([abs(e - t) for seq, lps in zip(batch.sequences, scored, strict=True)
+                      for e, t in zip(seq.rollout_logprobs[prompt_len:], lps[prompt_len:], strict=True)])
     out = {"mean_abs_dlogprob": float(np.mean(diffs)), "max_abs_dlogprob": float(np.max(diffs)),
            "tokens": float(len(diffs))}
-    if backend.routing is not None:  # one forward (gradients discarded) for the routing figures
+    if backend.routing is not None:
+        # token t is predicted at position t - 1: split by whether the router there disagrees
+        flipped = np.concatenate([counts[prompt_len - 1:-1] > 0 for counts in backend.routing_differences(batch)])
+        out.update({"flipped_tokens": float(flipped.sum()),
+                    "mean_abs_dlogprob_flipped": float(diffs[flipped].mean()) if flipped.any() else 0.0,
+                    "mean_abs_dlogprob_agreeing": float(diffs[~flipped].mean())})
+        # one forward (gradients discarded) for the routing figures
         metrics = backend.forward_backward(batch)
         backend.optimizer.zero_grad(set_to_none=True)
         out.update({k: metrics[k] for k in ("moe/routing_differs", "moe/router_disagrees", "moe/routed_tokens")})
@@ -152,7 +195,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--log-dir", default="/tmp/agentrl-logs")
+    parser.add_argument("--engine", choices=("sglang", "transformers"), default="sglang",
+                        help="what samples in bfloat16: the CPU SGLang engine, or a transformers forward")
+    parser.add_argument("--experts", type=int, default=MOE_SHAPE["num_experts"])
+    parser.add_argument("--top-k", type=int, default=MOE_SHAPE["num_experts_per_tok"])
     args = parser.parse_args()
+    MOE_SHAPE.update(num_experts=args.experts, num_experts_per_tok=args.top_k)
     torch.set_num_threads(1)
     rng = random.Random(0)
     prompt_len = 48
@@ -161,8 +209,12 @@ def main() -> None:
     started = time.perf_counter()
     shape = RoutingShape(layers=MOE_SHAPE["num_hidden_layers"], top_k=MOE_SHAPE["num_experts_per_tok"],
                          experts=MOE_SHAPE["num_experts"])
-    moe_samples = asyncio.run(sample(moe, shape, prompts, args.tokens, args.log_dir))
-    dense_samples = asyncio.run(sample(dense, None, prompts, args.tokens, args.log_dir))
+    if args.engine == "sglang":
+        moe_samples = asyncio.run(sample(moe, shape, prompts, args.tokens, args.log_dir))
+        dense_samples = asyncio.run(sample(dense, None, prompts, args.tokens, args.log_dir))
+    else:
+        moe_samples = transformers_samples(moe, shape, prompts, args.tokens)
+        dense_samples = transformers_samples(dense, None, prompts, args.tokens)
     moe_batch, dense_batch = batch_of(moe_samples, prompt_len), batch_of(dense_samples, prompt_len)
     results = {"moe_replay_off": mismatch(moe, moe_batch, prompt_len, "off"),
                "moe_replay_on": mismatch(moe, moe_batch, prompt_len, "rollout"),
@@ -171,9 +223,13 @@ def main() -> None:
         print(f"  {name:15s} " + ", ".join(f"{k} {v:.4g}" for k, v in r.items()))
     off, on, base = (results[k]["mean_abs_dlogprob"] for k in ("moe_replay_off", "moe_replay_on", "dense"))
     ratios = {"on_over_off": round(on / off, 4), "on_over_dense": round(on / base, 4)}
+    flipped_off, flipped_on = (results[k]["mean_abs_dlogprob_flipped"] for k in ("moe_replay_off", "moe_replay_on"))
+    if flipped_off > 0:  # not a target of its own: replay's effect where routing differs
+        ratios["flipped_on_over_off"] = round(flipped_on / flipped_off, 4)
     print(f"  replay on / off {ratios['on_over_off']:.3f} (target <= 0.5); on / dense {ratios['on_over_dense']:.3f} "
           f"(target <= 1); {time.perf_counter() - started:.0f} s")
     figures: dict[str, Any] = {f"{name}/{k}": round(v, 6) for name, r in results.items() for k, v in r.items()}
+    figures.update(engine=args.engine, experts=args.experts, top_k=args.top_k)
     print("RESULT " + json.dumps({
         "figures": figures, "baseline": {"dense_mean_abs_dlogprob": round(base, 6)}, "ratios": ratios,
         "targets": {"on_over_off": 0.5, "on_over_dense": 1.0},
