@@ -14,7 +14,8 @@ Modes (``RunConfig.mode``):
   the weight update the runner waits for that generation to finish, so no update lands while a
   request is being generated, and data trained at step k came from the weights of step k−1.
 - ``bounded_staleness``: rollouts run continuously (a collector task hands batches over a queue of
-  one); the weight update pauses the engines, loads and resumes them without aborting requests,
+  one, and starts the next batch once the queued one is taken); the weight update pauses the
+  engines, loads and resumes them without aborting requests,
   and the scheduler's admission keeps every trained token within ``max_staleness`` versions
   (the scheduler is given ``max_staleness − 1``: a batch can wait one version in the queue). The
   runner checks the bound again on every batch it trains and stops with an error if it is broken.
@@ -521,6 +522,11 @@ class Runner:
                     while self._hold.is_set() and not self._stop_collecting:
                         await asyncio.sleep(0.01)
                     self._idle.clear()
+                    continue
+                if not self._queue.empty():
+                    # the queued batch is not taken yet: a batch collected now would be handed over while
+                    # two updates (the step in training and the queued one) still come before it is trained
+                    await asyncio.sleep(0.01)
                     continue
                 batch = await self.collect_rollouts()
                 await self._queue.put(batch)

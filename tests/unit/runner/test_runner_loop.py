@@ -4,6 +4,7 @@ run folder say what was trained, and a resumed run equals an uninterrupted one b
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,27 @@ async def test_bounded_staleness_keeps_every_trained_token_within_the_bound(tmp_
         assert max(staleness) >= 1                   # the data did get older: the bound was needed
     else:
         assert any(n > 0 for n in runner.rollout.weights.inflight_at_load)   # updates land while generating
+
+
+async def test_bounded_staleness_holds_when_training_is_slower_than_rollouts(tmp_path: Path) -> None:
+    """The collector is far ahead of a slow trainer: it must not hand a batch over while another waits
+    in the queue (that batch would be trained two updates later, past the scheduler's admission)."""
+    config = fake_run_config(tmp_path, steps=6, mode="bounded_staleness", checkpoint_every=None,
+                             partial_rollout=True, max_staleness=2, rows=80, over_sampling=1.0)
+    runner, _ = build_fake_runner(config, token_delay_s=0.01)
+    train_step = runner.train_step
+
+    async def slow_train_step(batch: Any) -> dict[str, Any]:
+        await asyncio.sleep(1.5)  # a step's rollouts take well under that on the fake engine
+        return dict(await train_step(batch))
+
+    runner.train_step = slow_train_step
+    summary = await runner.run()
+    assert summary.steps == 6
+    for step in range(1, 7):
+        versions = [int(s.weight_version) for ep in runner.run_dir.read_trajectories(step) for t in ep.sequences
+                    for s in t.segments if s.weight_version]
+        assert step - 1 - min(versions) <= 2
 
 
 async def test_data_running_out_ends_the_run_with_its_reason(tmp_path: Path) -> None:
