@@ -85,12 +85,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from agentrl._tracebacks import exception_origin
 from agentrl.chat.bridge import BridgeOutcome, BridgeResult, BridgeSession
@@ -103,16 +101,14 @@ from agentrl.rewards.types import Reward, score
 from agentrl.rollout._agent_config import AgentConfig, env_hook
 from agentrl.rollout._compaction import Compactor
 from agentrl.rollout._env_steps import error_kind_of, record_step, reward_total
+from agentrl.rollout._requests import GenerateClient, new_id, request_sampling
 from agentrl.rollout.opening import OpeningCache
 from agentrl.rollout.pacing import Pacer
 from agentrl.rollout.routing import missing_routing, routing_request, store_routing
 from agentrl.rollout.types import (
     FinishKind,
-    GenerateResult,
     InferenceError,
     PromptTooLongError,
-    RoutingShape,
-    SamplingParams,
     continuation_budget,
 )
 from agentrl.trajectory import (
@@ -127,39 +123,12 @@ from agentrl.trajectory import (
 )
 
 # Episode lives in agentrl.episode (saving and batching it need no rollout code); re-exported here.
-__all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"]
+__all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "new_id", "request_sampling", "run_episode",
+           "status_for"]
 
 
 def _never() -> bool:
     return False
-
-
-def new_id() -> str:
-    """A random 128-bit hex id (request, rollout and session ids): ``uuid4().hex`` without the UUID object."""
-    return os.urandom(16).hex()
-
-
-def request_sampling(base: SamplingParams, budget: int, stops: tuple[int, ...]) -> SamplingParams:
-    """``base`` with a turn's budget and stop ids; memoised, since every episode of a run asks the same."""
-    try:
-        return _request_sampling(base, budget, stops)
-    except TypeError:  # a SamplingParams holding an unhashable value
-        return base.replace(max_new_tokens=budget, stop_token_ids=stops)
-
-
-@functools.lru_cache(maxsize=1024)
-def _request_sampling(base: SamplingParams, budget: int, stops: tuple[int, ...]) -> SamplingParams:
-    return base.replace(max_new_tokens=budget, stop_token_ids=stops)
-
-
-class GenerateClient(Protocol):
-    """What the agent loop needs of an inference client (:class:`agentrl.rollout.client.InferenceClient` fits).
-    ``routed_experts`` and ``routed_experts_start`` are passed only when the loop asks for routing
-    (``AgentConfig.routed_experts``), so a client that cannot return it need not take them."""
-
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *, rid: str | None = None,
-                       routing_key: str | None = None, routed_experts: RoutingShape | None = None,
-                       routed_experts_start: int = 0) -> GenerateResult: ...
 
 
 PROMPT_TOO_LONG = "prompt too long: "  # how the error of an opening prompt that cannot fit begins
