@@ -24,9 +24,10 @@ from agentrl.testing import build_tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 # every training config under examples/ (``sft_*.toml`` are `agentrl sft` configs, run by the SFT tests;
 # the demo's config reads the files examples/demo_prepare.py writes, and has its own test; so does the
-# distillation config, tests/unit/test_example_distill.py)
+# distillation config, tests/unit/test_example_distill.py; the long-horizon config reads what
+# examples/long_horizon_prepare.py writes, tested below)
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.toml")
-                  if not p.name.startswith(("sft_", "demo_", "distill_")))
+                  if not p.name.startswith(("sft_", "demo_", "distill_", "long_horizon_")))
 runner = CliRunner()
 
 
@@ -238,6 +239,26 @@ def test_the_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Pa
     assert not set(held) & set(train) and not any(q in warm for q in held)  # the held-out questions stay unseen
     answers = [json.loads(line)["answer"] for line in (tmp_path / "data/demo/held_out.jsonl").read_text().splitlines()]
     assert len(answers) == 64 and all(len(a) == 6 for a in answers)  # the demo's task: six-digit products
+
+
+def test_the_long_horizon_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The long-horizon experiment's first and third steps (the warm-up's output replaced by the prepared
+    model): the prepare script writes the model and the data the config names, and the dry run names the
+    budgets and the summarize policy."""
+    monkeypatch.chdir(tmp_path)
+    prep = subprocess.run([sys.executable, str(ROOT / "examples" / "long_horizon_prepare.py"), "--warmup-rows", "2",
+                           "--train-rows", "8", "--held-out-rows", "4"], capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    result = invoke([str(ROOT / "examples" / "long_horizon_cpu.toml"), "model.path=models/long-tiny", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "budgets       max_turns 40, max_sampled_tokens 3000" in result.stdout
+    assert "context       policy summarize, compacts when a request would pass 1100 tokens" in result.stdout
+    assert "data          8 training rows (data/long_horizon/train.jsonl)" in result.stdout
+    held = [json.loads(line) for line in (tmp_path / "data/long_horizon/held_out.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in (tmp_path / "data/long_horizon/train.jsonl").read_text().splitlines()]
+    assert len(held) == 4 and not {json.dumps(r, sort_keys=True) for r in held} & {json.dumps(r, sort_keys=True)
+                                                                                  for r in train}
 
 
 @pytest.mark.parametrize("recipe", sorted(GPU_RECIPES))
