@@ -325,16 +325,19 @@ def parse_tool_calls(text: str, format: CallFormat = "json", tools: Iterable[Any
     failures.sort(key=lambda f: f.span[0])
     text = "".join(content).strip()
     written = _content_as_written(turn, regions, calls)
-    outside = _outside_reasoning(turn, regions)
-    cut = outside.find(CALL_OPEN if xml else JSON_OPEN)  # where SGLang's parser says a call starts
-    served = outside if cut < 0 else outside[:cut].strip()
+    unstripped = _outside_reasoning(turn, regions)
+    outside = unstripped.strip()
+    # where SGLang's parser says a call starts, looked for before stripping: a turn ending in the
+    # JSON marker's own newline ("<tool_call>\n") starts one
+    cut = unstripped.find(CALL_OPEN if xml else JSON_OPEN)
+    served = outside if cut < 0 else unstripped[:cut].strip()
     return ParsedReply(content=text, reasoning="\n\n".join(reasoning) if reasoning else None,
                        calls=calls, failures=failures, message_content=None if written == text else written,
                        text=None if outside == text else outside, served=None if served == text else served)
 
 
 def _outside_reasoning(turn: str, regions: list[Region]) -> str:
-    """The turn without its reasoning blocks, stripped (what SGLang's reasoning parser leaves)."""
+    """The turn without its reasoning blocks (what SGLang's reasoning parser leaves), not stripped."""
     pieces: list[str] = []
     pos = 0
     for region in regions:
@@ -342,7 +345,7 @@ def _outside_reasoning(turn: str, regions: list[Region]) -> str:
             pieces.append(turn[pos:region.start])
             pos = region.end
     pieces.append(turn[pos:])
-    return "".join(pieces).strip()
+    return "".join(pieces)
 
 
 def _content_as_written(turn: str, regions: list[Region], calls: list[ToolCall]) -> str:

@@ -295,6 +295,9 @@ CLASSES: dict[str, list[tuple[CallFormat, str]]] = {
                 ("json", '<tool_call>\n[{"name": "calc", "arguments": {"code": "1"}}, {"name": "now"}]\n</tool_call>'),
                 ("xml", "<function=calc>\n<parameter=code>\n1\n</parameter>\n</function>"),
                 ("xml", "<tool_call>\n<function=calc >\n<parameter=code>\n1\n</parameter>\n</function>\n</tool_call>")],
+    # a turn cut right after the opening marker: its own newline makes it a call start for the JSON format
+    "bare_opening_marker": [("json", "Sure.\n\n<tool_call>\n"), ("json", "Sure.\n\n<tool_call>"),
+                            ("xml", "Sure.\n\n<tool_call>\n"), ("xml", "Sure.\n\n<tool_call>")],
 }
 CLASS_CASES = [(name, fmt, text) for name, cases in CLASSES.items() for fmt, text in cases]
 
