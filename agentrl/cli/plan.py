@@ -380,8 +380,9 @@ def _shape(cfg: RunConfig, plan: Plan, meta: dict[str, Any], rows: int | None) -
             plan.add("", line)
     lora = (f", LoRA rank {train.lora.rank} alpha {train.lora.alpha:g} on {', '.join(train.lora.target_modules)}"
             if train.lora is not None else "")
+    ep = f" ep={train.expert_parallel_size}" if train.expert_parallel_size > 1 else ""
     plan.add("trainer", f"{train.backend}, dp={train.data_parallel_size} tp={train.tensor_parallel_size} "
-                        f"pp={train.pipeline_parallel_size}, {train.dtype}{lora}")
+                        f"pp={train.pipeline_parallel_size}{ep}, {train.dtype}{lora}")
     steps: object = train.steps
     if steps is None and rows is not None and cfg.data.train.epochs is not None:
         steps = f"~{rows * cfg.data.train.epochs // sched.groups_per_step} (data runs out)"

@@ -184,7 +184,8 @@ class TrainSection(Section):
 
     ``steps`` ``None``: until the training data runs out. ``data_parallel_size`` ranks each train on
     an even share of the step's sequences; ``tensor_parallel_size``/``pipeline_parallel_size`` are
-    the megatron backend's. ``dtype``/``autocast``/... are those of :class:`TorchBackendConfig`.
+    the megatron backend's, as is ``expert_parallel_size`` (a mixture-of-experts model: that many
+    data-parallel ranks share each layer's experts, so it divides ``data_parallel_size``). ``dtype``/``autocast``/... are those of :class:`TorchBackendConfig`.
     ``score_after_step``: score the batch again after the update and log the engine-vs-trainer
     mismatch after the step too (``mismatch_after/*``; one more forward pass per step).
     ``shared_prefix``: run a prompt shared by the sequences of a micro-batch (at least
@@ -218,6 +219,7 @@ class TrainSection(Section):
     data_parallel_size: int = Field(default=1, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
+    expert_parallel_size: int = Field(default=1, ge=1)
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
     autocast: Literal["none", "bfloat16", "float16"] = "none"
     master_weights: Literal["float32", "none"] = "float32"
@@ -282,7 +284,8 @@ class TrainSection(Section):
                                      optimizer=self.optimizer, logprob_chunk_size=self.logprob_chunk_size,
                                      seed=self.seed, activation_checkpointing=self.activation_checkpointing,
                                      attention=self.attention,  # type: ignore[arg-type]  # checked by _consistent
-                                     fused_lm_head=self.fused_lm_head is not False, export_dtype=export_dtype)
+                                     fused_lm_head=self.fused_lm_head is not False, export_dtype=export_dtype,
+                                     expert_parallel_size=self.expert_parallel_size)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainSection:
@@ -309,6 +312,13 @@ class TrainSection(Section):
         if self.lora is not None and self.sharding == "fsdp":
             raise ValueError("sharding='fsdp' with lora: the frozen base is replicated on every rank and only the "
                              "adapter's gradients are summed; expected sharding='auto' or 'none'")
+        if self.expert_parallel_size > 1 and self.backend != "megatron":
+            raise ValueError(f"expert_parallel_size={self.expert_parallel_size} with backend={self.backend!r}: expert "
+                             "parallelism is the megatron backend's; expected 1, or backend='megatron'")
+        if (self.data_parallel_size * self.tensor_parallel_size) % self.expert_parallel_size:
+            raise ValueError(f"expert_parallel_size={self.expert_parallel_size}: expert-parallel ranks are data-parallel "
+                             f"ranks, so it must divide data_parallel_size={self.data_parallel_size} (times "
+                             f"tensor_parallel_size={self.tensor_parallel_size})")
         if self.backend == "torch" and (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1):
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}, pipeline_parallel_size="
                              f"{self.pipeline_parallel_size} with backend='torch': the torch backend is data-"

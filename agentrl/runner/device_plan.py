@@ -96,7 +96,7 @@ def trainer_setup(config: RunConfig) -> TrainerSetup:
         logprob_chunk_size=train.logprob_chunk_size,
         reference_model=config.algorithm.kl_coef > 0 and train.lora is None,  # LoRA: the base, adapter disabled
         fused_optimizer=accel == "gpu" and not sharded, lora=train.lora,
-        teacher_params=_teacher_params(config))
+        teacher_params=_teacher_params(config), expert_parallel=train.expert_parallel_size)
 
 
 def _teacher_params(config: RunConfig) -> int:
@@ -230,6 +230,8 @@ class MemoryPlan:
                          f"float{8 * setup.adapter_bytes} parameters")
         shard = (f", FSDP over {setup.data_parallel}" if setup.sharded else f", distributed optimizer over "
                  f"{setup.data_parallel}" if setup.backend == "megatron" and setup.distributed_optimizer else "")
+        if setup.expert_parallel > 1:
+            shard += f", experts over {setup.expert_parallel}"
         g = {k: v / GIB for k, v in t.terms.items()}
         acts = t.activations_by_mode
         weights = f"{g['weights']:.1f} GiB"
@@ -245,7 +247,8 @@ class MemoryPlan:
                  f"(checkpointing {train.activation_checkpointing}; full {acts['full'] / GIB:.1f}, selective "
                  f"{acts['selective'] / GIB:.1f}, none {acts['none'] / GIB:.1f}), recomputed layer "
                  f"{g['recomputed layer']:.1f}, logits working set {g['logits working set']:.1f}"
-                 + (f", attention scores {g['attention scores']:.1f}" if t.terms["attention scores"] else ""),
+                 + (f", attention scores {g['attention scores']:.1f}" if t.terms["attention scores"] else "")
+                 + (f", routing {t.terms['routing'] / (1 << 20):.1f} MiB" if t.terms["routing"] else ""),
                  f"  peak ~{t.peak / GIB:.1f} GiB of {cap}; resident between steps {t.resident / GIB:.1f} GiB"
                  + "".join(f"; {n}" for n in t.notes)]
         if self.engine_weights is not None:
@@ -287,7 +290,12 @@ _MEGATRON_ADVICE = {
 }
 
 
-def _advice(term: str, config: RunConfig) -> str:
+_MOE_ADVICE = ("more ranks: a larger train.data_parallel_size and train.expert_parallel_size (the experts are split "
+               "over EP ranks, their optimizer state over DP / EP; tensor parallelism is not available with a "
+               "mixture of experts), or larger accelerators")
+
+
+def _advice(term: str, config: RunConfig, *, moe: bool = False) -> str:
     train = config.train
     if train.lora is not None and term == "weights":
         return ("larger accelerators or a smaller model (a LoRA run holds the whole frozen base on every rank; "
@@ -296,6 +304,8 @@ def _advice(term: str, config: RunConfig) -> str:
         if train.activation_checkpointing != "full":
             return "train.activation_checkpointing='full'"
         return f"a smaller train.max_tokens_per_micro_batch (now {train.max_tokens_per_micro_batch})"
+    if train.backend == "megatron" and moe and term in _MEGATRON_ADVICE:
+        return _MOE_ADVICE
     if train.backend == "megatron" and term in _MEGATRON_ADVICE:
         return _MEGATRON_ADVICE[term]
     return _ADVICE.get(term, "a smaller model or larger accelerators")
@@ -336,7 +346,7 @@ def memory_plan(config: RunConfig, capacity: int | None, *, engine_fraction: flo
             plan.problems.append(
                 f"memory: a trainer rank needs ~{trainer.peak / GIB:.1f} GiB at its peak but an accelerator has "
                 f"{capacity / GIB:.1f} GiB ({usable / GIB:.1f} usable after the reserve); the largest term is "
-                f"{term} ({trainer.terms[term] / GIB:.1f} GiB): expected {_advice(term, config)}")
+                f"{term} ({trainer.terms[term] / GIB:.1f} GiB): expected {_advice(term, config, moe=shape.is_moe)}")
         if plan.engine_kv_tokens == 0:
             plan.problems.append(
                 f"memory: an engine rank's weights ({(plan.engine_weights or 0) / GIB:.1f} GiB"

@@ -186,6 +186,8 @@ def measure_train_step(hf_config: Mapping[str, Any], setup: TrainerSetup, *, doc
         raise ValueError("measure_train_step: measures the unsharded torch backend only")
     config = AutoConfig.for_model(**copy.deepcopy(dict(hf_config)))
     config._attn_implementation = "sdpa"
+    if getattr(config, "num_experts", None):  # transformers' grouped-GEMM experts: the eager ones call
+        config._experts_implementation = "grouped_mm"  # nonzero(), which fake tensors refuse
     cfg = TorchBackendConfig(
         device="cpu", dtype=setup.dtype, master_weights="float32" if setup.master_weights else "none",  # type: ignore[arg-type]
         sharding="none", activation_checkpointing=setup.activation_checkpointing,  # type: ignore[arg-type]

@@ -50,9 +50,26 @@ same itemisation for its local layer spec and are not measured.
 device; what the weights (and, serving LoRA, the adapter slots of :func:`engine_adapter_bytes`)
 leave of it holds the KV cache, ``2 · layers · kv_heads/TP · head_dim · b`` bytes per token.
 
-Architectures outside that shape (hybrid linear attention such as Qwen3.5's Gated DeltaNet
-layers, mixtures of experts, vision-language towers) raise :class:`UnmodelledModel`: the planner
-says so instead of printing wrong numbers.
+**Mixtures of experts** (``qwen3_moe``, every layer sparse): a layer's MLP is ``E`` experts of
+``I`` behind a router, each token sent to ``k`` of them. *Weights*: the torch backend holds every
+expert; Megatron splits the experts over ``expert_parallel`` ranks (and the pipeline stages) while
+the rest (attention, norms, routers, embeddings) splits over TP × PP as for a dense model, and its
+distributed optimizer shards the dense part over the data-parallel ranks and the experts over the
+expert-data-parallel ones (``DP·TP / EP``). *Activations*: instead of the dense MLP's, each token's
+``k`` dispatched copies keep the expert's input and output (``2H``), ``gate|up`` (``2I``), SiLU(gate)
+and the product (``I`` each) in the compute dtype, the router's float32 softmax over ``E`` and the
+sort/gather indices; Megatron's all-to-all dispatcher keeps one more permuted copy per token (``H``)
+before the exchange. Routing is assumed balanced (each rank receives ``k·T`` rows on average; a
+skewed router raises the most loaded rank's share). *Routing storage*: a micro-batch carries the
+routed-experts channel, ``layers × k`` bytes per token (two above 256 experts) plus a presence flag
+(:meth:`ModelShape.routing_bytes_per_token`); a trajectory stores the same per token on the host.
+The torch backend's MoE figures are checked against ``MemTracker`` on fake tensors with
+transformers' grouped-GEMM experts (``bench/bench_moe_plan.py``; its eager experts call ``nonzero``,
+which fake tensors refuse).
+
+Architectures outside these shapes (hybrid linear attention such as Qwen3.5's Gated DeltaNet
+layers, other mixtures of experts, vision-language towers) raise :class:`UnmodelledModel`: the
+planner says so instead of printing wrong numbers.
 
 Example::
 
@@ -76,6 +93,7 @@ __all__ = ["GIB", "ModelShape", "TrainerMemory", "TrainerSetup", "UnmodelledMode
 GIB = 1 << 30
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 _DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+_MOE_TYPES = ("qwen3_moe",)
 
 
 class UnmodelledModel(ValueError):
@@ -84,7 +102,8 @@ class UnmodelledModel(ValueError):
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes of a dense decoder-only transformer (from a Hugging Face ``config.json``)."""
+    """The sizes of a decoder-only transformer (from a Hugging Face ``config.json``): dense, or with
+    ``experts`` experts of ``expert_ffn`` per layer, ``top_k`` per token (``ffn`` unused then)."""
 
     model_type: str
     vocab: int
@@ -95,6 +114,9 @@ class ModelShape:
     head_dim: int
     ffn: int
     tied: bool
+    experts: int = 0
+    expert_ffn: int = 0
+    top_k: int = 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -111,26 +133,59 @@ class ModelShape:
             raise UnmodelledModel(f"model_type={model_type!r} nests its language model under text_config (a "
                                   "vision-language model): the memory planner models text-only decoders")
         experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
-        if experts:
+        if experts and model_type not in _MOE_TYPES:
             raise UnmodelledModel(f"model_type={model_type!r} is a mixture of experts ({experts} experts): the "
-                                  "memory planner models dense MLPs only")
-        if model_type not in _DENSE_TYPES:
-            raise UnmodelledModel(f"model_type={model_type!r}: the memory planner models {list(_DENSE_TYPES)}")
+                                  f"memory planner models the mixtures of experts {list(_MOE_TYPES)} only")
+        if experts and (config.get("mlp_only_layers") or int(config.get("decoder_sparse_step") or 1) != 1):
+            raise UnmodelledModel(f"model_type={model_type!r} has dense layers between its sparse ones "
+                                  "(mlp_only_layers, decoder_sparse_step): the memory planner models all-sparse ones")
+        if not experts and model_type not in _DENSE_TYPES:
+            raise UnmodelledModel(f"model_type={model_type!r}: the memory planner models {list(_DENSE_TYPES)} "
+                                  f"and {list(_MOE_TYPES)}")
         try:
+            moe = {"experts": int(experts), "expert_ffn": int(config["moe_intermediate_size"]),
+                   "top_k": int(config["num_experts_per_tok"])} if experts else {}
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])
             return cls(model_type=model_type, vocab=int(config["vocab_size"]), hidden=hidden,
                        layers=int(config["num_hidden_layers"]), heads=heads,
                        kv_heads=int(config.get("num_key_value_heads") or heads),
-                       head_dim=int(config.get("head_dim") or hidden // heads), ffn=int(config["intermediate_size"]),
-                       tied=bool(config.get("tie_word_embeddings", False)))
+                       head_dim=int(config.get("head_dim") or hidden // heads),
+                       ffn=int(config.get("intermediate_size") or 0) if experts else int(config["intermediate_size"]),
+                       tied=bool(config.get("tie_word_embeddings", False)), **moe)
         except (KeyError, TypeError, ValueError) as exc:
             raise UnmodelledModel(f"config.json: cannot read the model's sizes ({type(exc).__name__}: {exc})") from None
 
     @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
     def layer_params(self) -> int:
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return 2 * self.hidden * q + 2 * self.hidden * kv + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim
+        attention = 2 * self.hidden * q + 2 * self.hidden * kv + 2 * self.hidden + 2 * self.head_dim
+        if self.is_moe:  # the router and every expert
+            return attention + self.experts * self.hidden + self.experts * 3 * self.hidden * self.expert_ffn
+        return attention + 3 * self.hidden * self.ffn
+
+    @property
+    def expert_params(self) -> int:
+        """The experts' parameters over all layers (what expert parallelism splits); 0 for a dense model."""
+        return self.layers * self.experts * 3 * self.hidden * self.expert_ffn
+
+    @property
+    def active_params(self) -> int:
+        """Parameters a token passes through (its ``top_k`` experts of each layer)."""
+        if not self.is_moe:
+            return self.params
+        return self.params - self.expert_params + self.layers * self.top_k * 3 * self.hidden * self.expert_ffn
+
+    def routing_bytes_per_token(self) -> int:
+        """The routed-experts channel of one token: ``layers × top_k`` expert ids, one byte each up to 256
+        experts (two beyond), plus its presence flag; 0 for a dense model."""
+        if not self.is_moe:
+            return 0
+        return self.layers * self.top_k * (1 if self.experts <= 256 else 2) + 1
 
     @property
     def embedding_params(self) -> int:
@@ -144,8 +199,10 @@ class ModelShape:
     def linear_dims(self) -> dict[str, tuple[int, int]]:
         """Each decoder layer's linear layers by module name: ``(in_features, out_features)``."""
         q, kv, h, ffn = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.ffn
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h)}
+        attention = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        if self.is_moe:  # the experts are not linear layers of their own (stacked per layer)
+            return attention
+        return {**attention, "gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h)}
 
     def lora_targets(self, lora: LoraSettings) -> dict[str, tuple[int, int]]:
         """The targeted linear layers of one decoder layer; :class:`UnmodelledModel` for a target
@@ -179,6 +236,7 @@ class TrainerSetup:
     ``lora``: a LoRA adapter trains on the frozen base (torch backend, unsharded; see the module doc).
     ``teacher_params``: a distillation teacher the trainer holds (``teacher.kind = "model"``), frozen in
     the compute dtype on every rank, like an unsharded reference model.
+    ``expert_parallel``: Megatron ranks sharing a MoE model's experts (a divisor of ``data_parallel``).
     """
 
     backend: Literal["torch", "megatron"] = "torch"
@@ -201,6 +259,7 @@ class TrainerSetup:
     micro_batches: int = 2
     lora: LoraSettings | None = None
     teacher_params: int = 0
+    expert_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.lora is not None and (self.backend != "torch" or self.sharded):
@@ -212,7 +271,7 @@ class TrainerSetup:
             raise ValueError(f"activation_checkpointing: expected 'none', 'full' or 'selective', got "
                              f"{self.activation_checkpointing!r}")
         for name in ("data_parallel", "tensor_parallel", "pipeline_parallel", "micro_batch_tokens",
-                     "logprob_chunk_size", "micro_batches"):
+                     "logprob_chunk_size", "micro_batches", "expert_parallel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
 
@@ -263,10 +322,22 @@ def activation_bytes_per_token(shape: ModelShape, setup: TrainerSetup) -> dict[s
     rope = b * (q + kv)  # the rotated q and k (the attention's inputs; cos and sin are shared)
     attention = b * kv + b * q * (2 if setup.kernel_copies_output else 1) + 4 * heads  # v, output, log-sum-exp
     mlp = 4 * b * ffn  # gate, SiLU(gate), up, their product
+    if shape.is_moe:
+        mlp = _expert_activation_bytes_per_token(shape, setup)
     if setup.lora is not None:  # (a frozen o_proj keeps no copy of the attention's output)
         return _lora_activation_bytes_per_token(shape, setup, setup.lora, rope + b * kv + b * q + 4 * heads)
     full_layer = 2 * norm + qk_norm + rope + attention + mlp + 8  # + the position ids
     return {"none": full_layer, "selective": full_layer - mlp, "full": b * h}
+
+
+def _expert_activation_bytes_per_token(shape: ModelShape, setup: TrainerSetup) -> int:
+    """A MoE layer's MLP activations per token (see the module doc): ``k`` dispatched copies of the
+    expert's input and output, ``gate|up``, SiLU(gate) and the product, their gate weight and sort/gather
+    indices (int64), the router's float32 softmax; with Megatron the dispatcher's permuted copy."""
+    b, h, k, f = setup.compute_bytes, shape.hidden, shape.top_k, shape.expert_ffn
+    per_copy = b * (2 * h + 4 * f) + 4 + 3 * 8
+    dispatcher = k * b * h if setup.backend == "megatron" else 0
+    return k * per_copy + 4 * shape.experts + dispatcher
 
 
 def _lora_activation_bytes_per_token(shape: ModelShape, setup: TrainerSetup, lora: LoraSettings,
@@ -328,6 +399,8 @@ def _layer_backward_bytes_per_token(shape: ModelShape, setup: TrainerSetup) -> i
     dtype, while the base's and the saved input are still alive (the planned peaks are within 6% of
     MemTracker's on the shapes of the tests and the bench)."""
     b, h = setup.compute_bytes, shape.hidden
+    if shape.is_moe and setup.lora is None:  # per dispatched copy: gate|up's, the product's and the output's
+        return shape.top_k * b * (3 * shape.expert_ffn + 2 * h) + 4 * b * h
     if setup.lora is None:
         tp = setup.tensor_parallel if setup.backend == "megatron" else 1
         return 3 * b * shape.ffn // tp + 4 * b * h
@@ -348,13 +421,18 @@ def _attention_scores(shape: ModelShape, setup: TrainerSetup) -> int:
 
 def _static_terms(shape: ModelShape, setup: TrainerSetup) -> dict[str, int]:
     n, b = shape.params, setup.compute_bytes
+    n_rank = n
     if setup.backend == "megatron":
-        model_parallel = setup.tensor_parallel * setup.pipeline_parallel
-        n_rank = n // model_parallel
+        tp, pp, ep = setup.tensor_parallel, setup.pipeline_parallel, setup.expert_parallel
+        # experts split over EP and the stages (not over TP), the rest over TP and the stages
+        dense, experts = (n - shape.expert_params) // (tp * pp), shape.expert_params // (pp * ep)
+        n_rank = dense + experts
         weights, grads = n_rank * b, n_rank * 4  # Megatron accumulates (and reduces) gradients in float32
-        shard = setup.data_parallel if setup.distributed_optimizer else 1
-        master = n_rank * 4 // shard if b < 4 else 0
-        optimizer = n_rank * 8 // shard
+        shard, expert_shard = ((setup.data_parallel, max(setup.data_parallel * tp // ep, 1))
+                               if setup.distributed_optimizer else (1, 1))
+        held = dense // shard + experts // expert_shard
+        master = held * 4 if b < 4 else 0
+        optimizer = held * 8
     elif setup.sharded:
         d = setup.data_parallel
         held = 4 if setup.uses_masters else b
@@ -373,7 +451,7 @@ def _static_terms(shape: ModelShape, setup: TrainerSetup) -> dict[str, int]:
         weights, grads, master, optimizer = n * b + adapter, adapter, 0, 2 * adapter
     if setup.optimizer_offload:
         master, optimizer = 0, 0
-    reference = n * b // (setup.tensor_parallel * setup.pipeline_parallel if setup.backend == "megatron" else 1)
+    reference = n_rank * b
     if setup.lora is not None:  # the KL reference is the base itself, the adapter disabled
         reference = 0
     return {"weights": weights, "gradients": grads, "master weights": master, "optimizer state": optimizer,
@@ -396,6 +474,7 @@ def plan_trainer_memory(shape: ModelShape, setup: TrainerSetup) -> TrainerMemory
     recompute = s * (per_token["none"] if mode == "full" else per_token["none"] - per_token["selective"]
                      if mode == "selective" else 0)
     terms["recomputed layer"] = recompute + s * _layer_backward_bytes_per_token(shape, setup)
+    terms["routing"] = s * shape.routing_bytes_per_token()  # the micro-batch's routed-experts channel
     largest_param = shape.vocab * shape.hidden // (setup.tensor_parallel if setup.backend == "megatron" else 1)
     if setup.lora is not None:
         largest_param = setup.lora.rank * max(max(dims) for dims in shape.lora_targets(setup.lora).values())
@@ -405,13 +484,16 @@ def plan_trainer_memory(shape: ModelShape, setup: TrainerSetup) -> TrainerMemory
     step_peak = max(terms["activations"] + head_backward,
                     terms["activations"] + terms["recomputed layer"],
                     optimizer_temps)
-    peak = static + step_peak + terms["attention scores"]
+    peak = static + step_peak + terms["attention scores"] + terms["routing"]
     resident = terms["weights"] + terms["reference weights"] + terms["teacher weights"]
     if setup.sharded and setup.uses_masters:  # the float32 shards stay
         resident = terms["master weights"] + terms["reference weights"] + terms["teacher weights"]
     notes = []
     if setup.backend == "megatron":
         notes.append("Megatron figures: itemised for its local layer spec, not measured")
+    if shape.is_moe:
+        experts = s * layers * _expert_activation_bytes_per_token(shape, setup)
+        notes.append(f"dispatched expert activations {experts / GIB:.1f} GiB without checkpointing (balanced routing)")
     return TrainerMemory(terms=terms, activations_by_mode={k: v + kept for k, v in by_mode.items()}, peak=peak,
                          resident=resident, notes=notes,
                          adapter_params=shape.lora_params(setup.lora) if setup.lora is not None else 0)

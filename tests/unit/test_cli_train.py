@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.environments import make_arithmetic_rows
-from agentrl.testing import build_tiny_model
+from agentrl.testing import TINY_MODEL_CONFIG, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # every training config under examples/ (``sft_*.toml`` are `agentrl sft` configs, run by the SFT tests;
@@ -34,6 +34,30 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def tiny() -> str:
     return str(build_tiny_model())
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tiny: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Qwen3-MoE folder (8 experts, top-2) with the tiny tokenizer: what the MoE recipes dry-run on."""
+    import shutil
+
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-moe")
+    torch.manual_seed(0)
+    shape = {k: v for k, v in TINY_MODEL_CONFIG.items()}
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=json.loads((Path(tiny) / "config.json").read_text())[
+        "vocab_size"], moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, **shape))
+    model.save_pretrained(str(folder))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny) / name, folder / name)
+    return str(folder)
+
+
+def _model_for(example: Path, tiny: str, tiny_moe: str) -> str:
+    """The tiny model a recipe dry-runs on: the MoE one for a recipe with expert parallelism."""
+    return tiny_moe if "expert_parallel_size" in example.read_text() else tiny
 
 
 @pytest.fixture
@@ -207,11 +231,14 @@ def shipped_data(example: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_every_example_config_dry_runs(example: Path, tiny: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run from the repository root (the examples' paths are relative to it), on the tiny model; a GPU
-    recipe on a machine without GPUs reports what is missing and still passes."""
+def test_every_example_config_dry_runs(example: Path, tiny: str, tiny_moe: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from the repository root (the examples' paths are relative to it), on the tiny model (the
+    tiny mixture of experts for a recipe with expert parallelism); a GPU recipe on a machine without
+    GPUs reports what is missing and still passes."""
     monkeypatch.chdir(ROOT)
-    result = invoke([str(example.relative_to(ROOT)), f"model.path={tiny}", *shipped_data(example), "--dry-run"])
+    model = _model_for(example, tiny, tiny_moe)
+    result = invoke([str(example.relative_to(ROOT)), f"model.path={model}", *shipped_data(example), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "dry run: nothing started" in result.stdout
     if "accelerator = \"gpu\"" in example.read_text() and not _cuda():
@@ -329,7 +356,8 @@ def test_qwen3_5_folder_on_megatron_is_refused_and_the_torch_fallback_dry_runs(
     base = [path, f"model.path={folder}", *shipped_data(ROOT / path)]
     result = invoke([*base, "--dry-run"])
     assert result.exit_code == 2
-    assert "model_type: expected 'qwen3' (dense Qwen3), got 'qwen3_5'" in result.stderr
+    assert "model_type: expected 'qwen3' (dense Qwen3) or 'qwen3_moe' (Qwen3 mixture of experts), got 'qwen3_5'" \
+        in result.stderr
     result = invoke([*base, "rollout.engines.tp_size=3", "cluster.num_accelerators=10", "train.backend=torch",
                      "train.tensor_parallel_size=1", "train.data_parallel_size=4", "--dry-run"])
     assert result.exit_code == 2 and "the model has num_attention_heads=4" in result.stderr
@@ -615,3 +643,55 @@ def test_the_moe_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path
     result = invoke([str(ROOT / "examples" / "demo_moe_cpu.toml"), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "MoE routing replayed in every training forward (4 layers x top-2 of 8, 8 B/token)" in result.stdout
+
+
+QWEN3_30B_A3B_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_the_moe_recipe_plans_qwen3_30b_a3b_with_expert_parallelism_on_one_node(
+        tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3-30B-A3B's real config.json on the MoE recipe's node of 8 H200s: colocated engines (2 x TP 4)
+    and a Megatron trainer of EP 8 x DP 8; each trainer rank holds 16 of each layer's 128 experts and a
+    replica of the rest (9.6 GiB of bf16 weights), the routing channel of a 32k micro-batch is 12 MiB,
+    and the peak fits. On 80 GB GPUs it does not, and the refusal points at more expert-parallel ranks."""
+    import shutil
+
+    folder = tmp_path / "qwen3-30b-a3b"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny) / name, folder / name)
+    (folder / "config.json").write_text(json.dumps(QWEN3_30B_A3B_CONFIG))
+    monkeypatch.chdir(ROOT)
+    path = "examples/moe_qwen3_30b_a3b_8gpu.toml"
+    base = [path, f"model.path={folder}", *shipped_data(ROOT / path)]
+    result = invoke([*base, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    lines = dict(re.split(r" {2,}", line, maxsplit=1) for line in result.stdout.splitlines()
+                 if line and not line.startswith(("missing on this machine", "dry run", " ")))
+    assert lines["placement"] == "colocated, gpu x8: 2 engine(s) x 4 (tp=4 dp=1), trainer x 8; mode sync"
+    assert lines["trainer"] == "megatron, dp=8 tp=1 pp=1 ep=8, bfloat16"
+    assert lines["model"].startswith(f"{folder} (qwen3_moe, 48 layers")
+    assert "node 0 GPU 7: engine 1 (tp 3), trainer rank 7" in result.stdout
+    table = _memory_lines(result.stdout)
+    print("\n".join(table))
+    assert table[1].startswith("trainer rank (megatron, bfloat16 + float32 master weights, distributed optimizer over "
+                               "8, experts over 8): weights 9.6 GiB, gradients 19.2, master weights 14.2, optimizer "
+                               "state 28.4")
+    assert "routing 12.0 MiB" in table[2] and "checkpointing full" in table[2]
+    assert "dispatched expert activations" in table[3]
+    peak = float(re.search(r"peak ~([\d.]+) GiB of 141.0 GiB", table[3]).group(1))  # type: ignore[union-attr]
+    assert 60 < peak < 141 * 0.92
+    small = invoke([*base, "cluster.accelerator_memory_gib=80", "--dry-run"])
+    assert small.exit_code == 2
+    assert "the largest term is optimizer state" in small.stderr
+    assert "train.expert_parallel_size (the experts are split over EP ranks" in small.stderr
+    torch_ep = invoke([*base, "train.backend=torch", "--dry-run"])
+    assert torch_ep.exit_code == 2
+    assert "expert_parallel_size=8 with backend='torch': expert parallelism is the megatron backend's" \
+        in torch_ep.stderr

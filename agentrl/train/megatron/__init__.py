@@ -1,4 +1,5 @@
-"""The megatron-core train backend: Hugging Face Qwen3 models with tensor, pipeline and data parallelism.
+"""The megatron-core train backend: Hugging Face Qwen3 models (dense and mixture-of-experts) with tensor,
+pipeline, data and expert parallelism, and rollout routing replay.
 
 Importing this package needs no megatron-core; building a model does (``scripts/setup`` installs
 it). Everything device-specific goes through :mod:`agentrl.train.device`; on a CPU-only machine

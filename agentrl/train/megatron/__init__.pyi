@@ -9,12 +9,18 @@ from .config import (
 from .convert import (
     ParamMapping,
     merge_shards,
+    per_expert_names,
     shard_for_rank,
     stage_mapping,
 )
 from .forward import (
     block_causal_mask,
     packed_forward,
+)
+from .moe import (
+    MoeRouting,
+    check_routing_channels,
+    resolve_grouped_gemm,
 )
 from .parallel import (
     ParallelLayout,
@@ -43,18 +49,22 @@ __all__ = [
     "MegatronBackendConfig",
     "MegatronCheckpointer",
     "MegatronTrainBackend",
+    "MoeRouting",
     "ParallelLayout",
     "ParamMapping",
     "Qwen3Spec",
     "block_causal_mask",
     "build_gpt_model",
+    "check_routing_channels",
     "check_transformer_config",
     "hf_weight_shapes",
     "iter_hf_weights",
     "load_hf_weights",
     "merge_shards",
     "packed_forward",
+    "per_expert_names",
     "read_hf_state",
+    "resolve_grouped_gemm",
     "setup_model_parallel",
     "shard_for_rank",
     "stage_mapping",

@@ -115,12 +115,20 @@ def packed_core_attention_forward(query: torch.Tensor, key: torch.Tensor, value:
     return out.reshape(out.shape[0], 1, -1)
 
 
-def layer_spec(mode: str) -> Any:
+def layer_spec(mode: str, *, num_experts: int | None = None, grouped_gemm: bool = False) -> Any:
     """megatron-core's local GPT layer spec (torch norms, no fused kernels) with the core attention of
-    ``mode`` (a resolved mode: ``"te"``, ``"per_document"`` or ``"dense"``)."""
+    ``mode`` (a resolved mode: ``"te"``, ``"per_document"`` or ``"dense"``); with ``num_experts``, a
+    ``MoELayer`` MLP whose experts run one after the other (``SequentialMLP``) or, with
+    ``grouped_gemm``, as Transformer Engine's grouped GEMM (``TEGroupedMLP``)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm", num_experts=num_experts)
+    if num_experts is not None and grouped_gemm:
+        from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+        from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+
+        mlp = get_moe_module_spec_for_backend(TESpecProvider(), num_experts=num_experts, moe_grouped_gemm=True)
+        spec = dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, mlp=mlp))
     if mode == "dense":
         return spec
     if mode == "te":

@@ -16,6 +16,11 @@ One optimiser step over a :class:`TrainingBatch`:
 Results equal the torch backend's on the same batch (tested on CPU in float32 with TP=2).
 Every public method is collective: call it on every rank, with the same arguments.
 
+A mixture-of-experts model (``qwen3_moe``) adds expert parallelism: the ranks of one expert-parallel
+group run the same number of micro-batches (padding rows where a rank has fewer, since every MoE
+layer exchanges tokens among them), and every forward can replay the engine's routing
+(:mod:`agentrl.train.megatron.moe`); a training step then reports the routing metrics too.
+
 Example::
 
     backend = MegatronTrainBackend.from_pretrained("models/qwen3-4b", MegatronBackendConfig(tensor_parallel_size=2))
@@ -39,6 +44,12 @@ from agentrl.train.batching import TrainingBatch
 from agentrl.train.device import device_module, resolve_device
 from agentrl.train.megatron.attention import resolve_attention
 from agentrl.train.megatron.config import MegatronBackendConfig
+from agentrl.train.megatron.moe import (
+    MoeRouting,
+    check_routing_channels,
+    resolve_grouped_gemm,
+    step_routing_metrics,
+)
 from agentrl.train.megatron.parallel import ParallelLayout, setup_model_parallel
 from agentrl.train.megatron.qwen3 import (
     Qwen3Spec,
@@ -51,7 +62,7 @@ from agentrl.train.megatron.state import MegatronCheckpointer
 from agentrl.train.megatron.vocab_parallel import vocab_parallel_logprobs
 from agentrl.train.megatron.weights import iter_hf_weights, load_hf_weights, read_hf_state
 from agentrl.train.objective import StepCounts, micro_batch_objective, sft_objective
-from agentrl.train.packing import MicroBatch, collate, plan_micro_batches
+from agentrl.train.packing import MicroBatch, collate, padding_micro_batch, plan_micro_batches
 from agentrl.train.torch_backend import NonFiniteLossError
 
 __all__ = ["MegatronTrainBackend"]
@@ -77,8 +88,10 @@ class MegatronTrainBackend:
         self.device = resolve_device(cfg.device)
         cpu_init = self.device.type == "cpu"
         self.padded_vocab = cfg.padded_vocab_size(self.spec.vocab_size)
+        self.grouped_gemm = resolve_grouped_gemm(cfg.moe_grouped_gemm, self.device) if self.spec.is_moe else False
         # Compare the two configs before any accelerator or process group is touched.
-        check_transformer_config(self.spec, transformer_config(self.spec, cfg, cpu_init=cpu_init),
+        check_transformer_config(self.spec, transformer_config(self.spec, cfg, cpu_init=cpu_init,
+                                                               grouped_gemm=self.grouped_gemm),
                                  rotary_base=self.spec.rope_theta, vocab_size=self.padded_vocab,
                                  share_embeddings=self.spec.tie_word_embeddings)
         if vocab_size is None and tokenizer is not None:
@@ -96,6 +109,7 @@ class MegatronTrainBackend:
             module.set_device(self.device)
         torch.manual_seed(cfg.seed)
         self.layout: ParallelLayout = setup_model_parallel(cfg, self.device)
+        self.routing: dict[int, MoeRouting] = {}  # per model (id), for MoE models
         self.model = self._build(hf_state, trainable=True)
         self.ref_model = self._build(hf_state, trainable=False) if with_ref_model else None
         self.optimizer = self._optimizer()
@@ -120,15 +134,21 @@ class MegatronTrainBackend:
 
         cfg, layout = self.config, self.layout
         model = build_gpt_model(self.spec, cfg, pre_process=layout.first_stage, post_process=layout.last_stage,
-                                cpu_init=self.device.type == "cpu", attention=self.attention)
+                                cpu_init=self.device.type == "cpu", attention=self.attention,
+                                grouped_gemm=self.grouped_gemm)
         load_hf_weights(model, hf_state, self.spec, layout, self.padded_vocab)
         model = model.to(self.device).eval()  # eval: no dropout anywhere (it is 0 anyway, checked)
+        routing = MoeRouting(model, replay=cfg.routing_replay == "rollout") if self.spec.is_moe else None
         if not trainable:
+            if routing is not None:
+                self.routing[id(model)] = routing
             return model.requires_grad_(False)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=self._distributed_optimizer)
         # The model config's calculate_per_token_loss makes DDP sum (not average) over DP ranks.
         wrapped = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+        if routing is not None:
+            self.routing[id(wrapped)] = routing
         # Megatron recomputes only in training mode; with dropout 0 that mode changes nothing else.
         return wrapped.train() if cfg.activation_checkpointing != "none" else wrapped.eval()
 
@@ -158,12 +178,21 @@ class MegatronTrainBackend:
             if bad:
                 raise ValueError(f"batch.sequences[{i}].tokens: id {bad[0]} (rollout {seq.rollout_id!r}) is outside "
                                  f"the model's vocabulary [0, {self.spec.vocab_size})")
+        spec = self.spec
+        if spec.is_moe:
+            check_routing_channels(batch.sequences, layers=spec.num_layers, top_k=spec.experts_per_token,
+                                   experts=spec.num_experts)
         if micro_batches is None:
             lengths = [len(s.tokens) - 1 for s in batch.sequences]
             micro_batches = plan_micro_batches(lengths, self.config.packing, world_size=self.layout.dp_size,
                                                rank=self.layout.dp_rank)
         scored = [[i for i in idx if len(batch.sequences[i].tokens) > 1] for idx in micro_batches]
-        return [collate(batch.sequences, idx, dtype=torch.float32, device=self.device) for idx in scored if idx]
+        mbs = [collate(batch.sequences, idx, dtype=torch.float32, device=self.device) for idx in scored if idx]
+        if self.layout.ep_size > 1:  # every MoE layer exchanges tokens among the expert-parallel ranks
+            most = torch.tensor([len(mbs)], device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.layout.dp_group)
+            mbs += [padding_micro_batch(device=self.device) for _ in range(int(most) - len(mbs))]
+        return mbs
 
     def _logprobs(self, mb: MicroBatch, logits: torch.Tensor, *, entropy_grad: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,8 +236,16 @@ class MegatronTrainBackend:
             return torch.zeros((), device=logits.device), {"logprobs": lp.detach()}
 
         self._scoring_model = model
-        with torch.no_grad():
-            out = run_schedule(model, mbs, score, forward_only=True, attention=self.attention, head=self.head)
+        routing = self.routing.get(id(model))
+        if routing is not None:
+            routing.start(record=False)
+        try:
+            with torch.no_grad():
+                out = run_schedule(model, mbs, score, forward_only=True, attention=self.attention, head=self.head,
+                                   hooks=routing)
+        finally:
+            if routing is not None:
+                routing.finish()
         return [values["logprobs"] for values in out]
 
     def _all_reduce_world(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -230,6 +267,8 @@ class MegatronTrainBackend:
         scored = self._score_only(model, mbs)
         if self.layout.reports:
             for mb, lp in zip(mbs, scored, strict=True):
+                if mb.padding:
+                    continue
                 for idx, piece in zip(mb.indices, mb.split(lp), strict=True):
                     flat[offsets[idx]: offsets[idx + 1]] = piece.double()
         flat = self._all_reduce_world(flat).cpu()
@@ -268,26 +307,49 @@ class MegatronTrainBackend:
 
         self._zero_grads()
         self._scoring_model = self.model
-        out = run_schedule(self.model, mbs, score, forward_only=False, attention=self.attention, head=self.head)
+        routing = self.routing.get(id(self.model))
+        if routing is not None:
+            routing.start(record=True)
+        try:
+            out = run_schedule(self.model, mbs, score, forward_only=False, attention=self.attention, head=self.head,
+                               hooks=routing)
+        finally:
+            if routing is not None:
+                routing.finish()
         self._finalize_grads()
-        return self._finish_metrics(out, len(mbs), sum(mb.num_tokens for mb in mbs), objective)
+        real = [mb for mb in mbs if not mb.padding]
+        metrics = self._finish_metrics(out, len(real), sum(mb.num_tokens for mb in real), objective)
+        if routing is not None:
+            metrics.update(step_routing_metrics([routing], self.layout, self.device,
+                                                replay=self.config.routing_replay == "rollout"))
+        return metrics
 
     def _fill_side_logprobs(self, mbs: list[MicroBatch]) -> None:
         cfg = self.config.loss
+        jobs: list[tuple[str, Any]] = []
         if cfg.old_logprobs == "recompute":
-            todo = [mb for mb in mbs if mb.old_logprobs is None]
-            for mb, lp in zip(todo, self._score_only(self.model, todo), strict=False):
-                mb.old_logprobs = lp
+            jobs.append(("old_logprobs", self.model))
+        if cfg.kl_loss_coef > 0 and self.ref_model is not None:
+            jobs.append(("ref_logprobs", self.ref_model))
+        for field, model in jobs:
+            todo = self._side_todo(mbs, field)
+            for mb, lp in zip(todo, self._score_only(model, todo), strict=False):
+                if getattr(mb, field) is None:
+                    setattr(mb, field, lp)
             if not self.layout.last_stage:  # only the last stage computes the loss
                 for mb in todo:
-                    mb.old_logprobs = torch.zeros_like(mb.loss_mask)
-        if cfg.kl_loss_coef > 0 and self.ref_model is not None:
-            todo = [mb for mb in mbs if mb.ref_logprobs is None]
-            for mb, lp in zip(todo, self._score_only(self.ref_model, todo), strict=False):
-                mb.ref_logprobs = lp
-            if not self.layout.last_stage:
-                for mb in todo:
-                    mb.ref_logprobs = torch.zeros_like(mb.loss_mask)
+                    setattr(mb, field, torch.zeros_like(mb.loss_mask))
+
+    def _side_todo(self, mbs: list[MicroBatch], field: str) -> list[MicroBatch]:
+        """The micro-batches to score for ``field``: those without it; with expert parallelism every
+        micro-batch (padding included) when any rank has one without it, so that the expert-parallel
+        ranks run the same forwards."""
+        todo = [mb for mb in mbs if getattr(mb, field) is None and not mb.padding]
+        if self.layout.ep_size == 1:
+            return todo
+        need = torch.tensor([float(bool(todo))], device=self.device)
+        dist.all_reduce(need, op=dist.ReduceOp.MAX, group=self.layout.dp_group)
+        return list(mbs) if float(need) > 0 else []
 
     def _zero_grads(self) -> None:
         self.model.zero_grad_buffer()

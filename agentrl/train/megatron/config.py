@@ -1,4 +1,5 @@
-"""The megatron backend's config: the torch backend's numerics plus the model-parallel layout.
+"""The megatron backend's config: the torch backend's numerics plus the model-parallel layout
+(tensor, pipeline and, for mixture-of-experts models, expert parallelism).
 
 Pure Python (no megatron import), so a config is validated before anything is installed or any
 accelerator is touched.
@@ -33,12 +34,24 @@ class MegatronBackendConfig:
     (Megatron mixed precision; sharded over data-parallel ranks by the distributed optimizer).
     ``activation_checkpointing``: ``"full"`` recomputes each layer (Megatron's ``recompute_granularity
     ="full"``, uniform, one layer per unit), ``"selective"`` each layer's core attention and MLP
-    (``recompute_modules=["core_attn", "mlp"]``). ``attention``: packed attention without an
+    (``recompute_modules=["core_attn", "mlp"]``; ``"moe"`` for a MoE layer: router, token exchange and
+    experts). ``attention``: packed attention without an
     ``[S, S]`` tensor (:mod:`agentrl.train.megatron.attention`: ``"auto"``, ``"te"``,
     ``"per_document"``) or the dense block mask (``"dense"``). ``fused_lm_head``: score tokens from
     the final hidden states and this rank's slice of the output embedding, chunk by chunk, never
     building the ``[tokens, vocab/TP]`` logits. ``export_dtype``: the dtype of exported weights
     (``"auto"``: ``dtype``).
+
+    Mixture-of-experts models (``qwen3_moe``): ``expert_parallel_size`` ranks share each MoE layer's
+    experts (each holds ``num_experts / EP`` of them; tokens travel to their experts by all-to-all);
+    EP ranks are carved out of the data-parallel ranks, so it must divide ``world / (TP × PP)``.
+    ``moe_grouped_gemm``: run a rank's experts as one grouped GEMM (Transformer Engine's
+    ``TEGroupedMLP``, CUDA only) instead of one after the other (``SequentialMLP``); ``None``: grouped
+    where Transformer Engine and CUDA are there. ``routing_replay``: ``"rollout"`` makes every
+    training forward (policy, old policy, reference, and the recomputation of checkpointed layers)
+    route each position to the experts the engine chose (the ``routed_experts`` channel of the
+    trajectories), with the gate weights recomputed from the trainer's own router over those experts;
+    ``"off"`` routes with the trainer's router (the mismatch with the engine is still measured).
     """
 
     tensor_parallel_size: int = 1
@@ -56,6 +69,9 @@ class MegatronBackendConfig:
     attention: Literal["auto", "te", "per_document", "dense"] = "auto"
     fused_lm_head: bool = True
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    expert_parallel_size: int = 1
+    moe_grouped_gemm: bool | None = None
+    routing_replay: Literal["off", "rollout"] = "off"
 
     def __post_init__(self) -> None:
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size,
@@ -73,6 +89,10 @@ class MegatronBackendConfig:
                  "'auto', 'te', 'per_document' or 'dense'")
         _require(self.export_dtype in ("auto", "bfloat16", "float16", "float32"), "export_dtype", self.export_dtype,
                  "'auto', 'bfloat16', 'float16' or 'float32'")
+        _require(self.expert_parallel_size >= 1, "expert_parallel_size", self.expert_parallel_size,
+                 "a positive integer")
+        _require(self.routing_replay in ("off", "rollout"), "routing_replay", self.routing_replay,
+                 "'off' or 'rollout'")
 
     @property
     def model_parallel_size(self) -> int:

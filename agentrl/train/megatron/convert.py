@@ -6,6 +6,16 @@ of whole groups), ``linear_fc1`` as ``[gate; up]`` *per TP shard*, row-parallel 
 and ``linear_fc2`` split along their input dimension, and the word embedding / output layer
 split by vocabulary rows after padding. Norm weights are replicated.
 
+A mixture-of-experts layer (``qwen3_moe``) has ``mlp.router.weight`` (Hugging Face
+``mlp.gate.weight``, replicated) and, per expert this rank holds (its expert-parallel share, in
+Megatron's ``local_expert_indices``), ``linear_fc1`` = ``[gate; up]`` and ``linear_fc2`` = ``down``:
+``mlp.experts.local_experts.{j}.linear_fc{1,2}.weight`` for sequential experts,
+``mlp.experts.linear_fc{1,2}.weight{j}`` for Transformer Engine's grouped ones. Hugging Face names
+them per expert (``mlp.experts.{e}.{gate,up,down}_proj.weight``, the checkpoint format);
+transformers ≥ 5 keeps them fused in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``,
+``mlp.experts.down_proj`` ``[E, H, I]``), which :func:`per_expert_names` splits (views, no copy).
+Experts are not split over tensor-parallel ranks (expert TP is 1).
+
 Everything here is pure tensor reshaping: :func:`shard_for_rank` (full → this rank's shard) and
 :func:`merge_shards` (all ranks' shards → full) are exact inverses, so HF → Megatron → HF is
 bit-exact. :func:`stage_mapping` lists, for one pipeline stage's model, which Hugging Face
@@ -22,7 +32,7 @@ import torch
 
 from agentrl.train.megatron.qwen3 import Qwen3Spec
 
-__all__ = ["ParamMapping", "merge_shards", "shard_for_rank", "stage_mapping"]
+__all__ = ["ParamMapping", "merge_shards", "per_expert_names", "shard_for_rank", "stage_mapping"]
 
 Kind = Literal["vocab", "qkv", "gated", "row", "replicated"]
 
@@ -37,6 +47,7 @@ _LAYER: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "mlp.linear_fc1.weight": ("gated", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
 }
+_DENSE_MLP = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,7 @@ class ParamMapping:
     kind: Kind
     hf_names: tuple[str, ...]
     exported: bool = True
+    expert: bool = False  # one expert's weight: held by one expert-parallel rank, never split over TP
 
 
 def stage_mapping(model: Any, spec: Qwen3Spec) -> list[ParamMapping]:
@@ -61,14 +73,52 @@ def stage_mapping(model: Any, spec: Qwen3Spec) -> list[ParamMapping]:
     for local, layer in enumerate(model.decoder.layers):
         index = int(layer.layer_number) - 1
         for suffix, (kind, hf_suffixes) in _LAYER.items():
+            if spec.is_moe and suffix in _DENSE_MLP:
+                continue
             out.append(ParamMapping(f"decoder.layers.{local}.{suffix}", kind,
                                     tuple(f"model.layers.{index}.{s}" for s in hf_suffixes)))
+        if spec.is_moe:
+            out += _expert_mappings(layer, f"decoder.layers.{local}.mlp", f"model.layers.{index}.mlp")
     if model.post_process:
         out.append(ParamMapping("decoder.final_layernorm.weight", "replicated", ("model.norm.weight",)))
         if not spec.tie_word_embeddings:
             out.append(ParamMapping("output_layer.weight", "vocab", ("lm_head.weight",)))
         elif not model.pre_process:  # tied, last of several stages: a copy of the embedding
             out.append(ParamMapping("output_layer.weight", "vocab", ("model.embed_tokens.weight",), exported=False))
+    return out
+
+
+def _expert_mappings(layer: Any, prefix: str, hf: str) -> list[ParamMapping]:
+    """The router and this rank's experts of one MoE layer (sequential or grouped experts)."""
+    out = [ParamMapping(f"{prefix}.router.weight", "replicated", (f"{hf}.gate.weight",))]
+    grouped = not hasattr(layer.mlp.experts, "local_experts")
+    for local, expert in enumerate(layer.mlp.local_expert_indices):
+        e = f"{hf}.experts.{int(expert)}"
+        fc1, fc2 = ((f"{prefix}.experts.linear_fc1.weight{local}", f"{prefix}.experts.linear_fc2.weight{local}")
+                    if grouped else (f"{prefix}.experts.local_experts.{local}.linear_fc1.weight",
+                                     f"{prefix}.experts.local_experts.{local}.linear_fc2.weight"))
+        out.append(ParamMapping(fc1, "gated", (f"{e}.gate_proj.weight", f"{e}.up_proj.weight"), expert=True))
+        out.append(ParamMapping(fc2, "row", (f"{e}.down_proj.weight",), expert=True))
+    return out
+
+
+def per_expert_names(hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``hf`` with transformers' fused expert tensors (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``,
+    ``mlp.experts.down_proj`` ``[E, H, I]``) split into the checkpoint's per-expert names (views);
+    every other tensor as it is."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in hf.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            base = name.removesuffix("gate_up_proj")
+            for e in range(tensor.shape[0]):
+                gate, up = tensor[e].chunk(2, dim=0)
+                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = gate, up
+        elif name.endswith(".mlp.experts.down_proj"):
+            base = name.removesuffix("down_proj")
+            for e in range(tensor.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = tensor[e]
+        else:
+            out[name] = tensor
     return out
 
 

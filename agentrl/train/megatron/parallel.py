@@ -2,7 +2,7 @@
 
 ``torch.distributed`` must be initialised first (by the caller, a launcher or Ray); a single
 process without one gets a one-rank group on a free loopback port. :func:`setup_model_parallel`
-then creates Megatron's TP/PP/DP groups (or checks that existing ones have the wanted sizes) and
+then creates Megatron's TP/PP/DP (and expert-parallel) groups (or checks that existing ones have the wanted sizes) and
 seeds Megatron's RNG tracker.
 """
 
@@ -23,7 +23,10 @@ __all__ = ["ParallelLayout", "setup_model_parallel"]
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """This rank's coordinates in the TP × PP × DP grid and the process groups it belongs to."""
+    """This rank's coordinates in the TP × PP × DP grid and the process groups it belongs to; ``ep_*``:
+    its place among the expert-parallel ranks that share a MoE layer's experts (carved out of the
+    data-parallel ranks: they run different micro-batches through the same layers);
+    ``expert_dp_rank``: which copy of its experts this rank holds (0: the first)."""
 
     tp_rank: int
     tp_size: int
@@ -34,6 +37,10 @@ class ParallelLayout:
     tp_group: Any
     pp_group: Any
     dp_group: Any
+    ep_rank: int = 0
+    ep_size: int = 1
+    ep_group: Any = None
+    expert_dp_rank: int = 0
 
     @property
     def first_stage(self) -> bool:
@@ -58,7 +65,9 @@ class ParallelLayout:
             pp_rank=ps.get_pipeline_model_parallel_rank(), pp_size=ps.get_pipeline_model_parallel_world_size(),
             dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(),
             tp_group=ps.get_tensor_model_parallel_group(), pp_group=ps.get_pipeline_model_parallel_group(),
-            dp_group=ps.get_data_parallel_group(),
+            dp_group=ps.get_data_parallel_group(), ep_rank=ps.get_expert_model_parallel_rank(),
+            ep_size=ps.get_expert_model_parallel_world_size(), ep_group=ps.get_expert_model_parallel_group(),
+            expert_dp_rank=ps.get_expert_data_parallel_rank(),
         )
 
 
@@ -81,12 +90,19 @@ def setup_model_parallel(config: MegatronBackendConfig, device: torch.device) ->
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel_size × pipeline_parallel_size = {tp} × {pp}: must divide the "
                          f"world size {world} (the rest is data parallel)")
+    ep = config.expert_parallel_size
+    if (world // (tp * pp)) % ep:
+        raise ValueError(f"expert_parallel_size={ep}: must divide the data-parallel size {world // (tp * pp)} (world "
+                         f"{world} / (tensor_parallel_size {tp} × pipeline_parallel_size {pp})): expert-parallel ranks "
+                         "are data-parallel ranks that share the experts")
     if ps.model_parallel_is_initialized():
-        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
-        if have != (tp, pp):
-            raise ValueError(f"tensor_parallel_size, pipeline_parallel_size = {(tp, pp)}: megatron's model-parallel "
-                             f"state is already initialised with {have}")
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                ps.get_expert_model_parallel_world_size())
+        if have != (tp, pp, ep):
+            raise ValueError(f"tensor_parallel_size, pipeline_parallel_size, expert_parallel_size = {(tp, pp, ep)}: "
+                             f"megatron's model-parallel state is already initialised with {have}")
     else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(config.seed)
     return ParallelLayout.current()

@@ -15,16 +15,24 @@ up to the step objective exactly as in the torch backend.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from agentrl.train.megatron.forward import packed_forward
 from agentrl.train.packing import MicroBatch
 
-__all__ = ["Score", "run_schedule", "unwrap"]
+__all__ = ["ForwardHooks", "Score", "run_schedule", "unwrap"]
 
 Score = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class ForwardHooks(Protocol):
+    """Called around each micro-batch's forward on this stage (a MoE model's routing replay)."""
+
+    def before_forward(self, mb: MicroBatch) -> None: ...
+
+    def after_forward(self, mb: MicroBatch) -> None: ...
 
 
 def unwrap(model: Any) -> Any:
@@ -36,10 +44,11 @@ def unwrap(model: Any) -> Any:
 
 def run_schedule(model: Any, micro_batches: Sequence[MicroBatch], score: Score, *,
                  forward_only: bool, attention: str = "per_document", head: str = "logits",
-                 ) -> list[dict[str, torch.Tensor]]:
+                 hooks: ForwardHooks | None = None) -> list[dict[str, torch.Tensor]]:
     """Run ``micro_batches`` (this rank's, identical across its TP/PP group) through the schedule;
     ``attention`` and ``head`` are :func:`~agentrl.train.megatron.forward.packed_forward`'s (``score``
-    then gets the last stage's logits, or its hidden states with ``head="hidden"``)."""
+    then gets the last stage's logits, or its hidden states with ``head="hidden"``); ``hooks`` run
+    before and after each micro-batch's forward (not around a recomputation in the backward pass)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     if not micro_batches:
@@ -48,8 +57,12 @@ def run_schedule(model: Any, micro_batches: Sequence[MicroBatch], score: Score, 
 
     def forward_step(data_iterator: Any, wrapped: Any) -> tuple[torch.Tensor, Callable[..., Any]]:
         mb: MicroBatch = next(data_iterator)
+        if hooks is not None:
+            hooks.before_forward(mb)
         output = packed_forward(unwrap(wrapped), mb.input_ids, mb.position_ids, lengths=mb.document_lengths,
                                 attention=attention, head=head)
+        if hooks is not None:
+            hooks.after_forward(mb)
 
         def loss_func(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
             loss, values = score(mb, logits)

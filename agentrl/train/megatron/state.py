@@ -5,6 +5,10 @@ Checkpoint layout (TP and PP sizes must match on load)::
     megatron_tp{t}_pp{p}.pt   {"model", "optimizer", "step"} of one model-parallel rank (replica 0 writes)
     rng_rank{r}.pt            every rank's RNG state (the torch backend's format)
 
+With expert parallelism (a MoE model, ``expert_parallel_size`` > 1) each expert-parallel rank holds
+other experts, so the first replica of each writes its own ``megatron_tp{t}_pp{p}_ep{e}.pt`` (EP
+size must match on load too), and export gathers every expert from its rank.
+
 With the distributed optimizer (GPU), optimizer state is sharded over data-parallel ranks; it is
 gathered to replica 0 by megatron-core's ``save_parameter_state`` into ``optimizer_tp{t}_pp{p}.pt``.
 Export writes one ``model.safetensors`` (in ``export_dtype``) plus the Hugging Face config and
@@ -37,7 +41,14 @@ class MegatronCheckpointer:
 
     def _shard_file(self, directory: Path, prefix: str = "megatron") -> Path:
         layout = self.backend.layout
-        return directory / f"{prefix}_tp{layout.tp_rank}_pp{layout.pp_rank}.pt"
+        ep = f"_ep{layout.ep_rank}" if layout.ep_size > 1 else ""
+        return directory / f"{prefix}_tp{layout.tp_rank}_pp{layout.pp_rank}{ep}.pt"
+
+    def _writes(self) -> bool:
+        """Whether this rank writes its shard: the first replica of each model-parallel (and, with
+        experts spread over ranks, expert-parallel) rank."""
+        layout = self.backend.layout
+        return layout.expert_dp_rank == 0 if layout.ep_size > 1 else layout.dp_rank == 0
 
     def save(self, directory: str | Path) -> Path:
         b = self.backend
@@ -46,10 +57,10 @@ class MegatronCheckpointer:
         distributed = b._distributed_optimizer
         if distributed:
             b.optimizer.save_parameter_state(str(self._shard_file(path, "optimizer")))
-        if b.layout.dp_rank == 0:
+        if self._writes():
             state = {"model": unwrap(b.model).state_dict(), "step": b.step,
                      "optimizer": b.optimizer.state_dict() if not distributed else None,
-                     "tp_size": b.layout.tp_size, "pp_size": b.layout.pp_size}
+                     "tp_size": b.layout.tp_size, "pp_size": b.layout.pp_size, "ep_size": b.layout.ep_size}
             torch.save(state, self._shard_file(path))
         torch.save(capture_rng_state(b.device), rng_path(path, dist.get_rank()))
         dist.barrier()
@@ -61,11 +72,13 @@ class MegatronCheckpointer:
         file = self._shard_file(path)
         if not file.is_file():
             raise FileNotFoundError(f"directory: no {file.name} in {str(path)!r}; not a megatron checkpoint with "
-                                    f"tensor_parallel_size={b.layout.tp_size}, pipeline_parallel_size={b.layout.pp_size}")
+                                    f"tensor_parallel_size={b.layout.tp_size}, pipeline_parallel_size={b.layout.pp_size}"
+                                    f", expert_parallel_size={b.layout.ep_size}")
         state = torch.load(file, map_location=b.device, weights_only=True)
-        if (state["tp_size"], state["pp_size"]) != (b.layout.tp_size, b.layout.pp_size):
-            raise ValueError(f"directory: checkpoint has TP, PP = {(state['tp_size'], state['pp_size'])}, this backend "
-                             f"{(b.layout.tp_size, b.layout.pp_size)}")
+        have = (state["tp_size"], state["pp_size"], state.get("ep_size", 1))
+        if have != (b.layout.tp_size, b.layout.pp_size, b.layout.ep_size):
+            raise ValueError(f"directory: checkpoint has TP, PP, EP = {have}, this backend "
+                             f"{(b.layout.tp_size, b.layout.pp_size, b.layout.ep_size)}")
         unwrap(b.model).load_state_dict(state["model"])
         b.optimizer.reload_model_params()  # main (fp32) copies follow the loaded weights
         if state["optimizer"] is not None:
@@ -89,7 +102,8 @@ class MegatronCheckpointer:
                              "backend with one (from_pretrained loads the model folder's)")
         tensors: dict[str, torch.Tensor] = {}
         dtype = b.config.export_torch_dtype  # what the engines serve (the run's model.dtype)
-        if b.layout.dp_rank == 0:  # replica 0 gathers; its global rank 0 writes
+        # replica 0 gathers (with experts spread over ranks, every rank takes part); global rank 0 writes
+        if b.layout.dp_rank == 0 or b.layout.ep_size > 1:
             for name, tensor in b.named_weights():
                 if dist.get_rank() == 0:
                     tensors[name] = tensor.detach().to(device="cpu", dtype=dtype).contiguous()

@@ -7,6 +7,10 @@ process-global ``TorchFunctionMode`` that rewrites CUDA devices to CPU. The libr
 it; call :func:`install` after ``import torch`` and before building any Megatron model.
 
 It hides CUDA, it does not emulate it: streams and events are synchronous no-ops.
+
+Mixture-of-experts: the all-to-all token dispatcher moves its split sizes to the host with
+``maybe_move_tensor_to_cpu(..., as_numpy=True)``, which converts CUDA tensors only; on the CPU the
+splits stay tensors and ``all_to_all_single`` refuses them. The shim converts CPU tensors too.
 """
 
 from __future__ import annotations
@@ -123,11 +127,26 @@ def _patch_cuda() -> None:
     mrandom._set_cuda_rng_state = set_state  # type: ignore[assignment]
 
 
+def _patch_moe_dispatcher() -> None:
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy() if as_numpy else tensor
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = to_host  # type: ignore[assignment]
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host  # type: ignore[attr-defined]
+
+
 def install() -> None:
     """Patch ``torch.cuda`` for megatron-core on CPU and enter the CUDA→CPU device mode (once)."""
     if _INSTALLED or torch.cuda.is_available():
         return
     _patch_cuda()
+    _patch_moe_dispatcher()
     mode = _CudaToCpu()
     mode.__enter__()
     _INSTALLED.append(mode)

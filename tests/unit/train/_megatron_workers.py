@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +178,18 @@ def scenario(tp: int, pp: int, tied: bool, steps: tuple[str, ...], *, kl: bool =
     return out
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, plan: list[tuple[str, dict[str, Any]]]) -> None:
+def _dense(out_dir: str, key: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    ckpt = kwargs.pop("checkpoint", False)
+    export = kwargs.pop("export", False)
+    return scenario(**kwargs, checkpoint_dir=Path(out_dir) / f"ckpt-{key}" if ckpt else None,
+                    export_dir=Path(out_dir) / f"export-{key}" if export else None)
+
+
+Scenario = Callable[[str, str, dict[str, Any]], dict[str, Any]]
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str, plan: list[tuple[str, dict[str, Any]]],
+            run: Scenario) -> None:
     import _megatron_cpu
 
     _megatron_cpu.install()
@@ -190,10 +202,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, plan: list[tupl
         timings: dict[str, float] = {}
         for key, kwargs in plan:
             started = time.perf_counter()
-            ckpt = kwargs.pop("checkpoint", False)
-            export = kwargs.pop("export", False)
-            results[key] = scenario(**kwargs, checkpoint_dir=Path(out_dir) / f"ckpt-{key}" if ckpt else None,
-                                    export_dir=Path(out_dir) / f"export-{key}" if export else None)
+            results[key] = run(out_dir, key, kwargs)
             timings[key] = time.perf_counter() - started
         if rank == 0:
             torch.save({"results": results, "timings": timings}, Path(out_dir) / "results.pt")
@@ -207,11 +216,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(world_size: int, plan: list[tuple[str, dict[str, Any]]], out_dir: Path, *, timeout_s: float
-           ) -> dict[str, Any]:
-    """Run ``plan`` on ``world_size`` spawned gloo processes; kill them and raise after ``timeout_s``."""
-    ctx = mp.start_processes(_worker, args=(world_size, _free_port(), str(out_dir), plan), nprocs=world_size,
-                             join=False, start_method="spawn")
+def launch_plan(world_size: int, plan: list[tuple[str, dict[str, Any]]], out_dir: Path, *, timeout_s: float,
+                scenario: Scenario) -> dict[str, Any]:
+    """Run each ``(key, kwargs)`` of ``plan`` through ``scenario(out_dir, key, kwargs)`` on ``world_size``
+    spawned gloo processes (the CPU shim installed); kill them and raise after ``timeout_s``."""
+    ctx = mp.start_processes(_worker, args=(world_size, _free_port(), str(out_dir), plan, scenario),
+                             nprocs=world_size, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:
@@ -220,3 +230,9 @@ def launch(world_size: int, plan: list[tuple[str, dict[str, Any]]], out_dir: Pat
             raise TimeoutError(f"megatron workers (world size {world_size}) did not finish within {timeout_s:.0f} s")
     loaded: dict[str, Any] = torch.load(out_dir / "results.pt", weights_only=False)
     return loaded
+
+
+def launch(world_size: int, plan: list[tuple[str, dict[str, Any]]], out_dir: Path, *, timeout_s: float
+           ) -> dict[str, Any]:
+    """Run the dense scenarios of ``plan`` on ``world_size`` spawned gloo processes."""
+    return launch_plan(world_size, plan, out_dir, timeout_s=timeout_s, scenario=_dense)

@@ -35,8 +35,8 @@ def test_spec_reads_the_explicit_head_dim_and_rejects_what_it_cannot_convert() -
     assert spec.head_dim == 32 != spec.hidden_size // spec.num_heads
     assert (spec.num_heads, spec.num_kv_heads, spec.tie_word_embeddings) == (4, 2, True)
     raw = hf_model(True).config.to_dict()
-    with pytest.raises(ValueError, match=r"model_type: expected 'qwen3'.*MoE"):
-        Qwen3Spec.from_hf({**raw, "model_type": "qwen3_moe"})
+    with pytest.raises(ValueError, match=r"model_type: expected 'qwen3'.*got 'qwen3_5_moe' \(Qwen3\.5-MoE .*not supported"):
+        Qwen3Spec.from_hf({**raw, "model_type": "qwen3_5_moe"})
     with pytest.raises(ValueError, match="rope_type: expected 'default'"):
         Qwen3Spec.from_hf({**raw, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}})
     with pytest.raises(ValueError, match="attention_bias"):
@@ -142,3 +142,91 @@ def test_vocab_parallel_entropy_is_a_metric_unless_asked() -> None:
     logits = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
     lp, ent = vocab_parallel_logprobs(logits, torch.tensor([1, 2, 3, 4]), vocab_start=0, valid_vocab=8)
     assert lp.requires_grad and not ent.requires_grad
+
+
+def _moe_raw() -> dict[str, object]:
+    from _megatron_moe_workers import hf_moe_model
+
+    return hf_moe_model().config.to_dict()
+
+
+def test_moe_spec_reads_the_experts_and_refuses_what_it_cannot_convert() -> None:
+    raw = _moe_raw()
+    spec = Qwen3Spec.from_hf(raw)
+    assert (spec.is_moe, spec.num_experts, spec.experts_per_token, spec.moe_intermediate_size, spec.norm_topk_prob) \
+        == (True, 8, 2, 32, True)
+    assert Qwen3Spec.from_hf({**raw, "norm_topk_prob": False}).norm_topk_prob is False
+    with pytest.raises(ValueError, match=r"mlp_only_layers=\[1\], decoder_sparse_step=1: .*every layer is sparse"):
+        Qwen3Spec.from_hf({**raw, "mlp_only_layers": [1]})
+    with pytest.raises(ValueError, match="expert_parallel_size=3: must divide the model's num_experts=8"):
+        spec.check_layout(MegatronBackendConfig(expert_parallel_size=3))
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 with a mixture-of-experts model: .*sequence parallel"):
+        spec.check_layout(MegatronBackendConfig(tensor_parallel_size=2))
+    with pytest.raises(ValueError, match=r"expert_parallel_size=2: the model has no experts"):
+        _spec().check_layout(MegatronBackendConfig(expert_parallel_size=2))
+    with pytest.raises(ValueError, match="routing_replay: expected 'off' or 'rollout', got 'on'"):
+        MegatronBackendConfig(routing_replay="on")  # type: ignore[arg-type]
+
+
+@needs_megatron
+def test_moe_config_check_refuses_the_fused_router_and_names_mismatches() -> None:
+    from agentrl.train.megatron import check_transformer_config, transformer_config
+
+    spec = Qwen3Spec.from_hf(_moe_raw())
+    tc = transformer_config(spec, MegatronBackendConfig(expert_parallel_size=2), cpu_init=True)
+    assert (tc.num_moe_experts, tc.moe_router_topk, tc.moe_ffn_hidden_size, tc.expert_model_parallel_size) == (8, 2, 32, 2)
+    assert (tc.moe_router_pre_softmax, tc.moe_aux_loss_coeff, tc.moe_enable_routing_replay) == (False, 0.0, True)
+
+    def check(config: object) -> None:
+        check_transformer_config(spec, config, rotary_base=spec.rope_theta, vocab_size=1792, share_embeddings=True)
+
+    check(tc)
+    with pytest.raises(ValueError, match=r"moe_router_fusion=True .*skips routing replay.*expected moe_router_fusion=False"):
+        check(dataclasses.replace(tc, moe_router_fusion=True))
+    with pytest.raises(ValueError, match=r"moe_router_topk=4 does not match the Hugging Face num_experts_per_tok=2"):
+        check(dataclasses.replace(tc, moe_router_topk=4))
+    with pytest.raises(ValueError, match=r"moe_router_pre_softmax=True does not match .*norm_topk_prob"):
+        check(dataclasses.replace(tc, moe_router_pre_softmax=True))
+
+
+def test_fused_experts_split_into_the_checkpoint_names_and_back_bit_exactly() -> None:
+    from _megatron_moe_workers import hf_moe_model
+
+    from agentrl.train.megatron import per_expert_names
+
+    model = hf_moe_model()
+    spec = Qwen3Spec.from_hf(model.config)
+    fused = model.state_dict()
+    split = per_expert_names(fused)
+    assert list(split) != list(fused) and set(hf_weight_shapes(spec)) == set(split) - {"lm_head.weight"}
+    for name, shape in hf_weight_shapes(spec).items():
+        assert tuple(split[name].shape) == shape, name
+    e = 5
+    gate_up = fused["model.layers.1.mlp.experts.gate_up_proj"][e]
+    assert torch.equal(torch.cat([split[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"],
+                                  split[f"model.layers.1.mlp.experts.{e}.up_proj.weight"]]), gate_up)
+    fc1 = ParamMapping("fc1", "gated", (f"model.layers.1.mlp.experts.{e}.gate_proj.weight",
+                                        f"model.layers.1.mlp.experts.{e}.up_proj.weight"), expert=True)
+    shard = shard_for_rank(fc1, split, spec, tp_rank=0, tp_size=1, padded_vocab=0)
+    assert torch.equal(shard, gate_up)  # Megatron's linear_fc1 is [gate; up], like transformers' fused tensor
+    for name, tensor in merge_shards(fc1, [shard], spec).items():
+        assert torch.equal(tensor, split[name])
+
+
+def test_routing_channels_that_do_not_fit_the_model_are_refused() -> None:
+    import numpy as np
+    from _train_helpers import trajectories
+
+    from agentrl.token_data import ROUTED_EXPERTS
+    from agentrl.train import build_training_batch
+    from agentrl.train.megatron import check_routing_channels
+
+    trajs = trajectories(1, 2, seed=5)
+    trajs[1].write_channel(ROUTED_EXPERTS, 0, np.full((3, 2, 2), 7, dtype=np.uint8))
+    batch = build_training_batch(trajs)
+    check_routing_channels(batch.sequences, layers=2, top_k=2, experts=8)
+    with pytest.raises(ValueError, match=r"batch.sequences\[1\].channels\['routed_experts'\] .*rows of shape \(2, 2\);"
+                                         r" the model routes 8 experts in each of 2 layers, expected \(2, 8\)"):
+        check_routing_channels(batch.sequences, layers=2, top_k=8, experts=64)
+    with pytest.raises(ValueError, match=r"expert id 7; the model has 4 experts \(ids 0..3\)"):
+        check_routing_channels(batch.sequences, layers=2, top_k=2, experts=4)
