@@ -61,7 +61,7 @@ and the product (``I`` each) in the compute dtype, the router's float32 softmax 
 sort/gather indices; Megatron's all-to-all dispatcher keeps one more permuted copy per token (``H``)
 before the exchange. Routing is assumed balanced (each rank receives ``k·T`` rows on average; a
 skewed router raises the most loaded rank's share). *Routing storage*: a micro-batch carries the
-routed-experts channel, ``layers × k`` bytes per token (two above 256 experts) plus a presence flag
+routed-experts channel, ``layers × k`` bytes per token (two above 256 experts) and a presence flag
 (:meth:`ModelShape.routing_bytes_per_token`); a trajectory stores the same per token on the host.
 The torch backend's MoE figures are checked against ``MemTracker`` on fake tensors with
 transformers' grouped-GEMM experts (``bench/bench_moe_plan.py``; its eager experts call ``nonzero``,
@@ -182,10 +182,10 @@ class ModelShape:
 
     def routing_bytes_per_token(self) -> int:
         """The routed-experts channel of one token: ``layers × top_k`` expert ids, one byte each up to 256
-        experts (two beyond), plus its presence flag; 0 for a dense model."""
+        experts (two beyond); 0 for a dense model."""
         if not self.is_moe:
             return 0
-        return self.layers * self.top_k * (1 if self.experts <= 256 else 2) + 1
+        return self.layers * self.top_k * (1 if self.experts <= 256 else 2)
 
     @property
     def embedding_params(self) -> int:
@@ -474,7 +474,8 @@ def plan_trainer_memory(shape: ModelShape, setup: TrainerSetup) -> TrainerMemory
     recompute = s * (per_token["none"] if mode == "full" else per_token["none"] - per_token["selective"]
                      if mode == "selective" else 0)
     terms["recomputed layer"] = recompute + s * _layer_backward_bytes_per_token(shape, setup)
-    terms["routing"] = s * shape.routing_bytes_per_token()  # the micro-batch's routed-experts channel
+    # the micro-batch's routed-experts channel and its presence flags
+    terms["routing"] = s * (shape.routing_bytes_per_token() + 1) if shape.is_moe else 0
     largest_param = shape.vocab * shape.hidden // (setup.tensor_parallel if setup.backend == "megatron" else 1)
     if setup.lora is not None:
         largest_param = setup.lora.rank * max(max(dims) for dims in shape.lora_targets(setup.lora).values())

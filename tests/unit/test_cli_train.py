@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.environments import make_arithmetic_rows
-from agentrl.testing import TINY_MODEL_CONFIG, build_tiny_model
+from agentrl.testing import build_tiny_model, build_tiny_moe_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # every training config under examples/ (``sft_*.toml`` are `agentrl sft` configs, run by the SFT tests;
@@ -37,22 +37,9 @@ def tiny() -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_moe(tiny: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny Qwen3-MoE folder (8 experts, top-2) with the tiny tokenizer: what the MoE recipes dry-run on."""
-    import shutil
-
-    import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny-moe")
-    torch.manual_seed(0)
-    shape = {k: v for k, v in TINY_MODEL_CONFIG.items()}
-    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=json.loads((Path(tiny) / "config.json").read_text())[
-        "vocab_size"], moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, **shape))
-    model.save_pretrained(str(folder))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(Path(tiny) / name, folder / name)
-    return str(folder)
+def tiny_moe() -> str:
+    """The tiny Qwen3-MoE (8 experts, top-2): what the MoE recipes dry-run on."""
+    return str(build_tiny_moe_model())
 
 
 def _model_for(example: Path, tiny: str, tiny_moe: str) -> str:
@@ -606,8 +593,6 @@ def test_mixture_of_experts_models_the_torch_backend_cannot_train_are_refused_be
     experts are refused with the reason; an attention-only adapter passes."""
     import shutil
 
-    from agentrl.testing import build_tiny_moe_model
-
     moe = build_tiny_moe_model()
     monkeypatch.chdir(ROOT)
     path = "examples/tiny_cpu.toml"
@@ -676,6 +661,7 @@ def test_the_moe_recipe_plans_qwen3_30b_a3b_with_expert_parallelism_on_one_node(
                  if line and not line.startswith(("missing on this machine", "dry run", " ")))
     assert lines["placement"] == "colocated, gpu x8: 2 engine(s) x 4 (tp=4 dp=1), trainer x 8; mode sync"
     assert lines["trainer"] == "megatron, dp=8 tp=1 pp=1 ep=8, bfloat16"
+    assert "MoE routing replayed in every training forward (48 layers x top-8 of 128, 384 B/token)" in result.stdout
     assert lines["model"].startswith(f"{folder} (qwen3_moe, 48 layers")
     assert "node 0 GPU 7: engine 1 (tp 3), trainer rank 7" in result.stdout
     table = _memory_lines(result.stdout)

@@ -9,7 +9,6 @@ from .config import (
 from .convert import (
     ParamMapping,
     merge_shards,
-    per_expert_names,
     shard_for_rank,
     stage_mapping,
 )
@@ -62,7 +61,6 @@ __all__ = [
     "load_hf_weights",
     "merge_shards",
     "packed_forward",
-    "per_expert_names",
     "read_hf_state",
     "resolve_grouped_gemm",
     "setup_model_parallel",

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.algorithms.fused_logprobs import scores_from_hidden
+from agentrl.algorithms.kinds import RoutingReplay
 from agentrl.model_folder import check_model_folder, has_tokenizer
 from agentrl.train.batching import TrainingBatch
 from agentrl.train.device import device_module, resolve_device
@@ -138,7 +139,7 @@ class MegatronTrainBackend:
                                 grouped_gemm=self.grouped_gemm)
         load_hf_weights(model, hf_state, self.spec, layout, self.padded_vocab)
         model = model.to(self.device).eval()  # eval: no dropout anywhere (it is 0 anyway, checked)
-        routing = MoeRouting(model, replay=cfg.routing_replay == "rollout") if self.spec.is_moe else None
+        routing = MoeRouting(model, replay=self._replay) if self.spec.is_moe else None
         if not trainable:
             if routing is not None:
                 self.routing[id(model)] = routing
@@ -151,6 +152,11 @@ class MegatronTrainBackend:
             self.routing[id(wrapped)] = routing
         # Megatron recomputes only in training mode; with dropout 0 that mode changes nothing else.
         return wrapped.train() if cfg.activation_checkpointing != "none" else wrapped.eval()
+
+    @property
+    def _replay(self) -> bool:
+        """Whether MoE forwards replay the engine's routing (``loss.routing_replay``)."""
+        return self.config.loss.routing_replay is RoutingReplay.ROLLOUT
 
     @property
     def _distributed_optimizer(self) -> bool:
@@ -320,8 +326,7 @@ class MegatronTrainBackend:
         real = [mb for mb in mbs if not mb.padding]
         metrics = self._finish_metrics(out, len(real), sum(mb.num_tokens for mb in real), objective)
         if routing is not None:
-            metrics.update(step_routing_metrics([routing], self.layout, self.device,
-                                                replay=self.config.routing_replay == "rollout"))
+            metrics.update(step_routing_metrics([routing], self.layout, self.device, replay=self._replay))
         return metrics
 
     def _fill_side_logprobs(self, mbs: list[MicroBatch]) -> None:

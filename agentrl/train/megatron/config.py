@@ -47,11 +47,8 @@ class MegatronBackendConfig:
     EP ranks are carved out of the data-parallel ranks, so it must divide ``world / (TP × PP)``.
     ``moe_grouped_gemm``: run a rank's experts as one grouped GEMM (Transformer Engine's
     ``TEGroupedMLP``, CUDA only) instead of one after the other (``SequentialMLP``); ``None``: grouped
-    where Transformer Engine and CUDA are there. ``routing_replay``: ``"rollout"`` makes every
-    training forward (policy, old policy, reference, and the recomputation of checkpointed layers)
-    route each position to the experts the engine chose (the ``routed_experts`` channel of the
-    trajectories), with the gate weights recomputed from the trainer's own router over those experts;
-    ``"off"`` routes with the trainer's router (the mismatch with the engine is still measured).
+    where Transformer Engine and CUDA are there. Routing replay is ``loss.routing_replay`` (see
+    :mod:`agentrl.train.megatron.moe`).
     """
 
     tensor_parallel_size: int = 1
@@ -71,7 +68,6 @@ class MegatronBackendConfig:
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     expert_parallel_size: int = 1
     moe_grouped_gemm: bool | None = None
-    routing_replay: Literal["off", "rollout"] = "off"
 
     def __post_init__(self) -> None:
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size,
@@ -91,8 +87,6 @@ class MegatronBackendConfig:
                  "'auto', 'bfloat16', 'float16' or 'float32'")
         _require(self.expert_parallel_size >= 1, "expert_parallel_size", self.expert_parallel_size,
                  "a positive integer")
-        _require(self.routing_replay in ("off", "rollout"), "routing_replay", self.routing_replay,
-                 "'off' or 'rollout'")
 
     @property
     def model_parallel_size(self) -> int:

@@ -13,7 +13,8 @@ Megatron's ``local_expert_indices``), ``linear_fc1`` = ``[gate; up]`` and ``line
 ``mlp.experts.linear_fc{1,2}.weight{j}`` for Transformer Engine's grouped ones. Hugging Face names
 them per expert (``mlp.experts.{e}.{gate,up,down}_proj.weight``, the checkpoint format);
 transformers ≥ 5 keeps them fused in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``,
-``mlp.experts.down_proj`` ``[E, H, I]``), which :func:`per_expert_names` splits (views, no copy).
+``mlp.experts.down_proj`` ``[E, H, I]``), which :func:`agentrl.train.moe.per_expert_weights` splits
+(views, no copy).
 Experts are not split over tensor-parallel ranks (expert TP is 1).
 
 Everything here is pure tensor reshaping: :func:`shard_for_rank` (full → this rank's shard) and
@@ -32,7 +33,7 @@ import torch
 
 from agentrl.train.megatron.qwen3 import Qwen3Spec
 
-__all__ = ["ParamMapping", "merge_shards", "per_expert_names", "shard_for_rank", "stage_mapping"]
+__all__ = ["ParamMapping", "merge_shards", "shard_for_rank", "stage_mapping"]
 
 Kind = Literal["vocab", "qkv", "gated", "row", "replicated"]
 
@@ -99,26 +100,6 @@ def _expert_mappings(layer: Any, prefix: str, hf: str) -> list[ParamMapping]:
                                      f"{prefix}.experts.local_experts.{local}.linear_fc2.weight"))
         out.append(ParamMapping(fc1, "gated", (f"{e}.gate_proj.weight", f"{e}.up_proj.weight"), expert=True))
         out.append(ParamMapping(fc2, "row", (f"{e}.down_proj.weight",), expert=True))
-    return out
-
-
-def per_expert_names(hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``hf`` with transformers' fused expert tensors (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``,
-    ``mlp.experts.down_proj`` ``[E, H, I]``) split into the checkpoint's per-expert names (views);
-    every other tensor as it is."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in hf.items():
-        if name.endswith(".mlp.experts.gate_up_proj"):
-            base = name.removesuffix("gate_up_proj")
-            for e in range(tensor.shape[0]):
-                gate, up = tensor[e].chunk(2, dim=0)
-                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = gate, up
-        elif name.endswith(".mlp.experts.down_proj"):
-            base = name.removesuffix("down_proj")
-            for e in range(tensor.shape[0]):
-                out[f"{base}{e}.down_proj.weight"] = tensor[e]
-        else:
-            out[name] = tensor
     return out
 
 

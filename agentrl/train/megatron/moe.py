@@ -23,7 +23,7 @@ Contract of a replayed forward (:func:`token_replay`, megatron-core's ``RouterRe
   trajectory recorded before routing existed, the last sampled token) is routed by the trainer and
   counted (``moe/unrouted_tokens``); nothing is dropped silently.
 
-With ``routing_replay="off"`` the routers choose for themselves and the same hook only measures.
+With ``loss.routing_replay`` ``off`` the routers choose for themselves and the same hook only measures.
 Metrics of a training step (summed over the step's micro-batches and data-parallel ranks; the
 torch backend's names): ``moe/routed_tokens`` (positions with engine routing),
 ``moe/unrouted_tokens`` (positions without), ``moe/unrouted_sequences``, ``moe/routing_differs``

@@ -39,12 +39,6 @@ from agentrl.train.megatron.config import MegatronBackendConfig
 __all__ = ["Qwen3Spec", "build_gpt_model", "check_transformer_config", "transformer_config"]
 
 _MODEL_TYPES = ("qwen3", "qwen3_moe")
-_REFUSED = {
-    "qwen3_5_moe": "Qwen3.5-MoE (Gated DeltaNet layers and a vision tower) is not supported by the megatron backend",
-    "qwen3_5_moe_text": "Qwen3.5-MoE (Gated DeltaNet layers) is not supported by the megatron backend",
-    "qwen3_next": "Qwen3-Next (Gated DeltaNet layers) is not supported by the megatron backend",
-    "qwen2_moe": "Qwen2-MoE (shared experts) is not supported by the megatron backend",
-}
 
 
 @dataclass(frozen=True)
@@ -81,7 +75,9 @@ class Qwen3Spec:
         raw = _as_dict(config)
         model_type = raw.get("model_type")
         if model_type not in _MODEL_TYPES:
-            hint = f" ({_REFUSED[model_type]})" if model_type in _REFUSED else ""
+            from agentrl.train.moe_models import REFUSED_MOE_TYPES
+
+            hint = f" ({REFUSED_MOE_TYPES[model_type]})" if model_type in REFUSED_MOE_TYPES else ""
             raise ValueError(f"model_type: expected 'qwen3' (dense Qwen3) or 'qwen3_moe' (Qwen3 mixture of experts), "
                              f"got {model_type!r}{hint}")
         for key, bad in (("attention_bias", True), ("use_sliding_window", True)):

@@ -18,13 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentrl.train.megatron.convert import (
-    ParamMapping,
-    merge_shards,
-    per_expert_names,
-    shard_for_rank,
-    stage_mapping,
-)
+from agentrl.train.megatron.convert import ParamMapping, merge_shards, shard_for_rank, stage_mapping
 from agentrl.train.megatron.parallel import ParallelLayout
 from agentrl.train.megatron.qwen3 import Qwen3Spec
 
@@ -49,7 +43,9 @@ def load_hf_weights(model: Any, hf: Mapping[str, torch.Tensor], spec: Qwen3Spec,
     """Copy this rank's shards of the Hugging Face tensors into ``model`` (one unwrapped stage); a
     MoE model's experts may come per expert (a checkpoint) or fused (transformers' ``state_dict()``)."""
     if spec.is_moe:
-        hf = per_expert_names(hf)
+        from agentrl.train.moe import per_expert_weights
+
+        hf = dict(per_expert_weights(hf.items()))
     params = dict(model.named_parameters())
     mappings = stage_mapping(model, spec)
     missing = sorted(set(params) - {m.megatron_name for m in mappings})

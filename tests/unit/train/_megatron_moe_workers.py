@@ -20,6 +20,7 @@ from _megatron_workers import launch_plan
 from _train_helpers import trajectories, vocab_size
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from agentrl.algorithms.kinds import RoutingReplay
 from agentrl.token_data import ROUTED_EXPERTS
 from agentrl.train import LossConfig, OptimizerConfig, PackingConfig, TrainingBatch, build_training_batch
 from agentrl.trajectory import Trajectory
@@ -107,9 +108,9 @@ def moe_scenario(ep: int, pp: int, *, replay: str = "rollout", recompute: str = 
     model = hf_moe_model()
     data = moe_batches(model)
     config = MegatronBackendConfig(pipeline_parallel_size=pp, expert_parallel_size=ep, device="cpu",
-                                   make_vocab_size_divisible_by=VOCAB_MULTIPLE, packing=PACKING, loss=LOSS,
-                                   optimizer=OPTIMIZER, activation_checkpointing=recompute,  # type: ignore[arg-type]
-                                   routing_replay=replay)  # type: ignore[arg-type]
+                                   make_vocab_size_divisible_by=VOCAB_MULTIPLE, packing=PACKING,
+                                   loss=dataclasses.replace(LOSS, routing_replay=RoutingReplay(replay)),
+                                   optimizer=OPTIMIZER, activation_checkpointing=recompute)  # type: ignore[arg-type]
     backend = MegatronTrainBackend(model.state_dict(), model.config, config)
     out: dict[str, Any] = {"export0": {k: v.clone() for k, v in backend.named_weights()},
                            "layout": dataclasses.replace(backend.layout, tp_group=None, pp_group=None, dp_group=None,

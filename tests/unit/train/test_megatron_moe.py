@@ -107,9 +107,9 @@ def torch_step(hf: Any, data: dict[str, TrainingBatch]) -> dict[str, Any]:
 
 
 def _split_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    from agentrl.train.megatron import per_expert_names
+    from agentrl.train.moe import per_expert_weights
 
-    return per_expert_names(state)
+    return dict(per_expert_weights(state.items()))
 
 
 @pytest.mark.parametrize("key", [k for k, _ in PLAN])

@@ -240,8 +240,8 @@ def test_moe_parameters_routing_storage_and_the_expert_parallel_split() -> None:
     shape = ModelShape.from_config(QWEN3_30B_A3B)
     assert (shape.params / 1e9, shape.active_params / 1e9) == (pytest.approx(30.53, abs=0.01),
                                                                pytest.approx(3.35, abs=0.01))
-    assert shape.routing_bytes_per_token() == 48 * 8 + 1  # one byte per expert id (128 experts) and a flag
-    assert ModelShape.from_config({**QWEN3_30B_A3B, "num_experts": 512}).routing_bytes_per_token() == 48 * 8 * 2 + 1
+    assert shape.routing_bytes_per_token() == 48 * 8  # one byte per expert id (128 experts)
+    assert ModelShape.from_config({**QWEN3_30B_A3B, "num_experts": 512}).routing_bytes_per_token() == 48 * 8 * 2
     experts = 48 * 128 * 3 * 2048 * 768
     dense = shape.params - experts
     for ep, pp in ((8, 1), (4, 2)):
@@ -252,7 +252,7 @@ def test_moe_parameters_routing_storage_and_the_expert_parallel_split() -> None:
         assert memory.terms["weights"] == 2 * held and memory.terms["gradients"] == 4 * held
         sharded = dense // pp // (8 // pp) + experts // (pp * ep) // ((8 // pp) // ep)
         assert memory.terms["optimizer state"] == 8 * sharded and memory.terms["master weights"] == 4 * sharded
-        assert memory.terms["routing"] == 32768 * (48 * 8 + 1)
+        assert memory.terms["routing"] == 32768 * (48 * 8 + 1)  # and a presence flag per token
         assert any("dispatched expert activations" in note for note in memory.notes)
     torch_backend = plan_trainer_memory(shape, TrainerSetup(micro_batch_tokens=4096))
     assert torch_backend.terms["weights"] == 2 * shape.params  # every expert on every unsharded rank
