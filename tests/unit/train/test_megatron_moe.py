@@ -4,8 +4,9 @@ routing replay against Hugging Face and the torch backend.
 One spawned launch of four processes runs every scenario (see ``_megatron_moe_workers``): EP=1 (four
 data-parallel replicas), EP=2 (two expert-parallel groups of two), EP=2 × PP=2, each with the
 trajectories carrying Hugging Face's own routing in their ``routed_experts`` channel; EP=2 also on a
-deliberately shifted routing (with and without full recomputation), on a batch where routing is
-missing, and EP=1 with replay off. The tests below only read the results.
+deliberately shifted routing, EP=2 × PP=2 on it without, with full and with selective
+recomputation, EP=2 on a batch where routing is missing, and EP=1 with replay off. The tests below
+only read the results.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ pytestmark = [
 PLAN: list[tuple[str, dict[str, Any]]] = [
     ("ep1", {"ep": 1, "pp": 1}),
     ("ep2", {"ep": 2, "pp": 1, "batch": "permuted", "steps": 2, "checkpoint": True}),
-    ("ep2-recompute", {"ep": 2, "pp": 1, "batch": "permuted", "recompute": "full"}),
     ("ep2pp2", {"ep": 2, "pp": 2}),
+    ("ep2pp2-shifted", {"ep": 2, "pp": 2, "batch": "permuted"}),
+    ("ep2pp2-recompute-full", {"ep": 2, "pp": 2, "batch": "permuted", "recompute": "full"}),
+    ("ep2pp2-recompute-selective", {"ep": 2, "pp": 2, "batch": "permuted", "recompute": "selective"}),
     ("ep2-missing", {"ep": 2, "pp": 1, "batch": "missing"}),
     ("ep1-off", {"ep": 1, "pp": 1, "batch": "permuted", "replay": "off"}),
 ]
@@ -191,13 +194,18 @@ def test_missing_routing_is_routed_by_the_trainer_and_counted(results: dict[str,
     assert _max_diff(r["logprobs_missing"], hf_logprobs(hf, batch)) <= 1e-5
 
 
-def test_recomputation_replays_the_same_experts(results: dict[str, Any]) -> None:
-    """Full recomputation re-runs each layer's router in the backward pass (REPLAY_BACKWARD): with the
-    shifted routing, the gradients equal those without recomputation."""
-    base, recomputed = results["ep2"]["grads"], results["ep2-recompute"]["grads"]
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recomputation_replays_the_same_experts(results: dict[str, Any], mode: str) -> None:
+    """Recomputation re-runs each MoE layer's router in the backward pass (REPLAY_BACKWARD; full: the
+    whole layer, selective: the MoE layer): with the shifted routing, the gradients equal those without
+    recomputation. At PP=2 the 1F1B schedule runs a micro-batch's backward after the next one's
+    forward, so the routing must come from the recomputed micro-batch, not the latest forward."""
+    base, recomputed = results["ep2pp2-shifted"]["grads"], results[f"ep2pp2-recompute-{mode}"]["grads"]
     assert set(base) == set(recomputed)
+    # at least 3 over the two data-parallel ranks: each runs 2 or more (expert-parallel ranks run as many)
+    assert int(results["ep2pp2-shifted"]["metrics"][0]["micro_batches"]) >= 3
     worst = max(float((recomputed[n] - g).abs().max()) for n, g in base.items())
-    print(f"EP2 full recompute, shifted routing: max |grad - grad without recompute| {worst:.1e}")
+    print(f"EP2 x PP2 {mode} recompute, shifted routing: max |grad - grad without recompute| {worst:.1e}")
     assert worst <= 1e-6 and max(float(g.abs().max()) for g in base.values()) > 1e-3
 
 
