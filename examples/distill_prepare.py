@@ -13,10 +13,11 @@ demo's task and a much weaker student, both from one ``make demo`` run.
   digits and calls the calculator ~40% of the time) fine-tuned for a few steps on the warm-up's
   conversations with the tool called only ``--call-rate`` of the time. At the warm-up's learning rate
   the call probability follows the share of calls in the last batches (docs/demo.md). A direct answer
-  trains its first token only (the decision not to call; its digits are a guess, and fitting guessed
-  digits unlearns the copying), so the student keeps the format and the copying but almost never calls
-  the tool: its T = 1 success is a few percent at most and GRPO's reward is sparse, while the teacher
-  says at every sampled token what it would do.
+  trains its first token only (the decision not to call), not its guessed digits. The student keeps the
+  format and most of the copying (it predicts ~99% of the answer tokens after a call, the teacher 100%)
+  but almost never calls the tool: its T = 1 success is a few percent at most. Rounds of ``--steps``
+  steps run until P(call) <= ``--call-prob``; the first rounds move it fast (seed 0: 0.41 -> 0.020 ->
+  0.004 in 2-step rounds, and 0.0001 after 20 steps).
 
 The demo run must have kept version 0 (``sync.keep_folders`` >= its steps + 1); ``make demo`` keeps
 only the last, so run the demo's command with ``sync.keep_folders=20`` (the Makefile target
@@ -86,8 +87,7 @@ def fine_tune(start: Path, out: Path, conversations: list[dict[str, Any]], templ
               lr: float, seed: int, batch_size: int = 32) -> float:
     """Fine-tunes ``start`` into ``out`` for ``steps`` steps on ``conversations`` (batches of ``batch_size``);
     returns the last step's loss. A conversation that calls the tool trains every assistant token; one that
-    answers directly trains only its first token (the decision not to call): its answer is a guess, and
-    fitting guessed digits would unlearn the copying the student keeps from the warm-up."""
+    answers directly trains only its first token (the decision not to call), not its guessed digits."""
     from transformers import AutoTokenizer
 
     from agentrl.model_folder import model_vocab_size
@@ -125,8 +125,9 @@ def main() -> None:
                         help="share of the fine-tuning conversations that call the tool")
     parser.add_argument("--call-prob", type=float, default=0.01,
                         help="fine-tune until the student's mean probability of calling the tool is at most this")
-    parser.add_argument("--steps", type=int, default=20, help="fine-tuning steps per round")
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=2,
+                        help="fine-tuning steps per round (P(call) is checked after each round)")
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
