@@ -144,3 +144,6 @@ def docker_daemon() -> Iterator[str]:
         daemon.stop()
         assert daemon.proc is None
         assert not [n for n in daemon.new_links if n.startswith(("docker", "br-", "veth"))], daemon.new_links
+
+
+from _ray_cluster import ray_two_hosts  # noqa: E402,F401  the session's Ray cluster (its module doc)
