@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from agentrl.tools.fleet.errors import ExecutorLostError
@@ -96,14 +97,17 @@ class RayLink:
             pass
 
 
-def start_ray_executor(index: int, node: str, settings: ExecutorSettings, *, max_concurrency: int) -> RayLink:
+def start_ray_executor(index: int, node: str, settings: ExecutorSettings, *, max_concurrency: int,
+                       env: Mapping[str, str] | None = None) -> RayLink:
     """Starts an :class:`ExecutorActor` on node ``node`` (hard node affinity, no CPU reserved: the
-    sandboxes' CPU is the node's, limited by the sandbox's own limits) and returns its link. The caller
-    waits for ``call("ready")`` with the fleet's start-up time-out."""
+    sandboxes' CPU is the node's, limited by the sandbox's own limits) and returns its link. ``env``:
+    variables set in the actor's process (Ray's ``runtime_env``; the sandboxes never see them). The
+    caller waits for ``call("ready")`` with the fleet's start-up time-out."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(ExecutorActor).options(
         num_cpus=0, max_concurrency=max_concurrency, max_restarts=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(index, settings)
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        **({"runtime_env": {"env_vars": dict(env)}} if env else {})).remote(index, settings)
     return RayLink(actor, node)

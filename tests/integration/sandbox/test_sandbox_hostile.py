@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from sandbox_canaries import CANARY_ENV, HostCanaries
 
+from agentrl.tools.fleet import FleetSandbox
 from agentrl.tools.sandbox import ExecResult, Sandbox, create_sandbox
 from agentrl.tools.sandbox.base import WORKER_SOURCE
 from agentrl.tools.sandbox.bwrap import BwrapSandbox
@@ -248,9 +249,10 @@ async def assert_nothing_left(sandbox: Sandbox, cgroup_dirs: list[str]) -> None:
 
 
 async def assert_clean(sandbox: Sandbox) -> None:
-    """No process of a program remains: idle workers have their fixed shape, containers only PID 1."""
-    if isinstance(sandbox, BwrapSandbox):
-        pids = sandbox.worker_pids()
+    """No process of a program remains: idle workers have their fixed shape, containers only PID 1. (A
+    sandbox fleet's: its executors' bwrap workers, on this host: test_fleet_hostile_sandbox.py.)"""
+    if isinstance(sandbox, BwrapSandbox | FleetSandbox):
+        pids = sandbox.worker_pids() if isinstance(sandbox, BwrapSandbox) else await sandbox.worker_pids()
         assert pids, "the pool lost its worker"
         for _ in range(40):  # the next execution's PID 1 and process are being set up: allow them 2 s
             count = process_tree_memory(pids)["processes"]
