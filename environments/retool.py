@@ -26,11 +26,13 @@ Example::
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, field_validator
 
-from agentrl.chat.types import Message
+from agentrl.chat.types import Message, ToolCall
 from agentrl.environments.base import Environment
 from agentrl.environments.policy import EnvLimits, FailurePolicy
 from agentrl.rewards.math import MathReward, final_answer_text
@@ -111,6 +113,18 @@ class RetoolMathEnv(Environment):
     def reward(self, trajectory: Trajectory) -> Reward:
         return self.math_reward(final_answer_text(trajectory.messages), self.task.label,
                                 successful_tool_calls=self.successful_tool_calls)
+
+    def reference_reply(self, messages: Sequence[Message]) -> Message | None:
+        """A scripted solver that knows the label: print it with the ``python`` tool (as many calls as
+        the reward's tool bonus needs to reach its cap), then box what the tool printed."""
+        results = [m for m in messages if m.role == "tool"]
+        if not results:
+            bonus = self.math_reward
+            calls = math.ceil(bonus.max_tool_bonus / bonus.tool_bonus) if bonus.tool_bonus > 0 else 1
+            code = f"print({self.task.label!r})"
+            return Message(role="assistant", content="", tool_calls=[
+                ToolCall("python", {"code": code}, id=f"call_{i}") for i in range(max(calls, 1))])
+        return Message(role="assistant", content=f"\\boxed{{{str(results[-1].content).strip()}}}")
 
     async def close(self) -> None:
         """Closes the tool's own sandbox (a shared ``sandbox=`` stays open for its owner)."""

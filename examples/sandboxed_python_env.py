@@ -32,12 +32,13 @@ import asyncio
 import json
 import random
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from agentrl import Episode
-from agentrl.chat import ChatTemplate, Message
+from agentrl.chat import ChatTemplate, Message, ToolCall
 from agentrl.environments import Environment, EnvLimits
 from agentrl.rewards import final_answer_text, math_answer_reward
 from agentrl.rollout import SamplingParams
@@ -105,6 +106,14 @@ class DigitSumEnv(Environment):
     def reward(self, trajectory: Trajectory) -> float:
         # Only the model's final message counts: a program that prints \boxed{...} earns nothing.
         return math_answer_reward(final_answer_text(trajectory.messages), self.task.answer)
+
+    def reference_reply(self, messages: Sequence[Message]) -> Message | None:
+        # A scripted solver (optional): `agentrl env check` plays it and expects full marks.
+        results = [m for m in messages if m.role == "tool"]
+        if not results:
+            code = f"print(sum(int(d) for d in str(2**{self.task.n})))"
+            return Message(role="assistant", content="", tool_calls=[ToolCall("python", {"code": code}, id="call_0")])
+        return Message(role="assistant", content=f"\\boxed{{{str(results[-1].content).strip()}}}")
 
 
 # 4. Play episodes with a scripted policy (a stand-in for a model): run code, copy its output.

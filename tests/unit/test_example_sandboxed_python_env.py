@@ -104,8 +104,9 @@ run_dir = "{tmp_path / 'run'}"
 """)
     agentrl = Path(sys.executable).parent / "agentrl"
     with FakeChatServer(_digit_policy) as server:
-        proc = subprocess.run([str(agentrl), "eval", str(config), "--endpoint", server.url], cwd=ROOT,
+        proc = subprocess.run([str(agentrl), "eval", str(config), "--endpoint", server.url,
+                               "--out", str(tmp_path / "evals")], cwd=ROOT,
                               capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    report = json.loads((tmp_path / "run" / "evals" / "endpoint" / "digits.json").read_text())
+    report = json.loads((tmp_path / "evals" / "digits.json").read_text())
     assert (report["prompts"], report["mean_reward"], report["tool_call_rate"]) == (4, 1.0, 1.0)

@@ -141,6 +141,7 @@ async def test_shipped_environments_pass_the_conformance_check() -> None:
                           (ToyArithmeticEnv, make_arithmetic_rows(2))):
         report = await check_environment(env_cls, rows)
         assert report.ok, report.format()
+        assert not report.warnings, report.format()  # the reference replies reached full marks
 
 
 def test_env_check_command_on_the_shipped_environments(tmp_path: Path) -> None:
@@ -153,4 +154,5 @@ def test_env_check_command_on_the_shipped_environments(tmp_path: Path) -> None:
         out = subprocess.run([str(agentrl), "env", "check", target, "--data", str(data)], capture_output=True,
                              text=True, timeout=240, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
         assert out.returncode == 0, out.stdout + out.stderr
-        assert "0 violation(s) — OK" in out.stdout
+        assert "0 violation(s) — OK" in out.stdout, out.stdout
+        assert "warning" not in out.stdout, out.stdout  # the reference replies reached full marks
