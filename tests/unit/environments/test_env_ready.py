@@ -16,6 +16,7 @@ from agentrl.cli.main import app
 from agentrl.environments.arithmetic import ArithmeticTask, ToyArithmeticEnv, make_arithmetic_rows
 from agentrl.environments.conformance import check_environment
 from agentrl.environments.retool import MathTask, RetoolMathEnv
+from agentrl.rewards import MathReward
 from agentrl.rollout.agent import AgentConfig, run_episode
 from agentrl.rollout.types import SamplingParams
 from agentrl.testing.scripted import ScriptedClient
@@ -139,6 +140,21 @@ async def test_retool_refuses_a_shared_sandbox_together_with_sandbox_options() -
         await env.reset()
         await env.close()
         assert env.python is not None and env.python.sandbox is shared and not shared.closed
+
+
+class _BonusRetool(RetoolMathEnv):
+    """RetoolMathEnv whose reward adds 0.1 per successful call up to 0.2: the top needs two calls."""
+
+    def __init__(self, task: Any, **options: Any) -> None:
+        super().__init__(task, reward=MathReward(answer_line=True, tool_bonus=0.1, max_tool_bonus=0.2), **options)
+
+
+async def test_retool_reference_reply_reaches_the_top_of_its_reward_range() -> None:
+    env = _BonusRetool({"prompt": "What is 2+2?", "label": "\\frac{1}{2}"})
+    first = env.reference_reply([])
+    assert first is not None and [c.name for c in first.tool_calls] == ["python", "python"]
+    report = await check_environment(_BonusRetool, [{"prompt": "What is 2+2?", "label": "\\frac{1}{2}"}])
+    assert report.ok and not report.warnings, report.format()  # the reference episode scored 1.2
 
 
 async def test_ready_environments_take_a_system_prompt(tok: Any) -> None:
