@@ -46,6 +46,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "bench_sandbox": ("bwrap",),
     "bench_workspace": ("bwrap",),
     "bench_workspace_hostile": ("bwrap",),
+    "bench_sandbox_fleet": ("bwrap",),
     "bench_scheduler": ("bwrap",),
 }
 # Benches started through a launcher (after the Python, before the script).
