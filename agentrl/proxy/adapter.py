@@ -59,7 +59,7 @@ from agentrl.proxy.session import ProxyConfig, ProxySession
 from agentrl.rewards.pool import RewardTimeout, shared_pool
 from agentrl.rewards.types import Reward, score
 from agentrl.rollout._agent_config import AgentConfig
-from agentrl.rollout.agent import GenerateClient, new_id
+from agentrl.rollout._requests import GenerateClient, new_id
 from agentrl.rollout.context import ContextPolicy
 from agentrl.rollout.types import FinishKind, SamplingParams
 from agentrl.trajectory import ErrorKind, Status, StopReason, Trajectory

@@ -69,7 +69,7 @@ from agentrl.proxy._grammar import forced_call_grammar
 from agentrl.proxy._history import Issued, Match, match
 from agentrl.proxy._wire import ChatRequest, ParseMemo, Reply, RequestError
 from agentrl.rollout._agent_config import AgentConfig
-from agentrl.rollout.agent import GenerateClient, new_id, request_sampling
+from agentrl.rollout._requests import GenerateClient, new_id, request_sampling
 from agentrl.rollout.context import ContextPolicy
 from agentrl.rollout.routing import missing_routing, routing_request, store_routing
 from agentrl.rollout.types import (

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.data.source import DataRow
+from agentrl.rollout._requests import new_id
 from agentrl.rollout._scheduler_types import RepeatedFailureError
-from agentrl.rollout.agent import Episode, EpisodeRunner, GenerateClient, new_id
+from agentrl.rollout.agent import Episode, EpisodeRunner, GenerateClient
 from agentrl.rollout.groups import version_number
 from agentrl.rollout.stats import StepStats
 from agentrl.rollout.types import FinishKind, FinishReason, GenerateResult, SamplingParams

@@ -123,8 +123,7 @@ from agentrl.trajectory import (
 )
 
 # Episode lives in agentrl.episode (saving and batching it need no rollout code); re-exported here.
-__all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "new_id", "request_sampling", "run_episode",
-           "status_for"]
+__all__ = ["AgentConfig", "Episode", "EpisodeRunner", "GenerateClient", "run_episode", "status_for"]
 
 
 def _never() -> bool:

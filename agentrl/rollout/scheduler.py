@@ -60,6 +60,7 @@ from agentrl._tracebacks import exception_origin
 from agentrl.chat.template import ChatTemplate
 from agentrl.data.source import DataExhausted, DataSource
 from agentrl.environments.base import Environment
+from agentrl.rollout._requests import new_id
 from agentrl.rollout._scheduler_types import (
     RepeatedFailureError,
     RolloutProgress,
@@ -85,7 +86,6 @@ from agentrl.rollout.agent import (
     AgentConfig,
     EpisodeRunner,
     GenerateClient,
-    new_id,
     runner_for,
 )
 from agentrl.rollout.eval import EvalConfig, EvalReport, evaluate
