@@ -26,7 +26,9 @@ from agentrl.trajectory import ForkReason, SegmentKind, StopReason
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 CALL = r'<tool_call>\n\{"name": "read", "arguments": \{"page": [1-9]\}\}\n</tool_call>'
-CONFIG = AgentConfig(sampling=SamplingParams(max_new_tokens=40, temperature=1.0, regex=CALL), context_length=1024,
+# a call is 23 tokens as the tokenizer encodes it, but under the regex a random model may spell it in
+# shorter pieces (up to one token a byte, ~66): 80 new tokens hold any spelling, so no turn ends by length
+CONFIG = AgentConfig(sampling=SamplingParams(max_new_tokens=80, temperature=1.0, regex=CALL), context_length=1024,
                      audit=True, reward_pool=False)
 LIMITS = EnvLimits(max_turns=10, max_tool_calls=10)
 
@@ -41,7 +43,7 @@ async def _episode(url: str, policy: Summarize | Window) -> Any:
 
 
 async def test_a_summary_is_a_real_sample_trained_in_its_sequence(tiny_engine: str) -> None:
-    episode = await _episode(tiny_engine, Summarize(trigger=600, max_tokens=40))
+    episode = await _episode(tiny_engine, Summarize(trigger=600, max_tokens=80))
     assert episode.stop_reason is StopReason.MAX_TURNS and len(episode.sequences) >= 2
     first, second = episode.sequences[0], episode.sequences[1]
     assert second.fork_reason is ForkReason.COMPACTION and second.rollout_id == first.rollout_id
@@ -74,5 +76,11 @@ async def test_a_window_compacts_a_real_episode_with_hysteresis(tiny_engine: str
     episode = await _episode(tiny_engine, Window(trigger=600))
     later = episode.sequences[1:]
     assert later and all(s.fork_reason is ForkReason.COMPACTION for s in later)
-    assert all(s.prompt_length <= 300 for s in later)
+    # the opening (system prompt, tools, task) is ~270 tokens: a compaction keeps what fits half the
+    # trigger, and at least the last turn
+    for seq in later:
+        kept = seq.info["compaction"]["kept_turns"]
+        assert kept >= 1 and (seq.prompt_length <= 300 or kept == 1)
+    # hysteresis: a sequence holds several turns before the next compaction, not one
+    assert all(s.num_model_turns >= 2 for s in episode.sequences[:-1])
     assert sum(s.num_model_turns for s in episode.sequences) == 10
