@@ -22,7 +22,7 @@ import base64
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psutil
@@ -219,6 +219,7 @@ def signal_all(pids, sig):
             os.kill(p, sig)
         except OSError:
             pass
+note("watching")
 while time.time() < end:
     for top in ("/grader", "/work", "/dev/shm"):
         for folder, dirs, files in os.walk(top):
@@ -248,6 +249,26 @@ while time.time() < end:
 """
 
 
+async def watching(log: Callable[[], Awaitable[str]], count: int) -> str:
+    """Waits until ``count`` watchers follow ``/tmp`` (each notes it in ``/work/.watch.log``)."""
+    text = ""
+    for _ in range(100):
+        text = await log()
+        if text.count("watching") >= count:
+            return text
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{count} watcher(s) expected, the log holds: {text!r}")
+
+
+async def until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Polls ``check`` every 0.1 s for up to ``seconds``; its last answer."""
+    for _ in range(int(seconds * 10)):
+        if check():
+            return True
+        await asyncio.sleep(0.1)
+    return check()
+
+
 def watcher_cell(token: str, wait_s: float = 90.0) -> str:
     program = WATCHER.replace("WAIT", repr(wait_s))
     return (f"import os, subprocess, sys\nsource = {program!r}\n"
@@ -270,19 +291,20 @@ async def test_leftover_watchers_cannot_change_the_fix_test_reward(wss: Workspac
         started = await bash(command=f"cat > /tmp/w.py <<'EOF'\n{script}\nEOF\n"
                                      f"setsid nohup python3 /tmp/w.py {token} >/dev/null 2>&1 & echo ok")
         assert started.content == "ok\n", started
-        await asyncio.sleep(0.5)
+
+        async def log() -> str:
+            return (await bash(command="cat /work/.watch.log 2>/dev/null; true")).content
+
+        # bwrap ends what a command left running with its call: the cell's watcher stays there
+        await watching(log, 2 if backend[0] == "docker" else 1)
         reward = await env.reward(None)  # type: ignore[arg-type]  # the reward does not read the trajectory
-        log = (await bash(command="cat /work/.watch.log 2>/dev/null; true")).content
+        text = await log()
         # the bug is not fixed: only tampered hidden tests could pass
-        assert reward.value == 0.0, (reward, log)
+        assert reward.value == 0.0, (reward, text)
         assert reward.info.get("tests_run") == row["hidden_count"], reward
     finally:
         await env.close()
-    for _ in range(50):
-        if not marked(token):
-            break
-        await asyncio.sleep(0.1)
-    assert marked(token) == []
+    assert await until(lambda: not marked(token), 5.0), marked(token)
 
 
 async def test_grade_runs_where_nothing_the_model_started_exists(wss: Workspaces, spec: WorkspaceSpec) -> None:
@@ -290,8 +312,12 @@ async def test_grade_runs_where_nothing_the_model_started_exists(wss: Workspaces
     ws = await wss.create(spec)
     try:
         assert (await ws.python(watcher_cell(token))).stdout == "'watching'\n"
-        assert (await ws.run("echo model > answer.txt && sleep 1000 & echo ok")).ok
-        await asyncio.sleep(0.3)
+        assert (await ws.run("echo model > answer.txt; sleep 1000 & echo ok")).ok
+
+        async def log() -> str:
+            return (await ws.run("cat /work/.watch.log 2>/dev/null; true")).stdout
+
+        await watching(log, 1)
         hidden = "import unittest\nclass TestHidden(unittest.TestCase):\n    def test_0(self):\n        self.fail()\n"
         graded = await ws.grade(
             "cat /work/answer.txt; ls /grader; ps -eo pid,args --no-headers | grep -v 'ps -eo' | wc -l; "
@@ -326,15 +352,10 @@ os.wait()
         for restart in ("import os\nos.abort()",
                         "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass"):
             assert (await ws.python(cell)).stdout == "'spawned'\n"
-            await asyncio.sleep(0.2)
-            assert len(marked(token)) == 2
+            assert await until(lambda: len(marked(token)) == 2), marked(token)
             died = await ws.python(restart)
             assert died.restarted, died
-            for _ in range(30):
-                if not marked(token):
-                    break
-                await asyncio.sleep(0.1)
-            assert marked(token) == [], restart
+            assert await until(lambda: not marked(token), 3.0), (restart, marked(token))
             assert (await ws.python("1 + 1")).stdout == "2\n"
     finally:
         await wss.remove(ws)
