@@ -172,8 +172,12 @@ async def test_a_node_lost_mid_step_is_regenerated_and_leaves_nothing(fleet: Fle
                 break
             await asyncio.sleep(0.02)
         assert doomed.workspaces >= 1, "no workspace reached the node before the step ended"
-        tree = await processes(fleet, doomed)
-        assert len(tree) > 3  # the executor, its holders, sandboxes and kernels
+        for _ in range(250):  # a workspace is placed before its holder has started its sandboxes and kernel
+            tree = await processes(fleet, doomed)
+            if len(tree) > 3 or collecting.done():
+                break
+            await asyncio.sleep(0.02)
+        assert len(tree) > 3, tree  # the executor, its holders, sandboxes and kernels
         executor_pid = tree[0][0]
         await asyncio.to_thread(ray_two_hosts.cluster.remove_node, cpu_node.handle, False)
         batch = await asyncio.wait_for(collecting, 300)
