@@ -158,10 +158,15 @@ class EngineTeacher:
             res = await self.clients[k].generate(tokens, SamplingParams(max_new_tokens=0, temperature=1.0),
                                                  logprob_start_len=start)
         lps = list(res.input_logprobs)
-        if len(lps) != len(tokens) - start or (res.input_ids_scored and list(res.input_ids_scored) != tokens[start:]):
+        if len(lps) != len(tokens) - start:
             raise TeacherError(f"the teacher engine returned {len(lps)} input logprobs for positions {start}.."
-                               f"{len(tokens) - 1} of a {len(tokens)}-token sequence (or scored other ids); "
-                               "expected one per position from logprob_start_len")
+                               f"{len(tokens) - 1} of a {len(tokens)}-token sequence; expected one per position "
+                               "from logprob_start_len")
+        wrong = res.first_misscored(tokens[start:])
+        if wrong is not None:
+            raise TeacherError(f"the teacher engine scored other ids than were sent: at position {start + wrong} of a "
+                               f"{len(tokens)}-token sequence it names {res.input_ids_scored[wrong]}, the request "
+                               f"held {tokens[start + wrong]}")
         out = [0.0] * len(tokens)
         for j, value in enumerate(lps):
             pos = start + j

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -273,6 +273,22 @@ class GenerateResult:
     @property
     def aborted(self) -> bool:
         return self.finish_reason.kind is FinishKind.ABORT
+
+    def first_misscored(self, sent: Sequence[int]) -> int | None:
+        """The first index where the ids the engine says it scored (``input_ids_scored``) are not
+        ``sent`` (the request's ids from ``logprob_start_len`` on), or ``None`` when they agree or the
+        engine named none. SGLang reports every id ``>= vocab_size - 1`` as ``0`` there (it clips
+        image-token hashes so that they detokenize), and a model may sample its last, often unused,
+        vocabulary row: a reported ``0`` therefore matches any id; a shift or another sequence does not."""
+        scored = self.input_ids_scored
+        if not scored:
+            return None
+        if len(scored) != len(sent):
+            return min(len(scored), len(sent))
+        for i, (got, want) in enumerate(zip(scored, sent, strict=True)):
+            if got != want and got != 0:
+                return i
+        return None
 
 
 @dataclass(frozen=True)

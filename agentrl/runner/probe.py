@@ -188,8 +188,11 @@ class LogprobProbe:
             if len(lps) != len(seq) or any(v is None for v in lps[start:]):
                 raise ProbeError(f"probe sequence {i}: the engine returned {len(lps)} input logprobs for "
                                  f"{len(seq)} tokens (expected one per token, from logprob_start_len=0)")
-            if res.input_ids_scored and list(res.input_ids_scored) != seq:
-                raise ProbeError(f"probe sequence {i}: the engine scored other token ids than were sent")
+            wrong = res.first_misscored(seq)
+            if wrong is not None:
+                raise ProbeError(f"probe sequence {i}: the engine scored other token ids than were sent (position "
+                                 f"{wrong}: {res.input_ids_scored[wrong] if wrong < len(res.input_ids_scored) else None}"
+                                 f" for {seq[wrong] if wrong < len(seq) else None})")
             out.append([float(v) for v in lps[start:] if v is not None])
         versions = {r.weight_version for r in results}
         return out, (results[0].weight_version if len(versions) == 1 else ",".join(sorted(map(str, versions))))

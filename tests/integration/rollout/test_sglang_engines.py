@@ -101,7 +101,7 @@ async def test_generate_with_logprobs_and_rescore(client: InferenceClient) -> No
     # equal the logprobs returned with the generation (up to bf16 noise)
     full = PROMPT + list(res.output_ids)
     score = await client.generate(full, SamplingParams(max_new_tokens=0), logprob_start_len=0, routing_key="rescore")
-    assert score.input_ids_scored == tuple(full)
+    assert score.first_misscored(full) is None
     assert score.input_logprobs[0] is None
     rescored = score.input_logprobs[len(PROMPT):]
     assert rescored == pytest.approx(res.output_logprobs, abs=0.05)

@@ -219,8 +219,12 @@ def test_gpu_plans_give_an_engine_all_its_accelerators_and_nothing_to_a_rank_sha
     with apart.create(timeout_s=30) as placed:
         engine, trainer = spawn(Counter, placement=placed.engine(0)), spawn(Counter, placement=placed.trainer(0))
         try:
-            engine_gpus, trainer_gpus = gpu_ids(engine), gpu_ids(trainer)
-            assert len(engine_gpus) == len(trainer_gpus) == 1 and engine_gpus != trainer_gpus
+            # each gets one GPU of its own: another id on the same host, or any id on another host
+            # (Ray numbers a host's GPUs from 0, so both may hold "0" on two hosts)
+            where_engine, where_trainer = (ray.get(a.where.remote()) for a in (engine, trainer))
+            assert len(where_engine["gpu_ids"]) == len(where_trainer["gpu_ids"]) == 1
+            assert ((where_engine["node_id"], where_engine["gpu_ids"][0])
+                    != (where_trainer["node_id"], where_trainer["gpu_ids"][0]))
         finally:
             ray.kill(engine)
             ray.kill(trainer)

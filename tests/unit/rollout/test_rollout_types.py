@@ -151,3 +151,22 @@ def test_errors_survive_pickling() -> None:
     err = PromptTooLongError(400, "too long", "http://x/generate")
     again = pickle.loads(pickle.dumps(err))
     assert isinstance(again, PromptTooLongError) and again.status == 400 and "too long" in str(again)
+
+
+def _scored(ids: tuple[int, ...]) -> object:
+    from agentrl.rollout import FinishReason, GenerateResult
+
+    return GenerateResult(rid="r", output_ids=(), output_logprobs=(), finish_reason=FinishReason.from_meta({"type": "length"}),
+                          weight_version="0", prompt_tokens=4, cached_tokens=0, completion_tokens=0,
+                          input_logprobs=(None,) * len(ids), input_ids_scored=ids)
+
+
+def test_the_scored_ids_check_allows_sglangs_clipped_last_rows_and_finds_a_shift() -> None:
+    sent = [5, 1791, 7, 9]
+    assert _scored((5, 1791, 7, 9)).first_misscored(sent) is None  # type: ignore[attr-defined]
+    # SGLang reports an id >= vocab_size - 1 (here the last row, 1791) as 0
+    assert _scored((5, 0, 7, 9)).first_misscored(sent) is None  # type: ignore[attr-defined]
+    assert _scored(()).first_misscored(sent) is None  # type: ignore[attr-defined]
+    assert _scored((1791, 7, 9, 4)).first_misscored(sent) == 0  # type: ignore[attr-defined]
+    assert _scored((5, 0, 8, 9)).first_misscored(sent) == 2  # type: ignore[attr-defined]
+    assert _scored((5, 1791, 7)).first_misscored(sent) == 3  # type: ignore[attr-defined]

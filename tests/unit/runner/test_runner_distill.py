@@ -106,3 +106,28 @@ async def test_a_rollout_side_teacher_scores_before_hand_over(tmp_path: Path, pr
     line = runner.run_dir.read_metrics()[-1]
     assert 0 < line["distill/teacher_share"] < 1.0          # task_reward=True: both terms
     assert line["teacher/sequences"] == 4 and line["teacher/score_s"] > 0
+
+
+class _AnsweringEngine:
+    """An engine stand-in whose scoring answer names the given ids (what SGLang says it scored)."""
+
+    def __init__(self, scored: Sequence[int]) -> None:
+        self.scored = tuple(scored)
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, *,
+                       logprob_start_len: int | None = None) -> GenerateResult:
+        start = logprob_start_len or 0
+        return GenerateResult(rid="r", output_ids=(), output_logprobs=(), finish_reason=FinishReason.from_meta({"type": "length"}),
+                              weight_version="0", prompt_tokens=len(input_ids), cached_tokens=0, completion_tokens=0,
+                              input_logprobs=(None, *[-1.0] * (len(input_ids) - start - 1)), input_ids_scored=self.scored)
+
+
+async def test_an_engine_teacher_accepts_sglangs_clipped_last_row_and_refuses_other_ids() -> None:
+    from agentrl.rollout.teacher import TeacherError
+
+    tokens, first = [3, 4, 5, 1791, 6], 3  # the model sampled the last vocabulary row, 1791
+    # SGLang names ids >= vocab_size - 1 as 0 in its answer
+    scores = await EngineTeacher([_AnsweringEngine([5, 0, 6])]).score([tokens], [first])
+    assert scores == [[0.0, 0.0, 0.0, -1.0, -1.0]]
+    with pytest.raises(TeacherError, match=r"at position 4 of a 5-token sequence it names 7, the request held 6"):
+        await EngineTeacher([_AnsweringEngine([5, 0, 7])]).score([tokens], [first])
