@@ -35,3 +35,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: group_of[item.nodeid.split("::", 1)[0]] not in slow)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group_of[item.nodeid.split("::", 1)[0]]))
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Stops a run whose groups did not take (on the controller, once a worker has collected): xdist would
+    spread a module's tests over both workers, and every module-scoped engine, Megatron launch and Ray
+    cluster would start on each (the suite ran ~1.3x longer, silently, under pytest 9.2)."""
+    if node.config.getvalue("dist") != "loadgroup" or not ids or any("@" in i for i in ids):
+        return
+    import xdist
+
+    pytest.exit(f"pytest-xdist {xdist.__version__} did not put the tests in their --dist loadgroup groups under pytest "
+                f"{pytest.__version__} (no '@group' suffix on any node id, e.g. {ids[0]}); expected the versions "
+                "pyproject.toml's dev extras pin (pytest < 9.2). `make test WORKERS=0` runs in one process", returncode=4)
