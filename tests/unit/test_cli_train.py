@@ -244,7 +244,7 @@ def test_the_demo_config_dry_runs_on_what_its_prepare_script_writes(tmp_path: Pa
     assert json.loads((tmp_path / "models" / "demo-tiny" / "config.json").read_text())["num_hidden_layers"] == 4
     result = invoke([str(ROOT / "examples" / "demo_cpu.toml"), "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "warm-up       600 supervised steps x 32 of 64 conversations (data/demo/warmup.jsonl)" in result.stdout
+    assert "warm-up       1000 supervised steps x 32 of 64 conversations (data/demo/warmup.jsonl)" in result.stdout
     assert "held-out token accuracy >= 0.97 (data/demo/warmup_check.jsonl)" in result.stdout
     assert "per step      8 prompts x 8 samples = 64 episodes" in result.stdout
     held = [json.loads(line)["question"] for line in (tmp_path / "data/demo/held_out.jsonl").read_text().splitlines()]
