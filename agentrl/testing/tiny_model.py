@@ -102,7 +102,7 @@ def _build(kind: str, defaults: dict[str, Any], version: str, path: str | os.Pat
     name = "qwen3-tiny" if kind == "qwen3" else "qwen3-moe-tiny"
     folder = Path(path) if path is not None else cache_root() / "models" / f"{name}-{key}"
     return build_folder(folder, ("model.safetensors", "tokenizer.json"),
-                        lambda tmp: _write_model(tmp, build_tokenizer(), seed, kind, config))
+                        lambda tmp: _write_model(tmp, build_tokenizer(), seed, kind, config), key=f"{name}-{key}")
 
 
 def _write_model(out: Path, tokenizer: object, seed: int, kind: str, shape: dict[str, Any]) -> None:

@@ -50,3 +50,26 @@ def test_a_failed_build_leaves_nothing_that_looks_complete(tmp_path: Path) -> No
     assert build_folder(folder, ("done.json",), write_ok) == folder
     assert len(calls) == 1 and (folder / "part.bin").read_text() == "whole"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_named_model_folder_holding_another_seed_is_rebuilt(tmp_path: Path) -> None:
+    """`demo_prepare.py --seed 1` into the folder an earlier seed-0 run filled gets seed 1's weights
+    (it used to keep seed 0's and say seed 1)."""
+    from safetensors.torch import load_file
+
+    from agentrl.testing import build_tiny_model
+
+    def weights(folder: Path) -> dict[str, object]:
+        return load_file(folder / "model.safetensors")
+
+    named = tmp_path / "demo-tiny"
+    seed0 = weights(build_tiny_model(named, seed=0))
+    (named / "notes.txt").write_text("the caller's own file")
+    seed1 = weights(build_tiny_model(named, seed=1))
+    fresh1 = weights(build_tiny_model(tmp_path / "fresh", seed=1))
+    assert any(not seed0[k].equal(seed1[k]) for k in seed0)  # type: ignore[attr-defined]
+    assert all(seed1[k].equal(fresh1[k]) for k in seed1)  # type: ignore[attr-defined]
+    assert (named / "notes.txt").read_text() == "the caller's own file"
+    stamp = (named / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_model(named, seed=1) == named and (named / "model.safetensors").stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo-tiny", "fresh"]  # no .tmp<pid> folder left
