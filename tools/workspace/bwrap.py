@@ -135,6 +135,8 @@ class _Holder:
     async def _send(self, op: str, payload: bytes | None, arguments: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         body = json.dumps({"op": op, **arguments, **({"payload": len(payload)} if payload is not None else {})})
+        if self.proc.stdin.is_closing():
+            raise WorkspaceError(f"the workspace holder (pid {self.pid}) is gone")
         try:
             self.proc.stdin.write(struct.pack(">I", len(body)) + body.encode())
             view = memoryview(payload or b"")
@@ -142,7 +144,9 @@ class _Holder:
                 self.proc.stdin.write(view[i:i + STREAM_CHUNK])
                 await self.proc.stdin.drain()
             await self.proc.stdin.drain()
-        except (ConnectionError, BrokenPipeError) as exc:
+        except (ConnectionError, BrokenPipeError, RuntimeError) as exc:
+            # uvloop (a Ray actor's loop: a fleet executor's) raises RuntimeError("unable to perform
+            # operation on <WriteUnixTransport closed=True ...>") where asyncio's own loop raises one of the others
             raise WorkspaceError(f"the workspace holder (pid {self.pid}) is gone") from exc
 
     async def request(self, op: str, *, payload: bytes | None = None, **arguments: Any) -> dict[str, Any]:

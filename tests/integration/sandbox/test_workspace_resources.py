@@ -7,8 +7,9 @@ public workspace API and the model's tools:
   ``/tmp``, and the workspace goes on working;
 - a sparse file costs what it holds: hashing and snapshotting a workspace with a 1 GiB sparse file
   read only its allocated blocks (the snapshot is no larger than the workspace's cap, restores the
-  file, and the trainer's process tree does not grow by the file's apparent size); a member's check
-  is not done by the process its group shares;
+  file, and the tree of the process running the workspace API, the trainer's or a fleet executor's,
+  does not grow by the file's apparent size); a member's check is not done by the process its group
+  shares;
 - memory a killed kernel left behind stays charged to its member (a restart is no fresh budget);
 - a workspace whose container or holder died answers every call with a typed failure;
 - a full workspace (``/work``, ``/tmp``, ``/dev/shm``) still runs commands, cells and the grader,
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psutil
@@ -64,21 +65,38 @@ async def wss(backend: tuple[str, dict[str, Any]]) -> AsyncIterator[Workspaces]:
 
 
 @pytest.fixture(scope="module")
+def workspace_processes() -> int:
+    """The process whose tree runs the workspaces' API (digests, snapshots, holders): this one."""
+    return os.getpid()
+
+
+HolderOf = Callable[[Workspace], Awaitable[int]]
+
+
+@pytest.fixture(scope="module")
+def holder_of() -> HolderOf:
+    """The pid of a bwrap workspace's holder (the process its group shares)."""
+    async def pid(ws: Workspace) -> int:
+        return int(ws.group.holder.pid)  # type: ignore[attr-defined]
+    return pid
+
+
+@pytest.fixture(scope="module")
 def spec(backend: tuple[str, dict[str, Any]]) -> WorkspaceSpec:
     return WorkspaceSpec(backend=backend[0], size_mb=SIZE_MB, limits=LIMITS, kernel_memory_mb=192, cell_timeout_s=20.0)
 
 
 class PeakRSS:
-    """The largest resident memory of this process and all its descendants, sampled every 20 ms."""
+    """The largest resident memory of process ``pid`` and all its descendants, sampled every 20 ms."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
         self.peak = self.base = self.sample()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def sample() -> int:
-        me = psutil.Process()
+    def sample(self) -> int:
+        me = psutil.Process(self.pid)
         total = 0
         for p in [me, *me.children(recursive=True)]:
             try:
@@ -151,12 +169,13 @@ os.stat("sparse").st_blocks * 512 < (1 << 20)
 """
 
 
-async def test_a_sparse_file_costs_what_it_holds(wss: Workspaces, spec: WorkspaceSpec) -> None:
+async def test_a_sparse_file_costs_what_it_holds(wss: Workspaces, spec: WorkspaceSpec,
+                                                 workspace_processes: int) -> None:
     ws = await wss.create(spec)
     try:
         made = await ws.python(SPARSE)  # (the kernel has no file-size limit; commands have max_file_mb)
         assert made.stdout == "True\n", made  # a few allocated KiB
-        with PeakRSS() as rss:
+        with PeakRSS(workspace_processes) as rss:
             before = await ws.digest()
             snapshot = await ws.snapshot()
         assert rss.grown_mb < 64 + 2 * SIZE_MB, rss.grown_mb
@@ -176,7 +195,7 @@ async def test_a_sparse_file_costs_what_it_holds(wss: Workspaces, spec: Workspac
 
 
 async def test_a_members_check_is_not_the_groups(wss: Workspaces, spec: WorkspaceSpec,
-                                                 backend: tuple[str, Any]) -> None:
+                                                 backend: tuple[str, Any], holder_of: HolderOf) -> None:
     """The per-step hash of one member's 4 GiB of holes is neither done by the process its group shares
     (the bwrap holder) nor as long as the holes: the sibling's calls are not queued behind it."""
     a, b = await wss.create(spec), await wss.create(spec)
@@ -185,7 +204,7 @@ async def test_a_members_check_is_not_the_groups(wss: Workspaces, spec: Workspac
                               "    f.write(b'x')\nimport os\nos.path.getsize('holes')")
         assert made.stdout == f"{(4 << 30) + 1}\n", made
         assert (await b.run("echo b > b.txt")).ok
-        holder = psutil.Process(a.group.holder.pid) if backend[0] == "bwrap" else None  # type: ignore[attr-defined]
+        holder = psutil.Process(await holder_of(a)) if backend[0] == "bwrap" else None
         spent = sum(holder.cpu_times()[:2]) if holder is not None else 0.0
         digests = await asyncio.gather(a.digest(), b.digest(), b.run("cat b.txt"))
         assert digests[2].stdout == "b\n"
@@ -217,18 +236,18 @@ async def test_memory_a_killed_kernel_left_stays_with_its_member(wss: Workspaces
 
 # --------------------------------------------------------------------------- a dead workspace, a full one
 
-async def kill_workspace(ws: Workspace, backend: str) -> None:
+async def kill_workspace(ws: Workspace, backend: str, holder_of: HolderOf) -> None:
     """What a memory death does to a workspace: its container (Docker) or holder (bwrap) is gone."""
     if backend == "docker":
         container = ws.container  # type: ignore[attr-defined]
         await asyncio.to_thread(container.kill)
     else:
-        os.kill(ws.group.holder.pid, 9)  # type: ignore[attr-defined]
+        os.kill(await holder_of(ws), 9)
         await asyncio.sleep(0.2)
 
 
 async def test_a_dead_workspace_answers_with_typed_failures(wss: Workspaces, spec: WorkspaceSpec,
-                                                            backend: tuple[str, Any]) -> None:
+                                                            backend: tuple[str, Any], holder_of: HolderOf) -> None:
     session = WorkspaceSession(spec, workspaces=wss)
     tools = workspace_tools(session)
     bash, python, read, write, edit, listing = tools
@@ -236,7 +255,7 @@ async def test_a_dead_workspace_answers_with_typed_failures(wss: Workspaces, spe
         assert (await bash(command="echo alive")).content == "alive\n"
         assert (await python(code="1")).content == "1\n"
         assert session.workspace is not None
-        await kill_workspace(session.workspace, backend[0])
+        await kill_workspace(session.workspace, backend[0], holder_of)
         calls: list[tuple[Callable[..., Any], dict[str, Any]]] = [
             (bash, {"command": "echo hi"}), (python, {"code": "2"}), (read, {"path": "x"}),
             (write, {"path": "x", "content": "y"}), (edit, {"path": "x", "old_text": "a", "new_text": "b"}),
