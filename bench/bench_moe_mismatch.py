@@ -2,12 +2,17 @@
 model in the same setting: a bfloat16 CPU SGLang engine samples, a float32 torch trainer scores.
 
 The precisions differ, so the trainer's routers sometimes pick other experts than the engine's did
-(near ties flip). The setting where that happens often: a 4-layer Qwen3-MoE (hidden 128, 8 experts of
-width 64, top-2) whose routers keep transformers' own initialisation (std 0.02: router logits of std
-~0.2, so the top-2 of many tokens is a near tie; the tiny test model's routers, at std 0.1, flip on
-~0.5% of positions only). For each model, ``--prompts`` random prompts of 48 tokens each get
-``--tokens`` sampled tokens (T = 1) from the engine, with their logprobs and (MoE) the routing of
-every position; the trainer (``TorchTrainBackend``, float32, the same folder) then scores the same
+(near ties flip). The setting: a 4-layer Qwen3-MoE (hidden 128, 8 experts of width 64, top-2) whose
+routers keep transformers' own initialisation (std 0.02: router logits of std ~0.2, so the top-2 of
+many tokens is a near tie; the tiny test model's routers, at std 0.1, flip on ~0.5% of positions only)
+and whose experts are drawn at std ``--expert-std`` 0.04. At transformers' std 0.02 for the experts too,
+a layer's MoE output is ~3% of the residual stream (RMS 0.003 against the embeddings' 0.1): a flipped
+expert then hardly moves a logprob (flipped tokens 0.024 against 0.005 for the rest), so the mean
+mismatch is the bfloat16 noise every token carries and replay cannot remove it (measured: replay on /
+off 0.93). At 0.04 an MoE layer writes ~25% of the residual, as the experts of a trained model carry its
+computation, and a flip matters (0.20 against 0.0065). ``--prompts`` (256) random prompts of 48 tokens
+each get ``--tokens`` sampled tokens (T = 1) from the engine, with their logprobs and (MoE) the routing
+of every position; the trainer (``TorchTrainBackend``, float32, the same folder) then scores the same
 sequences:
 
 - **MoE, replay off**: the trainer routes; reported: the share of positions whose trainer experts
@@ -27,8 +32,11 @@ continuations scored, no sampling; no engine boot): the same comparison with the
 kernels on both sides. ``--experts``/``--top-k`` change the MoE's shape (more experts, more near ties).
 
 Targets (the issue's acceptance): replay-on mismatch <= the dense model's, and <= half of replay-off.
+Both ratios come with a 95% bootstrap interval over sequences (the MoE and the dense model sample
+different tokens, so on / dense carries sampling noise of a few percent at 256 prompts).
 
-    .venv/bin/python bench/bench_moe_mismatch.py          # --prompts 32 --tokens 48 (two engine boots)
+    .venv/bin/python bench/bench_moe_mismatch.py          # --prompts 256 --tokens 48 (two engine boots, ~2 min)
+    .venv/bin/python bench/bench_moe_mismatch.py --layers 8           # more layers: more flips
     .venv/bin/python bench/bench_moe_mismatch.py --engine transformers --experts 128 --top-k 8
 """
 
@@ -64,10 +72,12 @@ MOE_SHAPE = {"hidden_size": 128, "moe_intermediate_size": 64, "num_experts": 8, 
              "norm_topk_prob": True, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 32, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
 ROUTER_STD = 0.02  # transformers' initializer_range
+EXPERT_STD = 0.04  # an MoE layer's output ~25% of the residual stream (at 0.02: ~3%)
 
 
-def build_models(root: Path) -> tuple[str, str]:
-    """The MoE (routers at ``ROUTER_STD``) and its dense twin, saved in bfloat16 with the test tokenizer."""
+def build_models(root: Path, *, router_std: float = ROUTER_STD, expert_std: float = EXPERT_STD) -> tuple[str, str]:
+    """The MoE (routers at ``router_std``, experts at ``expert_std``) and its dense twin, saved in
+    bfloat16 with the test tokenizer."""
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tokenizer = build_tokenizer()
@@ -80,7 +90,9 @@ def build_models(root: Path) -> tuple[str, str]:
         moe.get_input_embeddings().weight.normal_(0.0, 0.1)
         moe.get_output_embeddings().weight.normal_(0.0, 0.1)
         for layer in moe.model.layers:
-            layer.mlp.gate.weight.normal_(0.0, ROUTER_STD)
+            layer.mlp.gate.weight.normal_(0.0, router_std)
+            layer.mlp.experts.gate_up_proj.normal_(0.0, expert_std)
+            layer.mlp.experts.down_proj.normal_(0.0, expert_std)
     dense_shape = {k: v for k, v in MOE_SHAPE.items() if k not in ("moe_intermediate_size", "num_experts",
                                                                     "num_experts_per_tok", "norm_topk_prob")}
     width, k = MOE_SHAPE["moe_intermediate_size"], MOE_SHAPE["num_experts_per_tok"]
@@ -166,6 +178,26 @@ def transformers_samples(folder: str, routing: RoutingShape | None, prompts: lis
     return out
 
 
+SEQUENCE_SUMS: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+"""Per (folder, replay): each sequence's sum of |engine - trainer| and its token count, for the interval."""
+
+
+def ratio_interval(num: tuple[np.ndarray, np.ndarray], den: tuple[np.ndarray, np.ndarray], *, paired: bool,
+                   draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of mean(num) / mean(den) over sequences (tokens of one sequence are not
+    independent: a flip at one position moves the ones after it). ``paired``: the same sequences on
+    both sides (replay on and off score one batch), resampled together."""
+    rng = np.random.default_rng(0)
+    n, m = len(num[0]), len(den[0])
+    ratios = []
+    for _ in range(draws):
+        i = rng.integers(0, n, n)
+        j = i if paired else rng.integers(0, m, m)
+        ratios.append((num[0][i].sum() / num[1][i].sum()) / (den[0][j].sum() / den[1][j].sum()))
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return round(float(low), 4), round(float(high), 4)
+
+
 def mismatch(folder: str, batch: TrainingBatch, prompt_len: int, replay: str) -> dict[str, float]:
     """Mean and max |engine - trainer| logprob of the sampled tokens; for the MoE also the routing
     figures and the same mean over the tokens predicted at a position whose trainer routing (its own
@@ -173,10 +205,12 @@ def mismatch(folder: str, batch: TrainingBatch, prompt_len: int, replay: str) ->
     backend = TorchTrainBackend.from_pretrained(folder, TorchBackendConfig(
         device="cpu", dtype="float32", loss=LossConfig(routing_replay=RoutingReplay(replay))))
     scored = backend.compute_logprobs(batch)
-    diffs = np.array([abs(e - t) for seq, lps in zip(batch.sequences, scored, strict=True)
-                      for e, t in zip(seq.rollout_logprobs[prompt_len:], lps[prompt_len:], strict=True)])
+    per_seq = [np.abs(np.array(seq.rollout_logprobs[prompt_len:]) - np.array(lps[prompt_len:]))
+               for seq, lps in zip(batch.sequences, scored, strict=True)]
+    diffs = np.concatenate(per_seq)
     out = {"mean_abs_dlogprob": float(np.mean(diffs)), "max_abs_dlogprob": float(np.max(diffs)),
            "tokens": float(len(diffs))}
+    SEQUENCE_SUMS[(folder, replay)] = np.array([d.sum() for d in per_seq]), np.array([len(d) for d in per_seq])
     if backend.routing is not None:
         # token t is predicted at position t - 1: split by whether the router there disagrees
         flipped = np.concatenate([counts[prompt_len - 1:-1] > 0 for counts in backend.routing_differences(batch)])
@@ -192,20 +226,25 @@ def mismatch(folder: str, batch: TrainingBatch, prompt_len: int, replay: str) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--log-dir", default="/tmp/agentrl-logs")
     parser.add_argument("--engine", choices=("sglang", "transformers"), default="sglang",
                         help="what samples in bfloat16: the CPU SGLang engine, or a transformers forward")
     parser.add_argument("--experts", type=int, default=MOE_SHAPE["num_experts"])
     parser.add_argument("--top-k", type=int, default=MOE_SHAPE["num_experts_per_tok"])
+    parser.add_argument("--layers", type=int, default=MOE_SHAPE["num_hidden_layers"])
+    parser.add_argument("--router-std", type=float, default=ROUTER_STD)
+    parser.add_argument("--expert-std", type=float, default=EXPERT_STD,
+                        help="std of the experts' weights (transformers' initialisation: 0.02)")
     args = parser.parse_args()
-    MOE_SHAPE.update(num_experts=args.experts, num_experts_per_tok=args.top_k)
+    MOE_SHAPE.update(num_experts=args.experts, num_experts_per_tok=args.top_k, num_hidden_layers=args.layers)
     torch.set_num_threads(1)
     rng = random.Random(0)
     prompt_len = 48
     prompts = [[rng.randrange(3, 1700) for _ in range(prompt_len)] for _ in range(args.prompts)]
-    moe, dense = build_models(Path(tempfile.mkdtemp(prefix="bench-moe-mismatch-")))
+    moe, dense = build_models(Path(tempfile.mkdtemp(prefix="bench-moe-mismatch-")), router_std=args.router_std,
+                              expert_std=args.expert_std)
     started = time.perf_counter()
     shape = RoutingShape(layers=MOE_SHAPE["num_hidden_layers"], top_k=MOE_SHAPE["num_experts_per_tok"],
                          experts=MOE_SHAPE["num_experts"])
@@ -223,13 +262,20 @@ def main() -> None:
         print(f"  {name:15s} " + ", ".join(f"{k} {v:.4g}" for k, v in r.items()))
     off, on, base = (results[k]["mean_abs_dlogprob"] for k in ("moe_replay_off", "moe_replay_on", "dense"))
     ratios = {"on_over_off": round(on / off, 4), "on_over_dense": round(on / base, 4)}
+    sums = {name: SEQUENCE_SUMS[key] for name, key in (("off", (moe, "off")), ("on", (moe, "rollout")),
+                                                        ("dense", (dense, "off")))}
+    intervals = {"on_over_off": ratio_interval(sums["on"], sums["off"], paired=True),
+                 "on_over_dense": ratio_interval(sums["on"], sums["dense"], paired=False)}
     flipped_off, flipped_on = (results[k]["mean_abs_dlogprob_flipped"] for k in ("moe_replay_off", "moe_replay_on"))
     if flipped_off > 0:  # not a target of its own: replay's effect where routing differs
         ratios["flipped_on_over_off"] = round(flipped_on / flipped_off, 4)
     print(f"  replay on / off {ratios['on_over_off']:.3f} (target <= 0.5); on / dense {ratios['on_over_dense']:.3f} "
-          f"(target <= 1); {time.perf_counter() - started:.0f} s")
+          f"(target <= 1); 95% intervals over sequences: on / off {intervals['on_over_off']}, on / dense "
+          f"{intervals['on_over_dense']}; {time.perf_counter() - started:.0f} s")
     figures: dict[str, Any] = {f"{name}/{k}": round(v, 6) for name, r in results.items() for k, v in r.items()}
-    figures.update(engine=args.engine, experts=args.experts, top_k=args.top_k)
+    figures.update(engine=args.engine, experts=args.experts, top_k=args.top_k, layers=args.layers,
+                   router_std=args.router_std, expert_std=args.expert_std, prompts=args.prompts,
+                   interval95_on_over_off=intervals["on_over_off"], interval95_on_over_dense=intervals["on_over_dense"])
     print("RESULT " + json.dumps({
         "figures": figures, "baseline": {"dense_mean_abs_dlogprob": round(base, 6)}, "ratios": ratios,
         "targets": {"on_over_off": 0.5, "on_over_dense": 1.0},
