@@ -31,7 +31,6 @@ import inspect
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -306,23 +305,29 @@ class _RankWorker:
         os.environ.update(env or {})
         self.obj: Any = None
         self.rank = -1
+        self.store: Any = None
 
     def rendezvous(self) -> dict[str, Any]:
-        """This node's IP, a port free on it (rank 0 hosts the rendezvous), the node id, and the
-        accelerators this rank uses: the ids Ray gave it, else the visible devices set for it."""
+        """This node's IP, the node id, and the accelerators this rank uses: the ids Ray gave it, else
+        the visible devices set for it."""
         import ray
 
         from agentrl.runner.devices import VISIBLE_DEVICES_ENV
 
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
         context = ray.get_runtime_context()
         ids = context.get_accelerator_ids()
         assigned = {kind: [str(d) for d in ids.get(resource, [])] for kind, resource in (("gpu", "GPU"), ("npu", "NPU"))}
         visible = {kind: os.environ.get(var) for kind, var in VISIBLE_DEVICES_ENV.items()}
-        return {"ip": ray.util.get_node_ip_address(), "port": port, "node": str(context.get_node_id()),
+        return {"ip": ray.util.get_node_ip_address(), "node": str(context.get_node_id()),
                 "assigned": assigned, "visible": visible}
+
+    def host_store(self, world_size: int, timeout_s: float) -> int:
+        """Rank 0: starts the group's TCP store on a port the OS picks as it binds, and returns the port.
+        (A port found free and bound later can be taken in between by another process: EADDRINUSE.)"""
+        from agentrl.train.device import host_tcp_store
+
+        self.store = host_tcp_store(world_size, timeout_s)
+        return int(self.store.port)
 
     def setup(self, rank: int, world_size: int, master: tuple[str, int], device: str,
               timeout_s: float) -> dict[str, Any]:
@@ -334,9 +339,12 @@ class _RankWorker:
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
                            "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
         t0 = time.perf_counter()
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                init_method=f"tcp://{master[0]}:{master[1]}",
-                                timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        from torch._C._distributed_c10d import TCPStore
+
+        store = self.store if rank == 0 else TCPStore(master[0], master[1], world_size, is_master=False,
+                                                      timeout=timeout)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store, timeout=timeout)
         self.rank = rank
         return {"rank": rank, "backend": backend, "pid": os.getpid(), "init_s": time.perf_counter() - t0}
 
@@ -452,9 +460,9 @@ class TrainGroup:
             t0 = time.perf_counter()
             where = _gather([a.rendezvous.remote() for a in actors], "rendezvous", timeout_s)
             t1 = time.perf_counter()
-            ip, port = where[0]["ip"], where[0]["port"]
+            port = _gather([actors[0].host_store.remote(world_size, timeout_s)], "rendezvous store", timeout_s)[0]
             # One host: loopback, which every rank can reach whatever the host's interfaces are.
-            master = ("127.0.0.1" if len({w["ip"] for w in where}) == 1 else ip, port)
+            master = ("127.0.0.1" if len({w["ip"] for w in where}) == 1 else where[0]["ip"], port)
             setups = [a.setup.remote(r, world_size, master, device, timeout_s) for r, a in enumerate(actors)]
             ranks = _gather(setups, "torch.distributed setup", timeout_s + 30)
             t2 = time.perf_counter()

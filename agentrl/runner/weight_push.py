@@ -28,12 +28,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentrl.rollout.engine import EngineError, SGLangEngine
+from agentrl.train.device import host_tcp_store
 from agentrl.train.weight_stream import Bucket, WeightBuckets
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore
 
 __all__ = ["PUSH_METHODS", "PushReport", "PushTarget", "WeightPusher", "push_adapter"]
 
@@ -116,12 +120,6 @@ def _this_node() -> str | None:
         return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else None
     except Exception:  # not in a Ray process
         return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 class WeightPusher:
@@ -246,13 +244,15 @@ class WeightPusher:
     async def _join(self, target: PushTarget, report: PushReport) -> None:
         here = _this_node()
         address = "127.0.0.1" if target.node is None or target.node == here else _node_ip()
-        port = _free_port()
         backend = "gloo" if self.device.type == "cpu" else ("hccl" if self.device.type == "npu" else "nccl")
         engine = SGLangEngine(target.url, None, None)
         world = 1 + target.tp_size
-        init = asyncio.ensure_future(engine.init_weights_update_group(address, port, 1, world, target.group, backend))
+        # this side hosts the group's store, bound before the engine is told its port
+        store = host_tcp_store(world, GROUP_TIMEOUT_S)
+        init = asyncio.ensure_future(engine.init_weights_update_group(address, store.port, 1, world, target.group,
+                                                                      backend))
         try:
-            group = await asyncio.to_thread(join_group, backend, address, port, world, target.group)
+            group = await asyncio.to_thread(join_group, backend, store, world, target.group)
             await init
         except Exception as err:  # the engine refused, or the rendezvous timed out
             init.cancel()
@@ -279,10 +279,11 @@ def _node_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def join_group(backend: str, address: str, port: int, world_size: int, name: str) -> torch.distributed.ProcessGroup:
-    """This process as rank 0 of ``name``, built as SGLang's ``init_custom_process_group`` builds the
-    engine's side (a TCP rendezvous, a ``PrefixStore`` named after the group, no default group needed)."""
-    from torch.distributed import rendezvous  # type: ignore[attr-defined]  # public, not in its stubs
+def join_group(backend: str, store: TCPStore, world_size: int,
+               name: str) -> torch.distributed.ProcessGroup:
+    """This process as rank 0 of ``name`` on the master ``store`` it hosts (:func:`host_tcp_store`),
+    built as SGLang's ``init_custom_process_group`` builds the engine's side (a ``PrefixStore`` named
+    after the group, no default group needed)."""
     from torch.distributed.distributed_c10d import (
         Backend,
         GroupName,
@@ -292,12 +293,10 @@ def join_group(backend: str, address: str, port: int, world_size: int, name: str
     )
 
     timeout = timedelta(seconds=GROUP_TIMEOUT_S)
-    store, rank, world = next(rendezvous(f"tcp://{address}:{port}", 0, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    store = PrefixStore(name, store)
-    group, _ = _new_process_group_helper(world, rank, [], Backend(backend), store, group_name=GroupName(name),
-                                         timeout=timeout)
-    _world.pg_group_ranks[group] = {i: i for i in range(world)}
+    group, _ = _new_process_group_helper(world_size, 0, [], Backend(backend), PrefixStore(name, store),
+                                         group_name=GroupName(name), timeout=timeout)
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     made: torch.distributed.ProcessGroup = group
     return made
 

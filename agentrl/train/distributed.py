@@ -7,7 +7,8 @@ micro-batches, or none at all, correct and hang-free: every rank runs the same c
 
 Example::
 
-    init_process_group(rank, world_size, port, device)    # tests and scripts; Ray sets up its own
+    store = host_tcp_store(world_size, timeout_s=120)       # the launcher, before it starts the ranks
+    init_process_group(rank, world_size, store.port, device, hosted=True)   # each rank; Ray sets up its own
     info = DistInfo.current()
 """
 
@@ -43,15 +44,28 @@ class DistInfo:
 
 
 def init_process_group(
-    rank: int, world_size: int, port: int, device: torch.device, *, timeout_s: float = 120.0
+    rank: int, world_size: int, port: int, device: torch.device, *, timeout_s: float = 120.0, hosted: bool = False
 ) -> None:
-    """Join a process group rendezvousing on ``127.0.0.1:port`` with the device's backend."""
+    """Join a process group rendezvousing on ``127.0.0.1:port`` with the device's backend.
+
+    ``hosted``: the launcher holds the group's store on ``port`` (:func:`agentrl.train.device.host_tcp_store`,
+    bound before the ranks start), and every rank joins it as a client. Without it rank 0 binds ``port``
+    itself when it gets here; a port the launcher found free seconds earlier may by then be taken by
+    another process (an outgoing connection's ephemeral port, another server), and the group fails with
+    EADDRINUSE.
+    """
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(
-        backend=distributed_backend(device), rank=rank, world_size=world_size,
-        init_method=f"tcp://127.0.0.1:{port}", timeout=timedelta(seconds=timeout_s),
-    )
+    timeout = timedelta(seconds=timeout_s)
+    backend = distributed_backend(device)
+    if hosted:
+        from torch._C._distributed_c10d import TCPStore
+
+        store = TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store, timeout=timeout)
+        return
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+                            init_method=f"tcp://127.0.0.1:{port}", timeout=timeout)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

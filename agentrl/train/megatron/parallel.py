@@ -8,7 +8,6 @@ seeds Megatron's RNG tracker.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,20 +70,17 @@ class ParallelLayout:
         )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def setup_model_parallel(config: MegatronBackendConfig, device: torch.device) -> ParallelLayout:
     """Create (or check) Megatron's groups for ``config``'s TP and PP sizes; seed its RNG tracker."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
     if not dist.is_initialized():
+        from torch._C._distributed_c10d import HashStore
+
+        # one process: an in-memory store (no port to pick, so none another process can take first)
         dist.init_process_group(backend=distributed_backend(device), rank=0, world_size=1,
-                                init_method=f"tcp://127.0.0.1:{_free_port()}")
+                                store=HashStore())
     world = dist.get_world_size()
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     if world % (tp * pp):

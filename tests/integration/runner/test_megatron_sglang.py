@@ -16,7 +16,6 @@ import asyncio
 import importlib.util
 import random
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.runner.probe import LogprobProbe, logprob_mismatch, probe_sequences
 from agentrl.runner.weights import DiskWeightSync, WeightSyncConfig
 from agentrl.testing import build_tiny_model
+from agentrl.train.device import host_tcp_store
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900),
@@ -65,7 +65,7 @@ def _worker(rank: int, port: int, model: str, out_dir: str, probes: list[list[in
     from agentrl.runner.trainer import TrainService
     from agentrl.train import init_process_group
 
-    init_process_group(rank, 2, port, torch.device("cpu"), timeout_s=120)
+    init_process_group(rank, 2, port, torch.device("cpu"), timeout_s=120, hosted=True)
     try:
         config = RunConfig.from_dict({
             # the engine serves float32; the run exports in model.dtype (bfloat16 by default)
@@ -84,14 +84,10 @@ def _worker(rank: int, port: int, model: str, out_dir: str, probes: list[list[in
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _train(model: Path, out: Path, probes: list[list[int]], timeout_s: float = 300) -> dict[str, Any]:
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(model), str(out), probes), nprocs=2, join=False,
+    store = host_tcp_store(2, timeout_s=300)  # bound before the ranks start: no port race
+    ctx = mp.start_processes(_worker, args=(store.port, str(model), str(out), probes), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=2):

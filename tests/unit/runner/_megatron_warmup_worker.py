@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ def main(root: Path) -> None:
     from agentrl.sft import arithmetic_conversations
     from agentrl.testing.runner import fake_run_config
     from agentrl.train import init_process_group
+    from agentrl.train.device import host_tcp_store
 
     root.mkdir(parents=True, exist_ok=True)
     data = root / "sft.jsonl"
@@ -33,11 +33,9 @@ def main(root: Path) -> None:
     base["train"]["backend"] = "megatron"  # on a CPU machine: device cpu (cluster.accelerator)
     base["warmup"] = {"data": str(data), "steps": 3, "batch_size": 4, "log_every": 1}
     config = RunConfig.from_dict(base)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    store = host_tcp_store(1, timeout_s=120)  # held here: no port to find free and lose
     torch.set_num_threads(1)
-    init_process_group(0, 1, port, torch.device("cpu"), timeout_s=120)
+    init_process_group(0, 1, store.port, torch.device("cpu"), timeout_s=120, hosted=True)
     try:
         service = TrainService.from_config(config, threads=1)
         run = root / "run"

@@ -9,7 +9,6 @@ backend references itself (it has no process group, so the torch backend is sing
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.testing import TINY_MODEL_CONFIG
 from agentrl.train import LossConfig, OptimizerConfig, PackingConfig, TrainingBatch, build_training_batch
+from agentrl.train.device import host_tcp_store
 from agentrl.trajectory import Status, Trajectory
 
 LOSS = LossConfig(old_logprobs="recompute", eps_clip_high=0.28, entropy_coef=0.01)
@@ -196,7 +196,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, plan: list[tupl
     from agentrl.train import init_process_group
 
     torch.set_num_threads(1)
-    init_process_group(rank, world_size, port, torch.device("cpu"), timeout_s=120)
+    init_process_group(rank, world_size, port, torch.device("cpu"), timeout_s=120, hosted=True)
     try:
         results: dict[str, Any] = {}
         timings: dict[str, float] = {}
@@ -210,17 +210,13 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, plan: list[tupl
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def launch_plan(world_size: int, plan: list[tuple[str, dict[str, Any]]], out_dir: Path, *, timeout_s: float,
                 scenario: Scenario) -> dict[str, Any]:
     """Run each ``(key, kwargs)`` of ``plan`` through ``scenario(out_dir, key, kwargs)`` on ``world_size``
     spawned gloo processes (the CPU shim installed); kill them and raise after ``timeout_s``."""
-    ctx = mp.start_processes(_worker, args=(world_size, _free_port(), str(out_dir), plan, scenario),
+    store = host_tcp_store(world_size, timeout_s=300)  # bound before the ranks start: no port race
+    ctx = mp.start_processes(_worker, args=(world_size, store.port, str(out_dir), plan, scenario),
                              nprocs=world_size, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=2):

@@ -5,7 +5,6 @@ routing figures summed over the ranks."""
 from __future__ import annotations
 
 import copy
-import socket
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from agentrl.train import (
     TorchTrainBackend,
     build_training_batch,
 )
+from agentrl.train.device import host_tcp_store
 from agentrl.trajectory import Status, Trajectory
 
 pytestmark = pytest.mark.slow
@@ -85,7 +85,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from agentrl.train import init_process_group
 
     torch.set_num_threads(1)
-    init_process_group(rank, world_size, port, torch.device("cpu"), timeout_s=60)
+    init_process_group(rank, world_size, port, torch.device("cpu"), timeout_s=60, hosted=True)
     try:
         backend = TorchTrainBackend(moe_model(), config(sharded=True))
         assert backend.sharded
@@ -94,14 +94,10 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_two_sharded_ranks_replaying_equal_one_process(tmp_path: Path) -> None:
-    ctx = mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
+    store = host_tcp_store(2, timeout_s=300)  # bound before the ranks start: no port race
+    ctx = mp.start_processes(_worker, args=(2, store.port, str(tmp_path)), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):

@@ -55,3 +55,24 @@ def test_public_surface_is_pinned() -> None:
     assert {"group_advantages", "kl", "ppo_clip_loss", "gspo_loss", "cispo_loss", "tis_weights", "mis_weights",
             "reduce_loss", "logprobs_from_logits", "entropy_from_logits"} <= set(agentrl.algorithms.__all__)
     assert {"TorchTrainBackend", "build_training_batch", "plan_micro_batches"} <= set(agentrl.train.__all__)
+
+
+def test_a_hosted_store_holds_its_port_from_the_start() -> None:
+    """The group's store binds the port the OS picks as it is created: no window in which another
+    process can take a port found free (the EADDRINUSE a train group once failed with)."""
+    import errno
+    import socket
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from agentrl.train.device import host_tcp_store
+
+    store = host_tcp_store(2, timeout_s=10)
+    assert store.port > 0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError) as taken:
+        other.bind(("127.0.0.1", store.port))
+    assert taken.value.errno == errno.EADDRINUSE
+    peer = TCPStore("127.0.0.1", store.port, 2, is_master=False, timeout=timedelta(seconds=10))
+    peer.set("rank1", "joined")
+    assert store.get("rank1") == b"joined"

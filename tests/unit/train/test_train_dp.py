@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import socket
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from agentrl.train import (
     TrainingBatch,
     build_training_batch,
 )
+from agentrl.train.device import host_tcp_store
 from agentrl.trajectory import Status, Trajectory
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from agentrl.train import init_process_group
 
     torch.set_num_threads(1)  # two processes on a small machine: no thread oversubscription
-    init_process_group(rank, world_size, port, torch.device("cpu"), timeout_s=60)
+    init_process_group(rank, world_size, port, torch.device("cpu"), timeout_s=60, hosted=True)
     try:
         results = {}
         for mode in MODES:
@@ -134,17 +134,13 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, torch.Tensor]], Path]:
     """One two-rank gloo launch for the module: each rank's results, and the folder it wrote into."""
     folder = tmp_path_factory.mktemp("dp")
-    ctx = mp.start_processes(_worker, args=(2, _free_port(), str(folder)), nprocs=2, join=False,
+    store = host_tcp_store(2, timeout_s=300)  # bound before the ranks start: no port race
+    ctx = mp.start_processes(_worker, args=(2, store.port, str(folder)), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):
