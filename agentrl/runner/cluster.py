@@ -34,7 +34,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -324,27 +323,24 @@ class _RankWorker:
     def host_store(self, world_size: int, timeout_s: float) -> int:
         """Rank 0: starts the group's TCP store on a port the OS picks as it binds, and returns the port.
         (A port found free and bound later can be taken in between by another process: EADDRINUSE.)"""
-        from agentrl.train.device import host_tcp_store
+        from agentrl.train.distributed import host_tcp_store
 
         self.store = host_tcp_store(world_size, timeout_s)
         return int(self.store.port)
 
     def setup(self, rank: int, world_size: int, master: tuple[str, int], device: str,
               timeout_s: float) -> dict[str, Any]:
-        import torch.distributed as dist
-
         from agentrl.train.device import distributed_backend, resolve_device
+        from agentrl.train.distributed import init_process_group
 
-        backend = distributed_backend(resolve_device(device))
+        resolved = resolve_device(device)
+        backend = distributed_backend(resolved)
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
                            "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
         t0 = time.perf_counter()
-        timeout = timedelta(seconds=timeout_s)
-        from torch._C._distributed_c10d import TCPStore
-
-        store = self.store if rank == 0 else TCPStore(master[0], master[1], world_size, is_master=False,
-                                                      timeout=timeout)
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store, timeout=timeout)
+        # every rank, rank 0 included, joins the store rank 0 hosts (host_store) as a client
+        init_process_group(rank, world_size, master[1], resolved, timeout_s=timeout_s, hosted=True,
+                           address=master[0])
         self.rank = rank
         return {"rank": rank, "backend": backend, "pid": os.getpid(), "init_s": time.perf_counter() - t0}
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentrl.rollout.engine import EngineError, SGLangEngine
-from agentrl.train.device import host_tcp_store
+from agentrl.train.distributed import host_tcp_store
 from agentrl.train.weight_stream import Bucket, WeightBuckets
 
 if TYPE_CHECKING:

@@ -19,14 +19,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from torch._C._distributed_c10d import TCPStore
-
-__all__ = ["device_module", "distributed_backend", "host_tcp_store", "resolve_device"]
+__all__ = ["device_module", "distributed_backend", "resolve_device"]
 
 _KNOWN = ("cpu", "cuda", "npu")
 _DIST_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -85,20 +81,6 @@ def distributed_backend(device: torch.device) -> str:
         return _DIST_BACKENDS[device.type]
     except KeyError:
         raise ValueError(f"device: no distributed backend known for device type {device.type!r}") from None
-
-
-def host_tcp_store(world_size: int, timeout_s: float) -> TCPStore:
-    """The master TCP store of a ``world_size`` process group, listening on every interface of this
-    host on a port the OS picks as it binds (``store.port``; the other ranks connect to it with
-    ``TCPStore(address, port, world_size, is_master=False)``). Picking a free port first and binding
-    it later races with every other process on the host: one that takes the port in between fails
-    the group with EADDRINUSE."""
-    from datetime import timedelta
-
-    from torch._C._distributed_c10d import TCPStore
-
-    return TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
-                    wait_for_workers=False)
 
 
 def device_module(device: torch.device) -> ModuleType | None:

@@ -18,15 +18,19 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from agentrl.train.device import distributed_backend
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore
+
 _BUCKET_NUMEL = 32 * 1024 * 1024
 
-__all__ = ["DistInfo", "all_reduce_gradients", "all_reduce_sum", "barrier", "init_process_group"]
+__all__ = ["DistInfo", "all_reduce_gradients", "all_reduce_sum", "barrier", "host_tcp_store", "init_process_group"]
 
 
 @dataclass(frozen=True)
@@ -43,29 +47,42 @@ class DistInfo:
         return cls()
 
 
-def init_process_group(
-    rank: int, world_size: int, port: int, device: torch.device, *, timeout_s: float = 120.0, hosted: bool = False
-) -> None:
-    """Join a process group rendezvousing on ``127.0.0.1:port`` with the device's backend.
+def host_tcp_store(world_size: int, timeout_s: float) -> TCPStore:
+    """The master TCP store of a ``world_size`` process group, listening on every interface of this
+    host on a port the OS picks as it binds (``store.port``; the other ranks connect to it with
+    ``TCPStore(address, port, world_size, is_master=False)``). Picking a free port first and binding
+    it later races with every other process on the host: one that takes the port in between fails
+    the group with EADDRINUSE."""
+    from torch._C._distributed_c10d import TCPStore
 
-    ``hosted``: the launcher holds the group's store on ``port`` (:func:`agentrl.train.device.host_tcp_store`,
+    return TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                    wait_for_workers=False)
+
+
+def init_process_group(
+    rank: int, world_size: int, port: int, device: torch.device, *, timeout_s: float = 120.0, hosted: bool = False,
+    address: str = "127.0.0.1",
+) -> None:
+    """Join a process group rendezvousing on ``address:port`` with the device's backend.
+
+    ``hosted``: the launcher holds the group's store on ``port`` (:func:`host_tcp_store`,
     bound before the ranks start), and every rank joins it as a client. Without it rank 0 binds ``port``
     itself when it gets here; a port the launcher found free seconds earlier may by then be taken by
     another process (an outgoing connection's ephemeral port, another server), and the group fails with
     EADDRINUSE.
     """
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_ADDR", address)
     os.environ["MASTER_PORT"] = str(port)
     timeout = timedelta(seconds=timeout_s)
     backend = distributed_backend(device)
     if hosted:
         from torch._C._distributed_c10d import TCPStore
 
-        store = TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        store = TCPStore(address, port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store, timeout=timeout)
         return
     dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                            init_method=f"tcp://127.0.0.1:{port}", timeout=timeout)
+                            init_method=f"tcp://{address}:{port}", timeout=timeout)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.runner.probe import LogprobProbe, logprob_mismatch, probe_sequences
 from agentrl.runner.weights import DiskWeightSync, WeightSyncConfig
 from agentrl.testing import build_tiny_model
-from agentrl.train.device import host_tcp_store
+from agentrl.train.distributed import host_tcp_store
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900),

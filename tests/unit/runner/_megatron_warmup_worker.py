@@ -23,7 +23,7 @@ def main(root: Path) -> None:
     from agentrl.sft import arithmetic_conversations
     from agentrl.testing.runner import fake_run_config
     from agentrl.train import init_process_group
-    from agentrl.train.device import host_tcp_store
+    from agentrl.train.distributed import host_tcp_store
 
     root.mkdir(parents=True, exist_ok=True)
     data = root / "sft.jsonl"

@@ -21,7 +21,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.testing import TINY_MODEL_CONFIG
 from agentrl.train import LossConfig, OptimizerConfig, PackingConfig, TrainingBatch, build_training_batch
-from agentrl.train.device import host_tcp_store
+from agentrl.train.distributed import host_tcp_store
 from agentrl.trajectory import Status, Trajectory
 
 LOSS = LossConfig(old_logprobs="recompute", eps_clip_high=0.28, entropy_coef=0.01)

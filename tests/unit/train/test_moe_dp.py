@@ -24,7 +24,7 @@ from agentrl.train import (
     TorchTrainBackend,
     build_training_batch,
 )
-from agentrl.train.device import host_tcp_store
+from agentrl.train.distributed import host_tcp_store
 from agentrl.trajectory import Status, Trajectory
 
 pytestmark = pytest.mark.slow

@@ -66,7 +66,7 @@ def test_a_hosted_store_holds_its_port_from_the_start() -> None:
 
     from torch._C._distributed_c10d import TCPStore
 
-    from agentrl.train.device import host_tcp_store
+    from agentrl.train.distributed import host_tcp_store
 
     store = host_tcp_store(2, timeout_s=10)
     assert store.port > 0

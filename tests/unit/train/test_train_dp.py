@@ -25,7 +25,7 @@ from agentrl.train import (
     TrainingBatch,
     build_training_batch,
 )
-from agentrl.train.device import host_tcp_store
+from agentrl.train.distributed import host_tcp_store
 from agentrl.trajectory import Status, Trajectory
 
 pytestmark = pytest.mark.slow
