@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -218,7 +219,11 @@ async def test_killed_engine_loses_no_request_and_is_restarted(group: EngineGrou
     old_pid = victim.process.pid
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     tasks = [asyncio.ensure_future(client.generate(PROMPT, params, routing_key=f"kill-{i}")) for i in range(16)]
-    await asyncio.sleep(1.0)
+    # killed while it serves, not after a fixed delay: with the cores free the batch can finish within a second
+    deadline = time.monotonic() + 60
+    while await victim.active_requests() == 0:
+        assert time.monotonic() < deadline and not all(t.done() for t in tasks), "no request reached the victim"
+        await asyncio.sleep(0.02)
     victim.process.kill_now()
     results = await asyncio.wait_for(asyncio.gather(*tasks), 180)
     completed = [r for r in results if r.finish_reason.kind is FinishKind.LENGTH]
