@@ -117,10 +117,11 @@ async def test_matched_stop_token_is_returned_with_its_logprob(client: Inference
     assert len(res.output_logprobs) == len(res.output_ids)
 
 
-async def test_abort_mid_generation_returns_partial_result(client: InferenceClient) -> None:
+async def test_abort_mid_generation_returns_partial_result(group: EngineGroup, client: InferenceClient) -> None:
     params = SamplingParams(max_new_tokens=CONTEXT - len(PROMPT) - 4, ignore_eos=True)
     task = asyncio.ensure_future(client.generate(PROMPT, params, rid="to-abort", routing_key="abort"))
-    await asyncio.sleep(1.0)
+    await _until_serving(group.engines, task)
+    await asyncio.sleep(0.2)  # a few tokens in (the request is ~500 tokens long: over a second on free cores)
     assert not task.done()
     await client.abort("to-abort")
     res = await asyncio.wait_for(task, 60)
@@ -175,10 +176,19 @@ async def test_weight_update_from_disk_changes_version_and_outputs(group: Engine
     assert back.output_logprobs == pytest.approx(before.output_logprobs, abs=0.05)
 
 
+async def _until_serving(engines: list[SGLangEngine], *tasks: asyncio.Future[object], timeout_s: float = 60) -> None:
+    """Returns once one of ``engines`` reports a running or waiting request; fails if the requests end first."""
+    deadline = time.monotonic() + timeout_s
+    while sum([await e.active_requests() for e in engines]) == 0:
+        assert not all(t.done() for t in tasks), "the requests ended before an engine reported them running"
+        assert time.monotonic() < deadline, f"no request reached {[e.url for e in engines]} in {timeout_s} s"
+        await asyncio.sleep(0.02)
+
+
 async def test_weight_update_under_load_with_retract(group: EngineGroup, client: InferenceClient) -> None:
     params = SamplingParams(max_new_tokens=300, ignore_eos=True)
     task = asyncio.ensure_future(client.generate(PROMPT, params, routing_key="mid-update"))
-    await asyncio.sleep(1.0)
+    await _until_serving(group.engines, task)  # not after a fixed delay: on free cores 300 tokens take about a second
     await group.update_weights_from_disk(build_tiny_model(seed=1), "9", pause_mode="retract")
     res = await asyncio.wait_for(task, 120)
     print(f"request across a retract-paused update: {res.finish_reason.kind.value}, spans {res.weight_version_spans}")
@@ -219,11 +229,7 @@ async def test_killed_engine_loses_no_request_and_is_restarted(group: EngineGrou
     old_pid = victim.process.pid
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     tasks = [asyncio.ensure_future(client.generate(PROMPT, params, routing_key=f"kill-{i}")) for i in range(16)]
-    # killed while it serves, not after a fixed delay: with the cores free the batch can finish within a second
-    deadline = time.monotonic() + 60
-    while await victim.active_requests() == 0:
-        assert time.monotonic() < deadline and not all(t.done() for t in tasks), "no request reached the victim"
-        await asyncio.sleep(0.02)
+    await _until_serving([victim], *tasks)  # killed while it serves: on free cores the batch can end within a second
     victim.process.kill_now()
     results = await asyncio.wait_for(asyncio.gather(*tasks), 180)
     completed = [r for r in results if r.finish_reason.kind is FinishKind.LENGTH]
