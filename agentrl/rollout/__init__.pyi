@@ -36,6 +36,7 @@ from .endpoint import (
 from .engine import (
     EngineConfig,
     EngineError,
+    EnginePortTaken,
     SGLangEngine,
     default_shim_dir,
     detect_device,
@@ -78,6 +79,7 @@ from .router import (
     RouterConfig,
     RouterError,
     RouterPolicy,
+    RouterPortTaken,
 )
 from .scheduler import (
     RepeatedFailureError,
@@ -115,6 +117,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "EngineGroup",
+    "EnginePortTaken",
     "Episode",
     "EpisodeRunner",
     "EvalConfig",
@@ -143,6 +146,7 @@ __all__ = [
     "RouterConfig",
     "RouterError",
     "RouterPolicy",
+    "RouterPortTaken",
     "RoutingShape",
     "SGLangEngine",
     "SamplingParams",

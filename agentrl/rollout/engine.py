@@ -20,6 +20,7 @@ CPU, NCCL on GPU) run inside the session SGLang 0.5.23 requires (:meth:`SGLangEn
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -35,10 +36,15 @@ from agentrl.model_folder import Need, check_model_folder
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
 __all__ = [
-    "EngineConfig", "EngineError", "EngineLora", "EngineProcess", "EngineStarter", "SGLangEngine", "default_shim_dir",
+    "EngineConfig", "EngineError", "EngineLora", "EnginePortTaken", "EngineProcess", "EngineStarter", "SGLangEngine", "default_shim_dir",
     "detect_device",
     "engine_environment",
 ]
+
+log = logging.getLogger(__name__)
+
+# how many ports a launch draws before it gives up (each taken before the server could bind it)
+_PORT_TRIES = 3
 
 PauseMode = Literal["abort", "retract", "in_place"]
 # server_info fields compared on attach when the expected configuration sets them.
@@ -48,6 +54,10 @@ ATTACH_CHECKED_FIELDS = ("model_path", "tp_size", "dp_size", "pp_size", "context
 
 class EngineError(RuntimeError):
     """An engine did not start, refused a control call, or does not match its expected configuration."""
+
+
+class EnginePortTaken(EngineError):
+    """The engine could not bind its port: another process had taken it."""
 
 
 class EngineProcess(Protocol):
@@ -336,15 +346,24 @@ class SGLangEngine:
             self.url = self.url.rstrip("/")
             return
         device = await asyncio.to_thread(detect_device) if config.device == "auto" else config.device
-        port = port or free_port(config.host)
-        self.url = f"http://{config.host}:{port}"
         env = engine_environment(device, extra=config.env, shim_dir=_path_or_none(config.shim_dir))
         log_dir = _path_or_none(config.log_dir) or default_log_dir()
-        self.process = await ManagedProcess.start(
-            config.command(port, device), env=env, log_path=log_dir / f"sglang-{port}.log",
-            name=f"sglang:{port}", ready=lambda process: self._wait_healthy(process, config.startup_timeout_s),
-            # SGLang's server takes its scheduler's SIGTERM exit for a crash and sleeps 5 s before exiting
-            kill_root_first=True)
+        # a port drawn here can still be taken before the server binds it: draw again, a few times
+        tries = 1 if port else _PORT_TRIES
+        for attempt in range(1, tries + 1):
+            use = port or free_port(config.host)
+            self.url = f"http://{config.host}:{use}"
+            try:
+                self.process = await ManagedProcess.start(
+                    config.command(use, device), env=env, log_path=log_dir / f"sglang-{use}.log",
+                    name=f"sglang:{use}", ready=lambda process: self._wait_healthy(process, config.startup_timeout_s),
+                    # SGLang's server takes its scheduler's SIGTERM exit for a crash and sleeps 5 s before exiting
+                    kill_root_first=True)
+                return
+            except EnginePortTaken:
+                if attempt == tries:
+                    raise
+                log.warning("SGLang server: port %d was taken before it bound it; starting on another", use)
 
     async def wait_healthy(self, timeout_s: float) -> None:
         """Polls ``/health_generate`` until 200; raises if the process exits or time runs out."""
@@ -353,7 +372,8 @@ class SGLangEngine:
     async def _wait_healthy(self, process: ManagedProcess | None, timeout_s: float) -> None:
         poll = self.config.health_poll_s if self.config else 1.0
         await wait_ready(lambda: self.healthy(timeout_s=max(5.0, poll)), what=f"SGLang server {self.url}",
-                         timeout_s=timeout_s, poll_s=poll, error_cls=EngineError, process=process)
+                         timeout_s=timeout_s, poll_s=poll, error_cls=EngineError, process=process,
+                         port=urlsplit(self.url).port if process is not None else None, port_taken_cls=EnginePortTaken)
 
     @classmethod
     async def attach(cls, url: str, expected: EngineConfig | Mapping[str, Any] | None = None) -> SGLangEngine:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -42,6 +43,8 @@ __all__ = [
     "ManagedProcess",
     "default_log_dir",
     "free_port",
+    "listens_on",
+    "port_taken",
     "request_json",
     "stop_all",
     "stop_all_on_exit",
@@ -92,11 +95,63 @@ def default_log_dir() -> Path:
     return Path(os.environ.get("AGENTRL_LOG_DIR", "/tmp/agentrl-logs"))
 
 
+# Servers' ports are drawn from here, below the kernel's ephemeral range where there is room.
+_SERVER_PORTS_FROM = 20000
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux; the usual default elsewhere)."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    """A TCP port that was free on ``host`` a moment ago, for a server about to be started on it.
+
+    Drawn at random from below the kernel's ephemeral range (ports 20000 up to its start) where
+    there is room: a port the OS hands out for ``bind(0)`` lies in that range, from which every
+    outgoing connection of the machine also takes its local port, and one of them could take it in
+    the seconds before the server binds it. A server started on a port taken all the same fails
+    with "address already in use" (:func:`port_taken`): the launchers then draw another."""
+    low, _ = _ephemeral_ports()
+    if low - _SERVER_PORTS_FROM >= 1000:
+        for _ in range(50):
+            port = random.randrange(_SERVER_PORTS_FROM, low)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_taken(process: ManagedProcess) -> bool:
+    """Whether the server's log (what it wrote since this start) says it could not bind its port."""
+    return "address already in use" in process.log_since_start().lower()
+
+
+def listens_on(process: ManagedProcess, port: int) -> bool:
+    """Whether a process of the server's tree has a TCP socket listening on ``port`` (so that what
+    answers there is this server, not another one that had bound the port first)."""
+    for proc in process.tree():
+        try:
+            sockets = proc.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in sockets):
+            return True
+    return False
 
 
 class ManagedProcess:
@@ -110,6 +165,7 @@ class ManagedProcess:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
+            self._log_start = log.tell()  # the log is appended to: what an earlier server wrote stays before this
             self.popen = subprocess.Popen(
                 self.cmd, env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
@@ -142,11 +198,21 @@ class ManagedProcess:
         return self.popen.poll()
 
     def log_tail(self, n_chars: int = 4000) -> str:
+        """The last ``n_chars`` bytes of the log (decoded), at most what this start of the server wrote."""
+        return self._read_log(n_chars)
+
+    def log_since_start(self, limit: int = 1 << 20) -> str:
+        """What this start of the server wrote to its log (the last ``limit`` bytes of it)."""
+        return self._read_log(limit)
+
+    def _read_log(self, limit: int) -> str:
         try:
-            data = self.log_path.read_bytes()
+            with open(self.log_path, "rb") as log:
+                end = log.seek(0, os.SEEK_END)
+                log.seek(max(self._log_start, end - limit))
+                return log.read().decode(errors="replace")
         except OSError:
             return ""
-        return data[-n_chars:].decode(errors="replace")
 
     def tree(self) -> list[psutil.Process]:
         """The process and its live descendants (empty once it has exited and been reaped)."""
@@ -237,16 +303,27 @@ def stop_all_on_exit(signals: Sequence[signal.Signals] = EXIT_SIGNALS, *, only_d
 
 
 async def wait_ready(probe: Callable[[], Awaitable[bool]], *, what: str, timeout_s: float, poll_s: float,
-                     error_cls: type[Exception], process: ManagedProcess | None = None) -> None:
+                     error_cls: type[Exception], process: ManagedProcess | None = None,
+                     port: int | None = None, port_taken_cls: type[Exception] | None = None) -> None:
     """Calls ``probe`` every ``poll_s`` until it returns True. Raises ``error_cls`` (naming ``what``,
-    with the log tail of ``process``) if ``process`` exits first or ``timeout_s`` runs out."""
+    with the log tail of ``process``) if ``process`` exits first or ``timeout_s`` runs out, and
+    ``port_taken_cls`` (default ``error_cls``) when ``process`` cannot have its ``port``: its log
+    says the port was taken (some servers, SGLang's, log that and then hang rather than exit), or
+    the probe was answered by a server outside its tree."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    taken = port_taken_cls or error_cls
     while loop.time() < deadline:
+        if process is not None and port_taken(process):
+            raise taken(f"{what} could not bind its port: another process had taken it; log {process.log_path}:\n"
+                        f"{process.log_tail()}")
         if process is not None and not process.alive():
             raise error_cls(f"{what} exited with code {process.returncode()} while starting; "
                             f"log {process.log_path}:\n{process.log_tail()}")
         if await probe():
+            if process is not None and port is not None and not await asyncio.to_thread(listens_on, process, port):
+                raise taken(f"{what} could not bind its port: another server answers on port {port}, "
+                            f"not this one (pid {process.pid}); log {process.log_path}:\n{process.log_tail()}")
             return
         await asyncio.sleep(poll_s)
     log = f"; log {process.log_path}:\n{process.log_tail()}" if process is not None else ""

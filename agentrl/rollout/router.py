@@ -14,6 +14,7 @@ retries, and two retrying layers compound.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -27,11 +28,20 @@ from agentrl._enum import NamedEnum
 from agentrl._limits import check_limits
 from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
 
-__all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy"]
+__all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy", "RouterPortTaken"]
+
+log = logging.getLogger(__name__)
+
+# how many port pairs a launch draws before it gives up (each taken before the router could bind it)
+_PORT_TRIES = 3
 
 
 class RouterError(RuntimeError):
     """The router did not start, refused a worker operation, or could not be reached."""
+
+
+class RouterPortTaken(RouterError):
+    """The router could not bind one of its ports: another process had taken it."""
 
 
 class RouterPolicy(NamedEnum):
@@ -126,8 +136,21 @@ class Router:
     async def launch(cls, config: RouterConfig | None = None) -> Router:
         """Starts the router and waits until ``GET /workers`` answers (or raises :class:`RouterError`)."""
         config = config or RouterConfig()
-        port = config.port or free_port(config.host)
-        prom_port = config.prometheus_port or free_port(config.host)
+        # ports drawn here can still be taken before the router binds them: draw again, a few times
+        tries = 1 if config.port and config.prometheus_port else _PORT_TRIES
+        for attempt in range(1, tries + 1):
+            port = config.port or free_port(config.host)
+            prom_port = config.prometheus_port or free_port(config.host)
+            try:
+                return cls(config, await cls._start(config, port, prom_port), port, prom_port)
+            except RouterPortTaken:
+                if attempt == tries:
+                    raise
+                log.warning("router: port %d or %d was taken before it bound it; starting on others", port, prom_port)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _start(config: RouterConfig, port: int, prom_port: int) -> ManagedProcess:
         log_path = (Path(config.log_dir) if config.log_dir is not None else default_log_dir()) / f"router-{port}.log"
         cmd = [sys.executable, "-m", "agentrl.rollout._router_entry", *_router_args(config, port, prom_port)]
         url = f"http://{config.host}:{port}"
@@ -139,11 +162,11 @@ class Router:
             except RouterError:
                 return False
 
-        process = await ManagedProcess.start(
+        return await ManagedProcess.start(
             cmd, env=os.environ, log_path=log_path, name=f"router:{port}",
             ready=lambda process: wait_ready(answers, what=f"router {url}", timeout_s=config.startup_timeout_s,
-                                             poll_s=0.2, error_cls=RouterError, process=process))
-        return cls(config, process, port, prom_port)
+                                             poll_s=0.2, error_cls=RouterError, process=process, port=port,
+                                             port_taken_cls=RouterPortTaken))
 
     async def _request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
         """One JSON request to the router. Every failure (HTTP error status, lost connection, timeout,

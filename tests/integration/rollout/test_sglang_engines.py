@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -19,6 +21,7 @@ from agentrl.rollout import (
     EngineConfig,
     EngineError,
     EngineGroup,
+    EnginePortTaken,
     FinishKind,
     HealthConfig,
     InferenceClient,
@@ -71,6 +74,21 @@ async def test_engine_that_cannot_start_fails_fast(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match="exited with code") as info:
         await SGLangEngine.launch(config)
     assert "no-such-architecture" in str(info.value)  # the log tail says what went wrong
+
+
+async def test_engine_whose_port_is_taken_fails_fast_naming_it(tmp_path: Path) -> None:
+    # SGLang's server logs the failed bind and then hangs (its scheduler still up): the launch reads the
+    # log and stops it instead of waiting out the start-up timeout
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", port=port, log_dir=tmp_path,
+                              startup_timeout_s=300)
+        with pytest.raises(EnginePortTaken, match=f"127.0.0.1:{port} could not bind its port") as info:
+            await SGLangEngine.launch(config)
+    assert "address already in use" in str(info.value)
+    assert not any(p.info["cmdline"] and f"--port {port} " in " ".join(p.info["cmdline"]) + " "
+                   for p in psutil.process_iter(["cmdline"]))  # stopped, not left hanging
 
 
 async def test_engine_logs_are_free_of_the_routers_grpc_probe(group: EngineGroup) -> None:
@@ -133,8 +151,7 @@ async def test_abort_mid_generation_returns_partial_result(group: EngineGroup, c
 async def test_drain_aborts_everything_and_engines_go_idle(group: EngineGroup, client: InferenceClient) -> None:
     params = SamplingParams(max_new_tokens=CONTEXT - len(PROMPT) - 4, ignore_eos=True)
     tasks = [asyncio.ensure_future(client.generate(PROMPT, params, routing_key=f"drain-{i}")) for i in range(4)]
-    await asyncio.sleep(1.5)
-    assert sum([await e.active_requests() for e in group.engines]) == 4
+    await _until_serving(group.engines, *tasks, count=4)
     await group.drain(timeout_s=60)
     results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
     assert all(r.aborted and len(r.output_ids) == len(r.output_logprobs) < params.max_new_tokens for r in results)
@@ -176,12 +193,15 @@ async def test_weight_update_from_disk_changes_version_and_outputs(group: Engine
     assert back.output_logprobs == pytest.approx(before.output_logprobs, abs=0.05)
 
 
-async def _until_serving(engines: list[SGLangEngine], *tasks: asyncio.Future[object], timeout_s: float = 60) -> None:
-    """Returns once one of ``engines`` reports a running or waiting request; fails if the requests end first."""
+async def _until_serving(engines: list[SGLangEngine], *tasks: asyncio.Future[object], count: int = 1,
+                         timeout_s: float = 60) -> None:
+    """Returns once ``engines`` together report ``count`` running or waiting requests; fails once fewer
+    than ``count`` of the requests are left unfinished."""
     deadline = time.monotonic() + timeout_s
-    while sum([await e.active_requests() for e in engines]) == 0:
-        assert not all(t.done() for t in tasks), "the requests ended before an engine reported them running"
-        assert time.monotonic() < deadline, f"no request reached {[e.url for e in engines]} in {timeout_s} s"
+    while (active := sum([await e.active_requests() for e in engines])) < count:
+        assert sum(not t.done() for t in tasks) >= count, f"the requests ended before the engines reported {count}"
+        assert time.monotonic() < deadline, f"{active} of {count} requests reached {[e.url for e in engines]} " \
+                                            f"in {timeout_s} s"
         await asyncio.sleep(0.02)
 
 
