@@ -104,7 +104,7 @@ async def test_printed_answers_earn_nothing_and_errors_earn_no_bonus(fmt: str, t
 
 async def test_parallel_python_calls_run_concurrently_in_the_sandbox(tok: Any) -> None:
     template = ChatTemplate.from_name("qwen3", tokenizer=tok)
-    sleepy = "import time\nt0 = time.time()\ntime.sleep(0.5)\nprint({}, t0, time.time())"
+    sleepy = "import time\nt0 = time.time()\ntime.sleep(2.0)\nprint({}, t0, time.time())"
     two = call("qwen3", sleepy.format(1)).replace(
         "</tool_call><|im_end|>",
         "</tool_call>\n<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": sleepy.format(2)}})

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import _procs
 import psutil
 import pytest
 
@@ -66,8 +67,8 @@ def test_the_trainer_killed_mid_step_resumes_and_trains_every_prompt_once(tmp_pa
     else:
         raise AssertionError("the run ended before step 2:\n" + "\n".join(lines[-40:]))
     killed = kill_tree(run)
-    left = [pid for pid in killed if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert not left, f"processes of the killed run still alive: {left}"
+    left = _procs.running(killed, within_s=10)
+    assert not left, f"processes of the killed run still running 10 s after SIGKILL: {left}"
     cfg = config(tmp_path, shared_engine)
     latest = RunCheckpointer(cfg.run_dir() / "checkpoints", keep_last=2, config_hash=cfg.hash()).latest()
     assert latest is not None and latest.name == "step_000001"

@@ -71,7 +71,10 @@ def perturb(backend: TorchTrainBackend, seed: int, std: float = 0.05) -> None:
 async def start_requests(engine: SGLangEngine, client: InferenceClient, tok: Any) -> list[asyncio.Task[GenerateResult]]:
     prompts = [tok.encode(f"request {i}: count the stars", add_special_tokens=False) for i in range(IN_FLIGHT)]
     tasks = [asyncio.ensure_future(client.generate(p, LONG)) for p in prompts]
-    while await engine.active_requests() < IN_FLIGHT:
+    deadline = asyncio.get_running_loop().time() + 60
+    while (active := await engine.active_requests()) < IN_FLIGHT:
+        assert not any(t.done() for t in tasks), f"a request ended before all {IN_FLIGHT} were running"
+        assert asyncio.get_running_loop().time() < deadline, f"{active} of {IN_FLIGHT} requests running after 60 s"
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)  # past prefill: every request has sampled some tokens
     return tasks

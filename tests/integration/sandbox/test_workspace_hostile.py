@@ -188,7 +188,9 @@ if os.fork() == 0:
     try:
         assert (await ws.python(cell)).stdout == "'spawned'\n"
         assert (await sh(ws, f"nohup setsid sh -c 'sleep 998; : {token}' >/dev/null 2>&1 & echo started")).ok
-        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while len(marked(token)) < 2 and time.monotonic() < deadline:  # the double fork's exec lands after the cell
+            await asyncio.sleep(0.05)
         assert len(marked(token)) >= 2  # the kernel's: alive while the episode runs (the shell's ended with its call)
     finally:
         await wss.remove(ws)

@@ -241,9 +241,17 @@ async def kill_workspace(ws: Workspace, backend: str, holder_of: HolderOf) -> No
     if backend == "docker":
         container = ws.container  # type: ignore[attr-defined]
         await asyncio.to_thread(container.kill)
+        await asyncio.to_thread(container.wait, timeout=30)  # kill returns before the container has stopped
     else:
-        os.kill(await holder_of(ws), 9)
-        await asyncio.sleep(0.2)
+        holder = psutil.Process(await holder_of(ws))
+        holder.kill()
+        for _ in range(600):  # polled, not waited for: the workspace's own code reaps its child
+            try:
+                if holder.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            await asyncio.sleep(0.05)
 
 
 async def test_a_dead_workspace_answers_with_typed_failures(wss: Workspaces, spec: WorkspaceSpec,

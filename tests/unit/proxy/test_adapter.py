@@ -140,7 +140,7 @@ async def test_a_call_after_the_episode_ended_is_refused_and_recorded(template: 
     r = runner(Agent(leaky, answer_reward), template, FakePolicyClient(template.tokenizer, call_then_answer))
     try:
         episode = await r.advance()
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(leaked[0], 30)  # the left-behind task has made its call
     finally:
         await r.close()
     assert episode is not None and episode.status is Status.COMPLETED and leaked[1:] == [410]

@@ -93,8 +93,8 @@ async def test_a_method_reward_runs_in_a_thread_and_only_the_wait_ends_at_the_de
     t0 = time.perf_counter()
     with pytest.raises(RewardTimeout, match=r"Env.reward ran past its deadline of 0.5 s"):
         await score(Env().reward, object(), timeout_s=0.5, pool=shared_pool())
-    assert 0.5 <= time.perf_counter() - t0 < 1.5
+    assert 0.5 <= time.perf_counter() - t0 < 10  # cut at the deadline: the reward itself waits 30 s
     release.set()
     await ticking
-    assert loop_turns >= 20  # the event loop kept running while the reward waited
+    assert loop_turns >= 5  # the event loop kept running while the reward waited (about 50 turns; blocked: 1)
 

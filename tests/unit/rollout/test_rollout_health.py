@@ -244,8 +244,11 @@ async def test_drain_aborts_running_requests_and_waits_idle() -> None:
         async with group.client() as client:
             tasks = [asyncio.ensure_future(client.generate([1], SamplingParams(max_new_tokens=3000),
                                                            routing_key=f"k{i}")) for i in range(6)]
-            await asyncio.sleep(0.3)
-            assert sum([await e.active_requests() for e in group.engines]) == 6
+            deadline = asyncio.get_running_loop().time() + 30
+            while (active := sum([await e.active_requests() for e in group.engines])) < 6:
+                assert not any(t.done() for t in tasks), "a request ended before all six reached the workers"
+                assert asyncio.get_running_loop().time() < deadline, f"{active} of 6 requests reached the workers"
+                await asyncio.sleep(0.02)
             await group.drain(timeout_s=10)
             results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert all(r.aborted and 0 < r.completion_tokens < 3000 for r in results)

@@ -30,12 +30,17 @@ SPAWNER = (
 out = Path(sys.argv[1])
 procs = [ManagedProcess([sys.executable, "-c", SPAWNER], env={"PATH": "/usr/bin:/bin"},
                         log_path=out.parent / f"server{i}.log", name=f"server{i}") for i in range(2)]
-for _ in range(200):
+deadline = time.monotonic() + 60
+while True:
     trees = [p.tree() for p in procs]
     if all(len(t) == 3 for t in trees):
         break
+    if time.monotonic() > deadline:
+        sys.exit(f"the servers did not start their children in 60 s: {trees}")
     time.sleep(0.05)
-out.write_text(" ".join(str(p.pid) for t in trees for p in t))
+# written whole or not at all: the test reads the file as soon as it exists
+Path(f"{out}.tmp").write_text(" ".join(str(p.pid) for t in trees for p in t))
+Path(f"{out}.tmp").replace(out)
 
 
 async def main() -> None:

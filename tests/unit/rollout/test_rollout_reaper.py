@@ -23,7 +23,9 @@ OWNER = textwrap.dedent("""
     server = ManagedProcess([sys.executable, "-c", "import subprocess, sys, time; "
                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"],
                             env={}, log_path=Path(sys.argv[1]), name="sleeper")
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while len(server.tree()) < 2 and time.monotonic() < deadline:  # its child started
+        time.sleep(0.05)
     print(server.pid, " ".join(str(c.pid) for c in server.tree()[1:]), flush=True)
     time.sleep(300)
 """)
