@@ -143,15 +143,18 @@ def port_taken(process: ManagedProcess) -> bool:
 
 def listens_on(process: ManagedProcess, port: int) -> bool:
     """Whether a process of the server's tree has a TCP socket listening on ``port`` (so that what
-    answers there is this server, not another one that had bound the port first)."""
+    answers there is this server, not another one that had bound the port first). True as well when
+    the system does not let this process read the tree's sockets: it cannot tell, and does not refuse."""
+    readable = False
     for proc in process.tree():
         try:
             sockets = proc.net_connections(kind="tcp")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        readable = True
         if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in sockets):
             return True
-    return False
+    return not readable
 
 
 class ManagedProcess:
