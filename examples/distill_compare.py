@@ -47,9 +47,11 @@ def run(args: argparse.Namespace) -> None:
                 continue
             if folder.exists():  # a run cut short: started again from scratch
                 shutil.rmtree(folder)
-            cmd = [_agentrl(), "train", str(args.config), *ARMS[arm][1], f"train.steps={args.steps}",
+            # the arm's own overrides last: an --override of the teacher's fields (teacher.path=...) must not
+            # bring back the teacher that the RL arm removes
+            cmd = [_agentrl(), "train", str(args.config), f"train.steps={args.steps}",
                    f"train.seed={seed}", f"rollout.engines.random_seed={seed}", f"data.train.seed={seed}",
-                   f"logging.run_dir={folder}", "--quiet", *args.override]
+                   f"logging.run_dir={folder}", "--quiet", *args.override, *ARMS[arm][1]]
             print("+", " ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)
 
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=Path(__file__).with_name("distill_cpu.toml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--teacher-accuracy", type=float, default=1.0)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--override", nargs="*", default=[], help="more KEY=VALUE for every run")

@@ -1,27 +1,28 @@
 """Prepares the CPU distillation experiment (docs/training.md "Distillation"): a teacher that solves the
 demo's task and a much weaker student, both from one ``make demo`` run.
 
-    make demo SEED=0                                   # or: agentrl train examples/demo_cpu.toml ... sync.keep_folders=20
-    python examples/distill_prepare.py --demo-run runs/demo-seed0-...
+    make demo SEED=0
+    python examples/distill_prepare.py --demo-run runs/demo-seed0-... --noise 0.4 --seed 1234
     agentrl train examples/distill_cpu.toml                               # (a) the teacher alone
     agentrl train examples/distill_cpu.toml teacher=none                  # (b) RL with the task reward
     agentrl train examples/distill_cpu.toml teacher.task_reward=true      # (c) both
 
 - **Teacher** (``models/distill-teacher``): the demo run's last weights (after its 12 GRPO steps the
   demo's model answers every held-out question, greedy): the run folder's newest ``weights/v*``.
-- **Student** (``models/distill-student``): the demo's warmed-up model (``weights/v000000``: it copies
-  digits and calls the calculator ~40% of the time) fine-tuned for a few steps on the warm-up's
-  conversations with the tool called only ``--call-rate`` of the time. At the warm-up's learning rate
-  the call probability follows the share of calls in the last batches (docs/demo.md). A direct answer
-  trains its first token only (the decision not to call), not its guessed digits. The student keeps the
-  format and most of the copying (it predicts ~99% of the answer tokens after a call, the teacher 100%)
-  but almost never calls the tool: its T = 1 success is a few percent at most. Rounds of ``--steps``
-  steps run until P(call) <= ``--call-prob``; the first rounds move it fast (seed 0: 0.41 -> 0.020 ->
-  0.004 in 2-step rounds, and 0.0001 after 20 steps).
+- **Student** (``models/distill-student``), one of two kinds:
 
-The demo run must have kept version 0 (``sync.keep_folders`` >= its steps + 1); ``make demo`` keeps
-only the last, so run the demo's command with ``sync.keep_folders=20`` (the Makefile target
-``distill-prepare`` does).
+  - ``--noise SIGMA`` (the measured comparison: 0.4, seed 1234): the teacher with Gaussian noise
+    added to every weight, SIGMA times the RMS of its tensor. Its deficit is spread over every token
+    it writes (the call, the copied digits, the answer): at 0.4 it still calls the tool (P(call)
+    0.96) but predicts only 86% of the answer's tokens after a call, and writes a whole correct
+    conversation with probability 4e-5, so the task reward almost never comes.
+  - without ``--noise``: the demo's warmed-up model (``weights/v000000``: it copies digits and calls
+    the calculator ~40% of the time) fine-tuned for a few steps on the warm-up's conversations with
+    the tool called only ``--call-rate`` of the time. A direct answer trains its first token only
+    (the decision not to call), not its guessed digits. The student keeps the format and most of the
+    copying but almost never calls the tool: its deficit is that one token. Rounds of ``--steps``
+    steps run until P(call) <= ``--call-prob`` (seed 0: 0.41 -> 0.020 -> 0.004 in 2-step rounds).
+    The demo run must have kept version 0: run the demo's command with ``sync.keep_folders=20``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,42 @@ def copy_accuracy(model: Path, questions: list[dict[str, str]], template: ChatTe
     return hit / total
 
 
+def reference_probability(model: Path, questions: list[dict[str, str]], template: ChatTemplate) -> float:
+    """The mean probability that ``model``, sampling at T = 1, writes the reference conversation of a
+    question token for token (the call, the copied digits, the answer): a lower bound of its T = 1 success."""
+    scorer = TeacherModel.from_pretrained(model, TorchBackendConfig(device="cpu"))
+    builder = TranscriptBuilder(template)
+    sequences = [s for i, c in enumerate(arithmetic_conversations(questions, direct_rate=0.0))
+                 for s in sft_sequences(builder.episode(c["messages"], tools=c["tools"]), f"q{i}")]
+    per_question: dict[str, float] = {}
+    for seq, row in zip(sequences, scorer.score([s.tokens for s in sequences]), strict=True):
+        logprob = sum(row[p] for p in range(1, len(seq.tokens)) if seq.loss_mask[p])
+        per_question[seq.rollout_id] = per_question.get(seq.rollout_id, 0.0) + logprob
+    return sum(math.exp(v) for v in per_question.values()) / len(per_question)
+
+
+def noised(teacher: Path, out: Path, *, sigma: float, seed: int) -> None:
+    """Writes to ``out`` the teacher with Gaussian noise added to every weight, ``sigma`` times the RMS of
+    its tensor (seeded): a student whose deficit is spread over every token it writes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(teacher), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            rms = param.pow(2).mean().sqrt()
+            param.add_(torch.randn(param.shape, generator=generator) * sigma * rms)
+    staged = out.with_name(out.name + "-next")
+    if staged.exists():
+        shutil.rmtree(staged)
+    shutil.copytree(teacher, staged)  # tokenizer, template and config as the teacher's
+    model.save_pretrained(staged)
+    if out.exists():
+        shutil.rmtree(out)
+    staged.rename(out)
+
+
 def _decision_only(seq: TrainSequence) -> TrainSequence:
     """``seq`` trained on its first assistant token alone: the call-or-answer decision."""
     first = seq.loss_mask.index(1)
@@ -130,19 +167,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--noise", type=float, default=None, metavar="SIGMA",
+                        help="build the student as the teacher plus Gaussian noise of SIGMA times each weight "
+                             "tensor's RMS (seeded by --seed) instead of fine-tuning the warmed-up model; "
+                             "the measured comparison used --noise 0.4 --seed 1234")
     args = parser.parse_args()
     versions = _versions(args.demo_run)
-    if not versions or versions[0].name != "v000000" or len(versions) < 2:
+    if not versions:
+        raise SystemExit(f"--demo-run {args.demo_run}: expected weights/v* folders (the run's weights)")
+    if args.noise is None and (versions[0].name != "v000000" or len(versions) < 2):
         raise SystemExit(f"--demo-run {args.demo_run}: expected weights/v000000 (the warmed-up model) and a later "
-                         f"version, found {[v.name for v in versions]}; run the demo with sync.keep_folders=20")
+                         f"version, found {[v.name for v in versions]}; run the demo with sync.keep_folders=20 "
+                         "(or build a noised student: --noise)")
     template = ChatTemplate.from_name("qwen3", tokenizer=AutoTokenizer.from_pretrained(str(versions[0])))
     held_out = [json.loads(line) for line in (args.data / "held_out.jsonl").read_text().splitlines() if line.strip()]
     if args.teacher.exists():
         shutil.rmtree(args.teacher)
     shutil.copytree(versions[-1], args.teacher)
-    for name, folder in (("teacher", args.teacher), ("warmed-up model", versions[0])):
+    for name, folder in (("teacher", args.teacher), ("warmed-up model", versions[0]))[: 1 if args.noise is not None else 2]:
         print(f"{name} {folder}: P(call) {call_probability(folder, held_out, template):.4f}, copy accuracy "
               f"{copy_accuracy(folder, held_out, template):.4f}")
+    if args.noise is not None:
+        noised(args.teacher, args.student, sigma=args.noise, seed=args.seed)
+        print(f"student {args.student} (the teacher, noise {args.noise:g} x RMS): P(call) "
+              f"{call_probability(args.student, held_out, template):.4f}, copy accuracy "
+              f"{copy_accuracy(args.student, held_out, template):.4f}, P(reference) "
+              f"{reference_probability(args.student, held_out, template):.5f}")
+        return
     rows = [json.loads(line) for line in (args.data / "warmup.jsonl").read_text().splitlines() if line.strip()]
     questions = [{"question": next(m["content"] for m in r["messages"] if m["role"] == "user")} for r in rows]
     conversations = arithmetic_conversations(questions, direct_rate=1.0 - args.call_rate, seed=args.seed + 7)
