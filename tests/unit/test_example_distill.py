@@ -46,6 +46,23 @@ def test_prepare_builds_teacher_and_student_and_the_config_dry_runs(tmp_path: Pa
     assert "round 1: 2 SFT steps (tool called in 1% of the conversations)" in made.stdout
     for folder in ("models/distill-teacher", "models/distill-student"):
         assert (tmp_path / folder / "config.json").is_file() and (tmp_path / folder / "tokenizer.json").is_file()
+    # the noised student: the teacher plus noise of 0.4 x each tensor's RMS, the tokenizer unchanged
+    made = subprocess.run([sys.executable, str(EXAMPLES / "distill_prepare.py"), "--demo-run", "runs/demo",
+                           "--noise", "0.4", "--seed", "1234", "--student", "models/noised"],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert "(the teacher, noise 0.4 x RMS): P(call)" in made.stdout and "P(reference)" in made.stdout
+    from safetensors.torch import load_file
+
+    teacher, student = (load_file(tmp_path / f / "model.safetensors") for f in ("models/distill-teacher",
+                                                                                "models/noised"))
+    assert sorted(teacher) == sorted(student)
+    for name, weight in teacher.items():
+        rms = weight.float().pow(2).mean().sqrt()
+        ratio = float((student[name].float() - weight.float()).pow(2).mean().sqrt() / rms)
+        assert abs(ratio - 0.4) < 0.1 or weight.numel() < 64, (name, ratio)
+    assert (tmp_path / "models/noised/tokenizer.json").read_bytes() == (
+        tmp_path / "models/distill-teacher/tokenizer.json").read_bytes()
     runner = CliRunner()
     for arm, says in (([], "advantage 1 x (log p_teacher - log p_student)"),
                       (["teacher.task_reward=true"], "advantage A_task + 1 x (log p_teacher"),
@@ -81,3 +98,14 @@ def test_the_report_judges_by_the_issue_criteria(tmp_path: Path, capsys: pytest.
     assert not result["met"]
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert capsys.readouterr().out.splitlines()[-1].startswith("RESULT {")
+
+
+def test_run_gives_each_arm_its_own_overrides_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An --override of the teacher's fields must not bring back the teacher that the RL arm removes."""
+    compare = _module("distill_compare")
+    commands: list[list[str]] = []
+    monkeypatch.setattr(compare.subprocess, "run", lambda cmd, check: commands.append(cmd))
+    compare.run(argparse.Namespace(root=tmp_path, seeds=[0], arms=["distill", "rl", "both"], steps=16,
+                                   config=EXAMPLES / "distill_cpu.toml", override=["teacher.path=elsewhere"]))
+    assert [c[-1] for c in commands] == ["teacher.path=elsewhere", "teacher=none", "teacher.task_reward=true"]
+    assert all("train.steps=16" in c for c in commands)
