@@ -33,7 +33,14 @@ from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from agentrl.model_folder import Need, check_model_folder
-from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
+from agentrl.rollout.process import (
+    PORT_DRAWS,
+    ManagedProcess,
+    default_log_dir,
+    free_port,
+    request_json,
+    wait_ready,
+)
 
 __all__ = [
     "EngineConfig", "EngineError", "EngineLora", "EnginePortTaken", "EngineProcess", "EngineStarter", "SGLangEngine", "default_shim_dir",
@@ -43,8 +50,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# how many ports a launch draws before it gives up (each taken before the server could bind it)
-_PORT_TRIES = 3
 
 PauseMode = Literal["abort", "retract", "in_place"]
 # server_info fields compared on attach when the expected configuration sets them.
@@ -349,7 +354,7 @@ class SGLangEngine:
         env = engine_environment(device, extra=config.env, shim_dir=_path_or_none(config.shim_dir))
         log_dir = _path_or_none(config.log_dir) or default_log_dir()
         # a port drawn here can still be taken before the server binds it: draw again, a few times
-        tries = 1 if port else _PORT_TRIES
+        tries = 1 if port else PORT_DRAWS
         for attempt in range(1, tries + 1):
             use = port or free_port(config.host)
             self.url = f"http://{config.host}:{use}"

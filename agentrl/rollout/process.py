@@ -40,6 +40,7 @@ from agentrl import _reaper
 from agentrl._deprecated import moved_names
 
 __all__ = [
+    "PORT_DRAWS",
     "ManagedProcess",
     "default_log_dir",
     "free_port",
@@ -97,6 +98,8 @@ def default_log_dir() -> Path:
 
 # Servers' ports are drawn from here, below the kernel's ephemeral range where there is room.
 _SERVER_PORTS_FROM = 20000
+# How many ports a launcher draws for one server before it gives up (each taken before the server bound it).
+PORT_DRAWS = 3
 
 
 def _ephemeral_ports() -> tuple[int, int]:

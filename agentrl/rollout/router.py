@@ -26,14 +26,18 @@ from annotated_types import Ge, Gt
 
 from agentrl._enum import NamedEnum
 from agentrl._limits import check_limits
-from agentrl.rollout.process import ManagedProcess, default_log_dir, free_port, request_json, wait_ready
+from agentrl.rollout.process import (
+    PORT_DRAWS,
+    ManagedProcess,
+    default_log_dir,
+    free_port,
+    request_json,
+    wait_ready,
+)
 
 __all__ = ["Router", "RouterConfig", "RouterError", "RouterPolicy", "RouterPortTaken"]
 
 log = logging.getLogger(__name__)
-
-# how many port pairs a launch draws before it gives up (each taken before the router could bind it)
-_PORT_TRIES = 3
 
 
 class RouterError(RuntimeError):
@@ -137,7 +141,7 @@ class Router:
         """Starts the router and waits until ``GET /workers`` answers (or raises :class:`RouterError`)."""
         config = config or RouterConfig()
         # ports drawn here can still be taken before the router binds them: draw again, a few times
-        tries = 1 if config.port and config.prometheus_port else _PORT_TRIES
+        tries = 1 if config.port and config.prometheus_port else PORT_DRAWS
         for attempt in range(1, tries + 1):
             port = config.port or free_port(config.host)
             prom_port = config.prometheus_port or free_port(config.host)
