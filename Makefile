@@ -7,7 +7,7 @@ DEMO_RUN := runs/demo-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
 REAL_RUN := runs/demo-real-seed$(SEED)-$(shell date +%Y%m%d-%H%M%S)
 REAL_MODEL := models/smollm2-135m-instruct
 
-.PHONY: setup demo demo-real demo-moe demo-test test lint typecheck unit
+.PHONY: setup demo demo-real demo-moe demo-test long-horizon test lint typecheck unit
 setup:
 	bash scripts/setup.sh
 
@@ -36,6 +36,24 @@ demo-moe: setup
 	$(VENV)/agentrl train examples/demo_moe_cpu.toml train.seed=$(SEED) rollout.engines.random_seed=$(SEED) \
 		logging.run_dir=$(DEMO_MOE_RUN)
 	$(VENV)/agentrl inspect $(DEMO_MOE_RUN)
+
+# The long-horizon experiment (docs/environments.md, "Long episodes"): the two warm-up stages, then GRPO
+# from the same warm-up under summarize, summarize with the summary masked out of the loss, window and
+# none; about an hour on 2 cores. The table and the curves come from the runs' metrics.
+LONG_RUNS := runs/long-horizon-$(shell date +%Y%m%d-%H%M%S)
+long-horizon: setup
+	$(VENV)/python examples/long_horizon_prepare.py
+	$(VENV)/agentrl sft examples/sft_long_horizon_copy.toml
+	$(VENV)/agentrl sft examples/sft_long_horizon.toml
+	$(VENV)/agentrl train examples/long_horizon_cpu.toml logging.run_dir=$(LONG_RUNS)/summarize
+	$(VENV)/agentrl train examples/long_horizon_cpu.toml environment.context.train_summary=false \
+		logging.run_dir=$(LONG_RUNS)/masked
+	$(VENV)/agentrl train examples/long_horizon_cpu.toml 'environment.context={policy = "window", trigger = 1100}' \
+		logging.run_dir=$(LONG_RUNS)/window
+	$(VENV)/agentrl train examples/long_horizon_cpu.toml 'environment.context={policy = "none"}' \
+		logging.run_dir=$(LONG_RUNS)/none
+	$(VENV)/python examples/long_horizon_compare.py $(LONG_RUNS)/none $(LONG_RUNS)/window $(LONG_RUNS)/masked \
+		$(LONG_RUNS)/summarize --out $(LONG_RUNS)/held_out.png
 
 lint: setup
 	$(VENV)/ruff check agentrl tools environments tests bench examples

@@ -2,7 +2,7 @@
 
 Three sources, in this order:
 
-1. **built-ins** by short name: environments ``toy_arithmetic``, ``retool_math`` and ``long_recall``; the group
+1. **built-ins** by short name: environments ``toy_arithmetic``, ``retool_math``, ``long_recall`` and ``long_key``; the group
    filter ``drop_uniform_rewards``;
 2. **installed packages**, through the entry-point groups ``agentrl.environments``,
    ``agentrl.rewards`` and ``agentrl.group_filters``. A package makes its environment nameable with::
@@ -66,6 +66,12 @@ def _long_recall() -> Any:
     return LongRecallEnv
 
 
+def _long_key() -> Any:
+    from agentrl.environments.long_key import LongKeyEnv
+
+    return LongKeyEnv
+
+
 def _uniform() -> Any:
     from agentrl.rewards.filters import drop_uniform_rewards
 
@@ -73,7 +79,8 @@ def _uniform() -> Any:
 
 
 _BUILTINS: dict[Kind, dict[str, Callable[[], Any]]] = {
-    "environment": {"toy_arithmetic": _toy, "retool_math": _retool, "long_recall": _long_recall},
+    "environment": {"toy_arithmetic": _toy, "retool_math": _retool, "long_recall": _long_recall,
+                    "long_key": _long_key},
     "reward": {},
     "group_filter": {"drop_uniform_rewards": _uniform},
 }

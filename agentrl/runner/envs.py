@@ -30,7 +30,7 @@ rollout layer (scheduler, evaluation) takes it."""
 RewardOverride = Callable[["Trajectory", Any], "RewardValue | Awaitable[RewardValue]"]
 """``reward(trajectory, task)``, replacing the environment's own reward."""
 
-BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("toy_arithmetic", "retool_math", "long_recall")
+BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("toy_arithmetic", "retool_math", "long_recall", "long_key")
 """Environment names a config can use without passing ``environment=``."""
 
 

@@ -117,7 +117,7 @@ CASES: list[tuple[str, Any, str]] = [
      r"rollout\.scheduler\.group_size = 0 \(set by override\): expected a value >= 1"),
     ("unknown environment", lambda f: [str(f["config"]), "environment.name=toy_arithmetc", "--dry-run"],
      r"environment\.name: unknown environment 'toy_arithmetc'; did you mean 'toy_arithmetic'\?; expected one of: "
-     r"long_recall \(built-in\), retool_math \(built-in\), toy_arithmetic \(built-in\)"),
+     r"long_key \(built-in\), long_recall \(built-in\), retool_math \(built-in\), toy_arithmetic \(built-in\)"),
     ("missing data file", lambda f: [str(f["config"]), "data.train.path=nowhere.jsonl"],
      r"data\.train\.path='nowhere\.jsonl': no such file or folder"),
     ("bad data row", _bad_row,
@@ -262,7 +262,8 @@ def test_the_long_horizon_config_dry_runs_on_what_its_prepare_script_writes(tmp_
     budgets and the summarize policy."""
     monkeypatch.chdir(tmp_path)
     prep = subprocess.run([sys.executable, str(ROOT / "examples" / "long_horizon_prepare.py"), "--warmup-rows", "2",
-                           "--train-rows", "8", "--held-out-rows", "4"], capture_output=True, text=True, timeout=300)
+                           "--drill-rows", "4", "--copy-drills", "4", "--train-rows", "8", "--held-out-rows", "4"],
+                          capture_output=True, text=True, timeout=300)
     assert prep.returncode == 0, prep.stderr[-2000:]
     result = invoke([str(ROOT / "examples" / "long_horizon_cpu.toml"), "model.path=models/long-tiny", "--dry-run"])
     assert result.exit_code == 0, result.output
@@ -273,6 +274,11 @@ def test_the_long_horizon_config_dry_runs_on_what_its_prepare_script_writes(tmp_
     train = [json.loads(line) for line in (tmp_path / "data/long_horizon/train.jsonl").read_text().splitlines()]
     assert len(held) == 4 and not {json.dumps(r, sort_keys=True) for r in held} & {json.dumps(r, sort_keys=True)
                                                                                   for r in train}
+    drills = [json.loads(line) for line in (tmp_path / "data/long_horizon/copy.jsonl").read_text().splitlines()]
+    assert len(drills) == 4  # stage 1 of the warm-up: the reply copies the one key of the user message
+    for drill in drills:
+        user, reply = (m["content"] for m in drill["messages"])
+        assert re.fullmatch(r"key \d", reply) and re.findall(r"key \d", user) == [reply]
 
 
 @pytest.mark.parametrize("recipe", sorted(GPU_RECIPES))

@@ -237,7 +237,7 @@ def test_env_check_takes_names_as_every_command_does(tmp_path: Path) -> None:
     assert typo.exit_code == 2, typo.output
     message = _flat(typo.output)
     assert message.startswith("error: unknown environment 'toy_arith'; did you mean 'toy_arithmetic'")
-    assert "expected one of: long_recall (built-in), retool_math (built-in), toy_arithmetic (built-in), or 'module:attr' for your own " \
+    assert "expected one of: long_key (built-in), long_recall (built-in), retool_math (built-in), toy_arithmetic (built-in), or 'module:attr' for your own " \
            "code" in message
 
 
