@@ -7,7 +7,9 @@ a page says ``end``, then answers with the key::
 
     key 7
 
-Reward 1 when the answer's last ``key D`` is the document's key, else 0. The key is the only digit of
+Reward 1 when the document was read to its last page and the answer's last ``key D`` is its key, else
+0 (an answer before the end scores nothing: else reading one page and answering is the best policy, and
+RL finds it). The key is the only digit of
 the whole episode (the prompts, the pages, the calls and the summary's instruction hold none; only an
 elision stub's token count does), so
 keeping it is copying one token of a class of its own, which a tiny model learns in a short warm-up —
@@ -127,12 +129,20 @@ class LongKeyEnv(Environment):
         if isinstance(filler_words, bool) or not isinstance(filler_words, int) or filler_words < 0:
             raise ValueError(f"LongKeyEnv(filler_words=...): got {filler_words!r}; expected an integer >= 0")
         self.filler_words = filler_words
-        self.register_tool(_ReadTool(self.task, filler_words))
+        self._reader = _ReadTool(self.task, filler_words)
+        self.register_tool(self._reader)
 
     async def reset(self) -> list[Message]:
         return [Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=TASK_PROMPT)]
 
+    @property
+    def pages_read(self) -> int:
+        """Pages this episode's ``read`` calls have returned so far."""
+        return self._reader.read
+
     def reward(self, trajectory: Trajectory) -> float:
+        if self._reader.read < self.task.pages:
+            return 0.0
         return score_key(final_answer_text(trajectory.messages), self.task.key)
 
 

@@ -144,3 +144,21 @@ def test_the_two_warm_up_stages_chain_and_the_run_starts_from_the_second() -> No
     assert (copy.model.path, copy.data.path) == ("models/long-tiny", "data/long_horizon/copy.jsonl")
     assert (task.model.path, task.data.path) == (copy.output, "data/long_horizon/warmup.jsonl")
     assert run["model"]["path"] == task.output and run["environment"]["name"] == "long_key"
+
+
+async def test_an_answer_before_the_last_page_scores_nothing(qwen3: ChatTemplate) -> None:
+    """Reading page 1 and answering its key at once (what RL found when this was rewarded) earns 0; the same
+    answer after the last page earns 1."""
+    row = ROWS[0]
+    scripted = key_policy(INSTRUCTION)
+
+    def hasty(req: Any) -> str:
+        return f"key {row['key']}<|im_end|>" if "key " + row["key"] in req.text else scripted(req)
+
+    env = LongKeyEnv(row)
+    episode = await run_episode(env, qwen3, FakePolicyClient(qwen3.tokenizer, hasty), CONFIG, group_id="g")
+    assert (episode.stop_reason, env.pages_read, episode.reward) == (StopReason.NO_TOOL_CALLS, 1, 0.0)
+    assert episode.trajectory.messages[-1].content == f"key {row['key']}"
+    full = LongKeyEnv(row, context_policy=Summarize(trigger=1100))
+    episode = await run_episode(full, qwen3, FakePolicyClient(qwen3.tokenizer, scripted), CONFIG, group_id="g")
+    assert (full.pages_read, episode.reward) == (row["pages"], 1.0)
