@@ -13,6 +13,7 @@ import tomllib
 
 from agentrl.chat import ChatTemplate
 from agentrl.cli.sft import load_sft_config
+from agentrl.environments.conformance import check_environment
 from agentrl.environments.long_key import (
     FULL_SUMMARY,
     LOSSY_SUMMARY,
@@ -162,3 +163,8 @@ async def test_an_answer_before_the_last_page_scores_nothing(qwen3: ChatTemplate
     full = LongKeyEnv(row, context_policy=Summarize(trigger=1100))
     episode = await run_episode(full, qwen3, FakePolicyClient(qwen3.tokenizer, scripted), CONFIG, group_id="g")
     assert (full.pages_read, episode.reward) == (row["pages"], 1.0)
+
+
+async def test_the_conformance_check_passes_and_reaches_a_winning_answer() -> None:
+    report = await check_environment(LongKeyEnv, make_key_rows(2, pages=4, seed=1))
+    assert report.ok and not report.warnings, report.format()
