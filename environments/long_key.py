@@ -47,7 +47,7 @@ from pydantic import BaseModel, Field
 
 from agentrl.chat.types import Message, ToolCall
 from agentrl.environments.base import Environment
-from agentrl.environments.long_recall import FILLER_WORDS
+from agentrl.environments.long_recall import check_filler_words, decision_prompt, filler_text
 from agentrl.environments.policy import EnvLimits
 from agentrl.rewards.math import final_answer_text
 from agentrl.tools.base import ToolResult
@@ -87,8 +87,7 @@ def make_key_rows(n: int, *, pages: int = 24, seed: int = 0) -> list[dict[str, A
 def key_page(task: KeyTask, page: int, filler_words: int) -> str:
     """The text of ``page`` (1-based): the key on page 1, ``filler_words`` filler words, and ``more``
     (``end`` on the last page)."""
-    rng = random.Random(task.seed * 1_000 + page)
-    words = "".join(rng.choice(FILLER_WORDS) for _ in range(filler_words)).strip()
+    words = filler_text(task.seed, page, filler_words)
     head = f"key {task.key}\n" if page == 1 else ""
     return f"{head}{words}\n{'end' if page == task.pages else 'more'}"
 
@@ -126,9 +125,7 @@ class LongKeyEnv(Environment):
 
     def __init__(self, task: Any, *, filler_words: int = 60, **kwargs: Any) -> None:
         super().__init__(task, **kwargs)
-        if isinstance(filler_words, bool) or not isinstance(filler_words, int) or filler_words < 0:
-            raise ValueError(f"LongKeyEnv(filler_words=...): got {filler_words!r}; expected an integer >= 0")
-        self.filler_words = filler_words
+        self.filler_words = check_filler_words("LongKeyEnv", filler_words)
         self._reader = _ReadTool(self.task, filler_words)
         self.register_tool(self._reader)
 
@@ -168,10 +165,7 @@ def key_policy(instruction: str, *, lossy: float = 0.0, seed: int = 0) -> Callab
     given ``seed``."""
 
     def policy(req: Any) -> str:
-        text = req.text
-        opened = text.rfind("<|im_start|>assistant\n")
-        if opened >= 0:  # a turn resumed after an abort: decide on the prompt before it (the client continues it)
-            text = text[:opened + len("<|im_start|>assistant\n")]
+        text = decision_prompt(req.text)
         rng = random.Random(f"{seed}:{len(text)}:{text[-200:]}")
         keys = _KEY.findall(text)
         last_user = text[text.rfind("<|im_start|>user"):]

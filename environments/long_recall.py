@@ -44,8 +44,8 @@ from agentrl.rewards.math import final_answer_text
 from agentrl.tools.base import ToolResult
 from agentrl.trajectory import Trajectory
 
-__all__ = ["FILLER_WORDS", "SYSTEM_PROMPT", "LongRecallEnv", "RecallTask", "make_recall_rows", "page_text",
-           "recall_policy", "score_codes"]
+__all__ = ["FILLER_WORDS", "SYSTEM_PROMPT", "LongRecallEnv", "RecallTask", "check_filler_words", "decision_prompt",
+           "filler_text", "make_recall_rows", "page_text", "recall_policy", "score_codes"]
 
 SYSTEM_PROMPT = "Read every page with the read tool, in order. Then answer with the code of each page."
 FILLER_WORDS = (" the", " of", " to", " in", " is", " was", " for", " on", " that", " with", " as", " by", " at",
@@ -53,6 +53,26 @@ FILLER_WORDS = (" the", " of", " to", " in", " is", " was", " for", " on", " tha
 """Words one token each with the test tokenizer: a page's filler costs about one token a word."""
 _PAIR = re.compile(r"p(\d+)=(\d)")
 _NEXT = re.compile(r"next (\d+|none)")
+
+
+def filler_text(seed: int, page: int, words: int) -> str:
+    """``words`` filler words for ``page`` of the document drawn from ``seed`` (deterministic)."""
+    rng = random.Random(seed * 1_000 + page)
+    return "".join(rng.choice(FILLER_WORDS) for _ in range(words)).strip()
+
+
+def check_filler_words(owner: str, value: Any) -> int:
+    """``value`` if it is an integer >= 0, else ``ValueError`` naming ``owner``'s ``filler_words``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}(filler_words=...): got {value!r}; expected an integer >= 0")
+    return value
+
+
+def decision_prompt(text: str) -> str:
+    """The prompt a scripted policy decides on: for a turn resumed after an abort (the prompt already
+    holds the turn's start, which the client continues), the prompt before that turn."""
+    opened = text.rfind("<|im_start|>assistant\n")
+    return text if opened < 0 else text[:opened + len("<|im_start|>assistant\n")]
 
 
 class RecallTask(BaseModel):
@@ -79,8 +99,7 @@ def page_text(codes: str, seed: int, page: int, filler_words: int) -> str:
 
     Each page repeating its predecessor's pair makes the document one chain (``p4=9`` is followed by
     ``p5=2`` wherever it appears), so writing the codes in order is copying, which a tiny model learns."""
-    rng = random.Random(seed * 1_000 + page)
-    words = "".join(rng.choice(FILLER_WORDS) for _ in range(filler_words)).strip()
+    words = filler_text(seed, page, filler_words)
     follow = f"next {page + 1}" if page < len(codes) else "next none"
     pairs = f"p{page - 1}={codes[page - 2]} " if page > 1 else ""
     return f"{pairs}p{page}={codes[page - 1]}\n{words}\n{follow}"
@@ -119,9 +138,7 @@ class LongRecallEnv(Environment):
 
     def __init__(self, task: Any, *, filler_words: int = 60, **kwargs: Any) -> None:
         super().__init__(task, **kwargs)
-        if isinstance(filler_words, bool) or not isinstance(filler_words, int) or filler_words < 0:
-            raise ValueError(f"LongRecallEnv(filler_words=...): got {filler_words!r}; expected an integer >= 0")
-        self.filler_words = filler_words
+        self.filler_words = check_filler_words("LongRecallEnv", filler_words)
         self.register_tool(_ReadTool(self.task.codes, self.task.seed, filler_words))
 
     async def reset(self) -> list[Message]:
@@ -151,10 +168,7 @@ def recall_policy(instruction: str, *, lossy: float = 0.0, seed: int = 0) -> Cal
     for a given ``seed``."""
 
     def policy(req: Any) -> str:
-        text = req.text
-        opened = text.rfind("<|im_start|>assistant\n")
-        if opened >= 0:  # a turn resumed after an abort: decide on the prompt before it (the client continues it)
-            text = text[:opened + len("<|im_start|>assistant\n")]
+        text = decision_prompt(req.text)
         rng = random.Random(f"{seed}:{len(text)}:{text[-200:]}")
         codes = {int(k): d for k, d in _PAIR.findall(text)}
         follow = _NEXT.findall(text)
