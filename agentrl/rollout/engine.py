@@ -297,7 +297,11 @@ def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
     On CPU: ``SGLANG_USE_CPU_ENGINE=1``, the shim folder in front of ``PYTHONPATH`` (the shims
     exist for that subprocess only) and, unless set already, ``SGLANG_EXTERNAL_MODEL_PACKAGE`` naming
     the shims' model package (SGLang registers its Qwen2/Qwen3/Llama classes up front and imports its other
-    model files only for another architecture). Raises :class:`EngineError` if the shims are missing.
+    model files only for another architecture). The shims make the engine fork its scheduler and
+    detokenizer rather than spawn them (no CUDA context to protect; ~14 of a tiny engine's ~27 CPU-s of
+    start-up were those two processes importing torch, transformers and SGLang again);
+    ``AGENTRL_SGLANG_START_METHOD=spawn`` restores SGLang's own. Raises :class:`EngineError` if the shims
+    are missing or that variable names no start method.
     """
     env = dict(os.environ)
     env.update(extra or {})
@@ -306,6 +310,10 @@ def engine_environment(device: str, *, extra: Mapping[str, str] | None = None,
         if not (shims / "sgl_kernel" / "__init__.py").exists():
             raise EngineError(f"CPU SGLang shims not found in {shims}: run scripts/setup.sh (stage extra-sglang) "
                               "or set EngineConfig.shim_dir / AGENTRL_SGLANG_SHIM_DIR")
+        method = env.get("AGENTRL_SGLANG_START_METHOD", "fork")  # read by the shims' sitecustomize
+        if method not in ("fork", "spawn", "forkserver"):
+            raise EngineError(f"AGENTRL_SGLANG_START_METHOD={method!r}: expected fork (the default on CPU), "
+                              "spawn (SGLang's own) or forkserver")
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shims), env.get("PYTHONPATH", "")) if p)
         if (shims / CPU_MODEL_PACKAGE / "__init__.py").exists():  # the scheduler skips importing every model file

@@ -49,6 +49,26 @@ except AttributeError:
     assert out.stdout.strip() == "ok"
 
 
+def _start_method_in_shimmed_python(**env: str) -> subprocess.CompletedProcess[str]:
+    code = ("import multiprocessing as mp; mp.set_start_method('spawn', force=True); print(mp.get_start_method()); "
+            "mp.set_start_method('forkserver', force=True); print(mp.get_start_method())")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(SHIMS), "PATH": "/usr/bin:/bin", **env})
+
+
+def test_cpu_engine_forks_its_children_unless_told_otherwise() -> None:
+    # SGLang forces "spawn" (for CUDA); the CPU engine's children fork instead, other choices pass through
+    out = _start_method_in_shimmed_python()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["fork", "forkserver"]
+    out = _start_method_in_shimmed_python(AGENTRL_SGLANG_START_METHOD="spawn")
+    assert out.stdout.split() == ["spawn", "forkserver"]
+    out = _start_method_in_shimmed_python(AGENTRL_SGLANG_START_METHOD="clone")  # said, and SGLang's own kept
+    assert out.stdout.split() == ["spawn", "forkserver"] and "AGENTRL_SGLANG_START_METHOD='clone'" in out.stderr
+    with pytest.raises(EngineError, match="AGENTRL_SGLANG_START_METHOD='clone'.*fork"):  # the launcher refuses it
+        engine_environment("cpu", extra={"AGENTRL_SGLANG_START_METHOD": "clone"}, shim_dir=SHIMS)
+
+
 def test_engine_environment(tmp_path: Path) -> None:
     env = engine_environment("cpu", extra={"OMP_NUM_THREADS": "1"}, shim_dir=SHIMS)
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["PYTHONPATH"].split(":")[0] == str(SHIMS)
