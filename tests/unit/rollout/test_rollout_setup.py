@@ -65,7 +65,7 @@ def test_cpu_engine_forks_its_children_unless_told_otherwise() -> None:
     assert out.stdout.split() == ["spawn", "forkserver"]
     out = _start_method_in_shimmed_python(AGENTRL_SGLANG_START_METHOD="clone")  # said, and SGLang's own kept
     assert out.stdout.split() == ["spawn", "forkserver"] and "AGENTRL_SGLANG_START_METHOD='clone'" in out.stderr
-    with pytest.raises(EngineError, match="AGENTRL_SGLANG_START_METHOD='clone'.*fork"):  # the launcher refuses it
+    with pytest.raises(EngineError, match=r"AGENTRL_SGLANG_START_METHOD='clone'.*fork"):  # the launcher refuses it
         engine_environment("cpu", extra={"AGENTRL_SGLANG_START_METHOD": "clone"}, shim_dir=SHIMS)
 
 
