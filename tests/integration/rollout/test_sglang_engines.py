@@ -82,8 +82,9 @@ async def test_engine_whose_port_is_taken_fails_fast_naming_it(tmp_path: Path) -
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.bind(("127.0.0.1", 0))
         port = holder.getsockname()[1]
+        # a KV budget as the CPU recipe sets it: left to SGLang, sizing one on CPU takes ~14 s of the start
         config = EngineConfig(model_path=str(build_tiny_model()), device="cpu", port=port, log_dir=tmp_path,
-                              startup_timeout_s=300)
+                              context_length=1024, max_total_tokens=8192, startup_timeout_s=300)
         with pytest.raises(EnginePortTaken, match=f"127.0.0.1:{port} could not bind its port") as info:
             await SGLangEngine.launch(config)
     assert "address already in use" in str(info.value)
