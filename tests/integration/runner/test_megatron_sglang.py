@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from agentrl.rollout import SGLangEngine
 from agentrl.rollout.client import ClientConfig, InferenceClient
 from agentrl.runner.probe import LogprobProbe, logprob_mismatch, probe_sequences
 from agentrl.runner.weights import DiskWeightSync, WeightSyncConfig
 from agentrl.testing import build_tiny_model
+from agentrl.testing.ranks import start_ranks
 from agentrl.train.distributed import host_tcp_store
 
 pytestmark = [
@@ -87,8 +87,7 @@ def _worker(rank: int, port: int, model: str, out_dir: str, probes: list[list[in
 
 def _train(model: Path, out: Path, probes: list[list[int]], timeout_s: float = 300) -> dict[str, Any]:
     store = host_tcp_store(2, timeout_s=300)  # bound before the ranks start: no port race
-    ctx = mp.start_processes(_worker, args=(store.port, str(model), str(out), probes), nprocs=2, join=False,
-                             start_method="spawn")
+    ctx = start_ranks(_worker, (store.port, str(model), str(out), probes), 2)
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:

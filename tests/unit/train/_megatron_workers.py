@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 from _train_helpers import trajectories, vocab_size
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.testing import TINY_MODEL_CONFIG
+from agentrl.testing.ranks import start_ranks
 from agentrl.train import LossConfig, OptimizerConfig, PackingConfig, TrainingBatch, build_training_batch
 from agentrl.train.distributed import host_tcp_store
 from agentrl.trajectory import Status, Trajectory
@@ -216,8 +216,7 @@ def launch_plan(world_size: int, plan: list[tuple[str, dict[str, Any]]], out_dir
     """Run each ``(key, kwargs)`` of ``plan`` through ``scenario(out_dir, key, kwargs)`` on ``world_size``
     spawned gloo processes (the CPU shim installed); kill them and raise after ``timeout_s``."""
     store = host_tcp_store(world_size, timeout_s=300)  # bound before the ranks start: no port race
-    ctx = mp.start_processes(_worker, args=(world_size, store.port, str(out_dir), plan, scenario),
-                             nprocs=world_size, join=False, start_method="spawn")
+    ctx = start_ranks(_worker, (world_size, store.port, str(out_dir), plan, scenario), world_size)
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:

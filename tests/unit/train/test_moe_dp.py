@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from agentrl.algorithms import RoutingReplay
 from agentrl.testing import TINY_MOE_MODEL_CONFIG, build_tokenizer
+from agentrl.testing.ranks import start_ranks
 from agentrl.token_data import ROUTED_EXPERTS
 from agentrl.train import (
     LossConfig,
@@ -97,8 +97,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 def test_two_sharded_ranks_replaying_equal_one_process(tmp_path: Path) -> None:
     store = host_tcp_store(2, timeout_s=300)  # bound before the ranks start: no port race
-    ctx = mp.start_processes(_worker, args=(2, store.port, str(tmp_path)), nprocs=2, join=False,
-                             start_method="spawn")
+    ctx = start_ranks(_worker, (2, store.port, str(tmp_path)), 2)
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from _train_helpers import tiny_model, trajectories
 
 from agentrl.testing import build_tokenizer
+from agentrl.testing.ranks import start_ranks
 from agentrl.train import (
     LossConfig,
     OptimizerConfig,
@@ -140,8 +140,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, t
     """One two-rank gloo launch for the module: each rank's results, and the folder it wrote into."""
     folder = tmp_path_factory.mktemp("dp")
     store = host_tcp_store(2, timeout_s=300)  # bound before the ranks start: no port race
-    ctx = mp.start_processes(_worker, args=(2, store.port, str(folder)), nprocs=2, join=False,
-                             start_method="spawn")
+    ctx = start_ranks(_worker, (2, store.port, str(folder)), 2)
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
