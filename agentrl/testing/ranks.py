@@ -34,9 +34,9 @@ def start_ranks(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, *,
                 preload: Sequence[str] = PRELOAD) -> Any:
     """Start ``fn(rank, *args)`` in ``nprocs`` processes (not joined) and return torch's process context
     (``join(timeout)``, ``processes``), as ``torch.multiprocessing.start_processes(..., join=False)``."""
-    import torch.multiprocessing as torch_mp
+    from torch.multiprocessing.spawn import start_processes
 
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"start_ranks(nprocs={nprocs!r}): expected an int >= 1")
     multiprocessing.set_forkserver_preload(_installed(preload))
-    return torch_mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="forkserver")
+    return start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="forkserver")
