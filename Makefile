@@ -65,14 +65,18 @@ typecheck: setup
 # engine boots, subprocesses and sandboxes much of the time, so a second worker uses the idle core.
 WORKERS ?= 2
 XDIST := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+# The tests start hundreds of Python processes (workers, engines, Ray's workers, CLI runs): with bytecode
+# caching off (PYTHONDONTWRITEBYTECODE set, as on some machines) each compiled agentrl and pytest rewrote
+# every test module again (collection 21 CPU-s a worker instead of 14). The caches are git-ignored.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/pytest
 
 unit: setup
-	$(VENV)/pytest tests/unit -q -m "not slow" $(XDIST)
+	$(PYTEST) tests/unit -q -m "not slow" $(XDIST)
 
 # the whole suite; the shortened demo is its own target, which CI runs after it
 test: lint typecheck
-	$(VENV)/pytest tests --durations=30 -m "not demo" $(XDIST)
+	$(PYTEST) tests --durations=30 -m "not demo" $(XDIST)
 
 # the demo shortened to 6 RL steps (4-10 min): asserts RL clearly beats the warmed-up model
 demo-test: setup
-	$(VENV)/pytest tests/demo -m demo -s --durations=5
+	$(PYTEST) tests/demo -m demo -s --durations=5

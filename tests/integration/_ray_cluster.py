@@ -3,7 +3,9 @@ sandbox fleet's tests share it).
 
 ``ray_two_hosts`` starts a ``ray.cluster_utils.Cluster`` on this machine: a head node carrying the
 custom resource ``host_a`` and eight declared GPUs (Ray hands out their ids: no device is used), and
-a second node carrying ``host_b``, eight GPUs and eight NPUs (standing for two hosts), one CPU and a 100 MiB object store each, sockets and logs in a short private temp folder. The test process
+a second node carrying ``host_b``, eight GPUs and eight NPUs (standing for two hosts), one CPU and a 100 MiB object store each, sockets and logs in a short private temp folder. Neither node runs Ray's log monitor: agentrl
+connects with ``log_to_driver=False``, so nothing reads what it publishes, and on the head it polled the
+log files of every worker the suite started (~28 CPU-s a run). The test process
 is connected to it through :class:`agentrl.runner.cluster.RayRuntime`. At the end of the session the
 cluster is shut down (never ``ray stop``) and no process that ran in its temp folder may remain.
 
@@ -52,10 +54,11 @@ def ray_two_hosts() -> Iterator[RayTwoHosts]:
     t0 = time.perf_counter()
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={
         "num_cpus": 1, "num_gpus": RAY_FAKE_GPUS, "resources": {RAY_HOST_A: 1}, "object_store_memory": RAY_OBJECT_STORE,
-        "include_dashboard": False, "temp_dir": str(temp_dir), "_system_config": dict(RAY_HEALTH_CHECK)})
+        "include_dashboard": False, "include_log_monitor": False, "temp_dir": str(temp_dir),
+        "_system_config": dict(RAY_HEALTH_CHECK)})
     try:
         cluster.add_node(num_cpus=1, num_gpus=RAY_FAKE_GPUS, resources={RAY_HOST_B: 1, "NPU": RAY_FAKE_NPUS, RAY_SANDBOX: 1},
-                         object_store_memory=RAY_OBJECT_STORE)
+                         object_store_memory=RAY_OBJECT_STORE, include_log_monitor=False)
         cluster.wait_for_nodes()
         runtime = RayRuntime.start(address=cluster.address, namespace="agentrl-tests")
         started = ray_processes(str(temp_dir))
