@@ -28,6 +28,11 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # whichever test starts this process's forkserver first (a reward pool, a gloo launch), it imports the
+    # heavy modules once for every rank forked from it (agentrl.testing.ranks)
+    from agentrl.testing.ranks import preload_forkserver
+
+    preload_forkserver()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if not hasattr(config, "workerinput") or workers < 2:
         return

@@ -8,9 +8,10 @@ server, which has run no test code, holds no process group and has used no OpenM
 rank is as clean as a spawned one), and starts with the imports done. The rank function and its
 arguments are pickled as for ``spawn`` (a module-level function; the parent's ``sys.path`` is passed).
 
-The forkserver is one per process and starts on first use: the preload list applies if this module
-starts it (a forkserver that another caller, e.g. :class:`agentrl.rewards.RewardPool`, started first is
-used as it is: slower, equally correct).
+The forkserver is one per process and starts on first use, with the preload list set at that moment:
+one that another caller (e.g. :class:`agentrl.rewards.RewardPool`) started first is used as it is
+(slower, equally correct). A test session calls :func:`preload_forkserver` at start-up, so whichever
+starts it preloads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["PRELOAD", "start_ranks"]
+__all__ = ["PRELOAD", "preload_forkserver", "start_ranks"]
 
 PRELOAD = ("torch", "torch.distributed", "transformers", "megatron.core", "megatron.core.parallel_state",
            "agentrl.train")
@@ -28,6 +29,11 @@ PRELOAD = ("torch", "torch.distributed", "transformers", "megatron.core", "megat
 
 def _installed(modules: Sequence[str]) -> list[str]:
     return [name for name in modules if importlib.util.find_spec(name.split(".")[0]) is not None]
+
+
+def preload_forkserver(modules: Sequence[str] = PRELOAD) -> None:
+    """Have this process's forkserver import ``modules`` (those installed) when it starts."""
+    multiprocessing.set_forkserver_preload(_installed(modules))
 
 
 def start_ranks(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, *,
@@ -38,5 +44,5 @@ def start_ranks(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, *,
 
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"start_ranks(nprocs={nprocs!r}): expected an int >= 1")
-    multiprocessing.set_forkserver_preload(_installed(preload))
+    preload_forkserver(preload)
     return start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="forkserver")
